@@ -1,0 +1,1 @@
+"""thrifty.perfmodels: compute-latency and allreduce models, the iteration simulator, profilers."""

@@ -1,0 +1,112 @@
+"""Bus-bandwidth models for allreduce (Srifty 4.2): the interface the
+iteration simulator queries, and the analytic ring-allreduce fallback.
+
+Srifty learns the *bus bandwidth* of an allreduce rather than its latency::
+
+    busbw = 2 * s * (n - 1) / (n * t)        s bytes, n workers, t seconds
+
+so one transfer of ``s`` bytes on ``n`` workers alone takes
+``t = 2 * s * (n - 1) / (n * busbw)``; with ``c`` concurrent transfers each
+gets a share of the machine's total bus bandwidth ``b_cap`` (Srifty 4.3).
+
+A model answers two queries for one instance type:
+
+- ``bus_bandwidth(itype, sizes, world_size, instances)``: bus bandwidth in
+  bytes/s of a lone allreduce of each buffer size (array in, array out);
+- ``bandwidth_cap(itype, world_size, instances)``: ``b_cap``, the total bus
+  bandwidth all concurrent transfers of one machine can share;
+
+and says how it answers for a type (``source(itype)``: ``"learned"`` or
+``"analytic"``). A mixed cluster is bounded by its slowest type (Srifty 4.2):
+the simulator takes the minimum over the types present.
+
+The analytic fallback is a ring allreduce with a latency and a bandwidth term
+(the alpha-beta model used by NCCL's documentation and Daydream)::
+
+    t(s) = 2 (n - 1) * alpha + 2 (n - 1) / n * s / beta
+
+with ``beta`` the catalog's rated network bandwidth (times an efficiency) when
+the workers span several machines, or the intra-machine interconnect when
+they are all on one, and ``alpha`` a per-step latency. Hence
+``busbw(s) = s / (n * alpha + s / beta)`` and ``b_cap = beta``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from thrifty.datasets.catalog import InstanceType
+
+__all__ = [
+    "MTU_BYTES",
+    "BandwidthModel",
+    "AnalyticAllreduce",
+    "bus_bandwidth_from_time",
+    "allreduce_time",
+]
+
+MTU_BYTES = 9001  # EC2 jumbo frames (Srifty 4.2 splits its models here)
+
+
+def bus_bandwidth_from_time(size_bytes: np.ndarray | float, world_size: int, seconds: np.ndarray | float):
+    """``busbw = 2 s (n - 1) / (n t)`` in bytes/s (Srifty 4.2)."""
+    n = world_size
+    return 2.0 * np.asarray(size_bytes, dtype=float) * (n - 1) / (n * np.asarray(seconds, dtype=float))
+
+
+def allreduce_time(size_bytes: np.ndarray | float, world_size: int, busbw: np.ndarray | float):
+    """Seconds a lone allreduce of `size_bytes` takes at bus bandwidth `busbw`."""
+    n = world_size
+    return 2.0 * np.asarray(size_bytes, dtype=float) * (n - 1) / (n * np.asarray(busbw, dtype=float))
+
+
+@runtime_checkable
+class BandwidthModel(Protocol):
+    def bus_bandwidth(
+        self, itype: InstanceType, sizes: np.ndarray, world_size: int, instances: int
+    ) -> np.ndarray: ...
+
+    def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float: ...
+
+    def source(self, itype: InstanceType) -> str: ...
+
+
+class AnalyticAllreduce:
+    """Ring allreduce with latency + bandwidth terms from the catalog.
+
+    `network_efficiency` is the fraction of the rated network a TCP ring
+    achieves; `alpha_s` the per-step latency across machines and
+    `intra_alpha_s` within one. Types whose catalog entry has no
+    ``interconnect_gbps`` use `default_interconnect_gbps` within a machine.
+    """
+
+    def __init__(
+        self,
+        alpha_s: float = 30e-6,
+        intra_alpha_s: float = 8e-6,
+        network_efficiency: float = 0.85,
+        default_interconnect_gbps: float = 100.0,
+    ):
+        self.alpha_s = alpha_s
+        self.intra_alpha_s = intra_alpha_s
+        self.network_efficiency = network_efficiency
+        self.default_interconnect_gbps = default_interconnect_gbps
+
+    def _alpha_beta(self, itype: InstanceType, instances: int) -> tuple[float, float]:
+        if instances > 1:
+            return self.alpha_s, itype.network_gbps * 1e9 / 8 * self.network_efficiency
+        gbps = getattr(itype, "interconnect_gbps", None) or self.default_interconnect_gbps
+        return self.intra_alpha_s, gbps * 1e9 / 8
+
+    def bus_bandwidth(self, itype: InstanceType, sizes: np.ndarray, world_size: int, instances: int) -> np.ndarray:
+        alpha, beta = self._alpha_beta(itype, instances)
+        s = np.asarray(sizes, dtype=float)
+        return s / (world_size * alpha + s / beta)
+
+    def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float:
+        return self._alpha_beta(itype, instances)[1]
+
+    def source(self, itype: InstanceType) -> str:
+        return "analytic"

@@ -1,0 +1,143 @@
+"""The compute profile of one model on one device: the measured (or derived)
+points that the compute-latency model is fitted from (Srifty 4.1).
+
+A profile holds, per local batch size, the mean and standard deviation of the
+forward and backward latency; the largest batch that fits in the device's
+memory (``max_batch``, Srifty's ``memcap``); a per-iteration constant
+(``step_s``: optimizer step, gradient zeroing, data hand-off) that does not
+depend on the batch; and the per-layer gradient sizes with the time each
+layer's gradient becomes ready, normalized to the backward duration
+(``ready_frac``; Srifty 4.1 "gradient exchange timestamps").
+
+File format (JSON, ``format: "thrifty.compute_profile/1"``)::
+
+    {"format": "thrifty.compute_profile/1", "model": "resnet50", "device": "V100",
+     "provenance": {"kind": "measured", "command": "thrifty profile ...", "machine": "..."},
+     "max_batch": 256, "step_s": 0.004,
+     "points": [{"batch": 8, "forward_s": 0.011, "backward_s": 0.022,
+                 "forward_sd_s": 0.0004, "backward_sd_s": 0.0009, "repeats": 20}, ...],
+     "layers": [{"name": "fc.weight", "grad_bytes": 8192000, "ready_frac": 0.02}, ...]}
+
+``layers`` are listed in the order their gradients become ready in the
+backward pass (last layer first); ``ready_frac`` is in [0, 1].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.io import read_json, write_json
+from thrifty.datasets.validation import FieldPathError, validate_model
+
+__all__ = [
+    "PROFILE_FORMAT",
+    "Provenance",
+    "ProfilePoint",
+    "LayerGrad",
+    "ComputeProfile",
+    "parse_profile",
+    "load_profile",
+    "save_profile",
+]
+
+PROFILE_FORMAT = "thrifty.compute_profile/1"
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Provenance(_Frozen):
+    """Where a data file came from: measured (command, machine), published
+    (source) or derived (script, inputs)."""
+
+    kind: Literal["measured", "published", "derived"]
+    command: str | None = None
+    machine: str | None = None
+    source: str | None = None
+    script: str | None = None
+    inputs: list[str] | str | None = None
+    date: str | None = None
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _says_where(self) -> "Provenance":
+        needed = {"measured": ("command", "machine"), "published": ("source",), "derived": ("script",)}
+        for name in needed[self.kind]:
+            if not getattr(self, name):
+                raise ValueError(f"a {self.kind} file must say its {name}")
+        return self
+
+
+class ProfilePoint(_Frozen):
+    batch: Annotated[int, Field(gt=0)]
+    forward_s: PositiveSeconds
+    backward_s: PositiveSeconds
+    forward_sd_s: NonNegativeSeconds = 0.0
+    backward_sd_s: NonNegativeSeconds = 0.0
+    repeats: Annotated[int, Field(ge=1)] = 1
+
+
+class LayerGrad(_Frozen):
+    name: str
+    grad_bytes: Annotated[int, Field(gt=0)]
+    ready_frac: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+class ComputeProfile(_Frozen):
+    format: Literal["thrifty.compute_profile/1"] = PROFILE_FORMAT
+    model: Annotated[str, Field(min_length=1)]
+    device: Annotated[str, Field(min_length=1)]
+    provenance: Provenance
+    max_batch: Annotated[int, Field(gt=0)]
+    step_s: NonNegativeSeconds = 0.0
+    points: Annotated[list[ProfilePoint], Field(min_length=2)]
+    layers: Annotated[list[LayerGrad], Field(min_length=1)]
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ComputeProfile":
+        for i, p in enumerate(self.points):
+            if p.batch > self.max_batch:
+                raise FieldPathError(
+                    ("points", i, "batch"),
+                    f"batch {p.batch} is beyond the memory limit max_batch {self.max_batch}",
+                )
+        if len({p.batch for p in self.points}) < 2:
+            raise FieldPathError(("points",), "needs points at two or more distinct batch sizes")
+        return self
+
+    @property
+    def total_grad_bytes(self) -> int:
+        return sum(layer.grad_bytes for layer in self.layers)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.model, self.device)
+
+
+def parse_profile(data: Any, source: str | None = None) -> ComputeProfile:
+    """Validate profile data (already parsed JSON); errors name the JSON path."""
+    return validate_model(ComputeProfile, data, source=source)
+
+
+def load_profile(path: str | Path) -> ComputeProfile:
+    """Load and validate a compute profile file."""
+    return parse_profile(read_json(path), source=str(path))
+
+
+def save_profile(profile: ComputeProfile, path: str | Path) -> None:
+    """Write a profile atomically."""
+    data = profile.model_dump(mode="json")
+    for name in ("extra",):
+        if not data[name]:
+            del data[name]
+    write_json(path, data)
+

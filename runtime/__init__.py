@@ -1,0 +1,3 @@
+"""thrifty.runtime: the command line, executors, schedulers and providers."""
+
+__all__: list[str] = []

@@ -1,0 +1,87 @@
+"""The ``thrifty`` command line.
+
+Each command lives in its own module ``thrifty.runtime.commands.<name>`` with
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``. The
+modules import heavy dependencies (torch, xgboost) inside ``run`` so that
+``thrifty --help`` and ``thrifty solve`` start fast.
+
+Exit codes: 0 success (a plan was found), 1 an internal or backend failure,
+2 bad input, 3 infeasible. Errors print one clear line and no traceback unless
+``--debug`` is given or ``THRIFTY_DEBUG=1`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError
+
+__all__ = ["main", "COMMANDS", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+
+# name -> module under thrifty.runtime.commands (order is the order of --help)
+COMMANDS: dict[str, str] = {
+    "simulate": "simulate",
+    "profile": "profile",
+    "probe-allreduce": "probe_allreduce",
+    "fit-allreduce": "fit_allreduce",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("thrifty")
+    except PackageNotFoundError:  # running from a source tree without install
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="thrifty",
+        description="Plan and run deep-learning training and tuning on rented machines: "
+        "the least cost that meets a deadline, or the least time that meets a budget.",
+    )
+    parser.add_argument("--version", action="version", version=f"thrifty {_version()}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"thrifty.runtime.commands.{module_name}")
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    debug = args.debug or os.environ.get("THRIFTY_DEBUG", "") not in ("", "0")
+    try:
+        return int(args._run(args) or 0)
+    except (ProblemError, MissingDependencyError) as e:
+        if debug:
+            raise
+        print(f"thrifty {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ThriftyError as e:
+        if debug:
+            raise
+        print(f"thrifty {args.command}: failed: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"thrifty {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `thrifty` command (see thrifty.runtime.cli)."""
