@@ -1,0 +1,79 @@
+"""A cluster configuration: groups of identical machines, each with the local
+batch every machine of the group processes per iteration.
+
+Text form (Srifty's notation, ``4p3@512`` = 4 p3.8xlarge with batch 512
+each): ``"4xp3.8xlarge@512+4xg4dn.8xlarge@32"``; the count defaults to 1, so
+``"local@16+local@48"`` is two local worker processes with batches 16 and 48.
+A machine's batch is split evenly over its GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from thrifty.datasets.catalog import Catalog, InstanceType
+from thrifty.datasets.errors import ProblemError
+
+__all__ = ["MachineGroup", "parse_cluster", "format_cluster", "world_size", "instance_count"]
+
+_PART = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([A-Za-z0-9][A-Za-z0-9.\-_]*)\s*@\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class MachineGroup:
+    instance_type: InstanceType
+    count: int
+    batch: int  # per machine, split evenly over its GPUs
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ProblemError(f"count is {self.count}, but must be at least 1")
+        if self.batch < 1:
+            raise ProblemError(f"batch is {self.batch}, but must be at least 1")
+
+    @property
+    def devices(self) -> int:
+        return self.count * self.instance_type.gpus
+
+    @property
+    def device_batch(self) -> int:
+        """The largest per-device batch on one machine (it bounds the machine)."""
+        gpus = self.instance_type.gpus
+        return -(-self.batch // gpus)
+
+    def __str__(self) -> str:
+        return f"{self.count}x{self.instance_type.name}@{self.batch}"
+
+
+def parse_cluster(text: str, catalog: Catalog) -> list[MachineGroup]:
+    """Parse ``"4xp3.8xlarge@512+1xg4dn.8xlarge@32"`` into machine groups."""
+    if not text or not text.strip():
+        raise ProblemError("config is empty; expected e.g. '4xp3.8xlarge@512+2xg4dn.8xlarge@64'")
+    groups = []
+    for i, part in enumerate(text.split("+")):
+        m = _PART.match(part)
+        if not m:
+            raise ProblemError(
+                f"part {i + 1} '{part.strip()}' is not COUNTxTYPE@BATCH (e.g. 4xp3.8xlarge@512)",
+                path="config",
+            )
+        count = int(m.group(1) or 1)
+        itype = catalog.get(m.group(2))
+        try:
+            groups.append(MachineGroup(itype, count, int(m.group(3))))
+        except ProblemError as e:
+            raise ProblemError(f"part {i + 1} '{part.strip()}': {e.message}", path="config") from None
+    return groups
+
+
+def format_cluster(groups: list[MachineGroup]) -> str:
+    return "+".join(str(g) for g in groups)
+
+
+def world_size(groups: list[MachineGroup]) -> int:
+    return sum(g.devices for g in groups)
+
+
+def instance_count(groups: list[MachineGroup]) -> int:
+    return sum(g.count for g in groups)

@@ -1,0 +1,342 @@
+"""The iteration simulator of Srifty 4.3: one synchronous data-parallel
+training iteration on any mix of machine types and local batch sizes.
+
+    t_iter = t_fw + max(t_bw, t_pe) + t_step
+
+Compute (``t_fw``, ``t_bw``). For each device in the cluster Srifty samples a
+per-iteration latency from ``Normal(mean = prediction, sd = profiled sd)``
+and takes, per iteration, the maximum over devices: the slowest machine bounds
+a synchronous iteration. We sample that maximum directly: the maximum of ``k``
+independent ``Normal(mu, sd)`` draws has CDF ``Phi((x - mu)/sd)^k``, so one
+uniform ``u`` per group and iteration gives ``x = mu + sd * Phi^-1(u^(1/k))``
+(exact, and independent of k in cost). Forward and backward are sampled
+separately, per group, then maximized over groups. Uniforms are drawn once per
+simulator from its seed (common random numbers), so predictions are
+reproducible and comparable across configurations.
+
+Parameter exchange (``t_pe``): an event queue from the start of the backward
+pass (time 0). Each transfer (a layer's gradient, or a DDP bucket of layers)
+starts at its gradient-ready timestamp, ``ready_frac * t_bw`` (the slowest
+device's mean backward). On a start event the concurrency counter ``c`` grows
+and the transfer's bus bandwidth ``b_bus(s)`` from the allreduce model is added
+to the aggregate ``b_agg``; every active transfer then moves at
+``b_tra = b_bus`` if ``b_agg < b_cap`` else ``min(b_bus, b_cap / c)``. On every
+event all active transfers' progress is advanced and their finish times
+recomputed; ``t_pe`` is the time of the last event. A transfer of ``s`` bytes
+on ``n`` workers carries ``2 s (n - 1) / n`` bus bytes (the definition of bus
+bandwidth, Srifty 4.2). In a mixed cluster the slowest type's bandwidth and
+cap bound every transfer (Srifty 4.2).
+
+Two choices beyond the paper, both documented here and selectable:
+
+- ``transfer="ddp"`` (default) groups consecutive ready layers into
+  PyTorch DDP's gradient buckets (first bucket 1 MiB, then 25 MiB; DDP
+  rebuilds buckets in gradient-ready order after the first iteration), since
+  that is what DDP actually sends; a bucket starts when its last layer is
+  ready. ``transfer="layer"`` is the paper's per-layer queue.
+- ``t_step`` is the profiled per-iteration constant (optimizer step, gradient
+  zeroing), which the paper's formula leaves out; it is zero in profiles that
+  do not measure it.
+
+Returns the mean, standard deviation and 95th percentile of the iteration
+time over the samples, with the breakdown. It is the solver's hot path:
+results are cached per configuration, bandwidth queries per (types, world
+size, machines), and transfer lists per (model, device).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+import numpy as np
+from scipy.special import ndtri
+
+from thrifty.datasets.catalog import InstanceType
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel
+from thrifty.perfmodels.cluster import MachineGroup
+from thrifty.perfmodels.compute import ComputeModel
+from thrifty.perfmodels.library import ModelLibrary, shipped_library
+
+__all__ = [
+    "IterationPrediction",
+    "IterationSimulator",
+    "exchange_time",
+    "ddp_buckets",
+    "DDP_FIRST_BUCKET_BYTES",
+    "DDP_BUCKET_BYTES",
+]
+
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IterationPrediction:
+    """One predicted iteration; times in seconds."""
+
+    mean_s: float
+    sd_s: float
+    p95_s: float
+    forward_s: float  # mean over iterations of the slowest forward
+    backward_s: float  # mean over iterations of the slowest backward
+    exchange_s: float  # t_pe, from the start of backward
+    exposed_comm_s: float  # mean of max(0, t_pe - t_bw): communication not hidden
+    step_s: float
+    world_size: int
+    instances: int
+    bandwidth_sources: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ddp_buckets(
+    grad_bytes: Iterable[int],
+    ready_frac: Iterable[float],
+    first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
+    bucket_bytes: int = DDP_BUCKET_BYTES,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Group layers (in ready order) into DDP buckets: (bucket bytes, ready fraction).
+
+    A bucket closes once it holds at least its cap; it is ready when its last
+    layer is.
+    """
+    sizes, readies = [], []
+    cap, current, ready = first_bucket_bytes, 0, 0.0
+    for g, r in zip(grad_bytes, ready_frac):
+        current += g
+        ready = max(ready, r)
+        if current >= cap:
+            sizes.append(current)
+            readies.append(ready)
+            cap, current, ready = bucket_bytes, 0, 0.0
+    if current:
+        sizes.append(current)
+        readies.append(ready)
+    return np.array(sizes, dtype=float), np.array(readies, dtype=float)
+
+
+def exchange_time(starts: list[float], work: list[float], bus_bw: list[float], cap: float) -> float:
+    """Srifty 4.3's event queue: the time the last transfer finishes.
+
+    `starts` ascending (seconds from backward start), `work` in bus bytes
+    (``2 s (n-1)/n``), `bus_bw` each transfer's lone bus bandwidth, `cap`
+    the shared total.
+    """
+    n = len(starts)
+    remaining = list(work)
+    active: list[int] = []
+    rates: list[float] = []
+    t = 0.0
+    i = 0
+    aggregate = 0.0
+    inf = math.inf
+    while i < n or active:
+        # finish time of the earliest active transfer at the current rates
+        t_finish, first = inf, -1
+        for a, j in enumerate(active):
+            d = remaining[j] / rates[a]
+            if d < t_finish:
+                t_finish, first = d, a
+        t_finish += t
+        t_start = starts[i] if i < n else inf
+        t_next = t_start if t_start <= t_finish else t_finish
+        dt = t_next - t
+        if dt > 0.0:
+            for a, j in enumerate(active):
+                remaining[j] -= rates[a] * dt
+        t = t_next
+        if t_start <= t_finish:
+            while i < n and starts[i] <= t:
+                active.append(i)
+                aggregate += bus_bw[i]
+                i += 1
+        else:
+            done = active[first]
+            remaining[done] = 0.0
+            aggregate -= bus_bw[done]
+            # others finishing at the same instant (within rounding) leave too
+            keep = [j for a, j in enumerate(active) if a != first and remaining[j] > 1e-9 * work[j]]
+            for j in active:
+                if j != done and j not in keep:
+                    aggregate -= bus_bw[j]
+            active = keep
+        # Srifty 4.3: b_tra = b_bus if b_agg < b_cap else min(b_bus, b_cap / c)
+        c = len(active)
+        if c:
+            if aggregate < cap:
+                rates = [bus_bw[j] for j in active]
+            else:
+                share = cap / c
+                rates = [bus_bw[j] if bus_bw[j] < share else share for j in active]
+    return t
+
+
+class IterationSimulator:
+    """Predict one iteration of `model` on machine groups (see module docstring).
+
+    `library` finds compute models by (model, device) (default: the shipped
+    profiles); `bandwidth` answers bus-bandwidth queries (default: the analytic
+    ring fallback). `samples` iterations are sampled per prediction.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        library: ModelLibrary | None = None,
+        bandwidth: BandwidthModel | None = None,
+        samples: int = 256,
+        seed: int = 0,
+        transfer: str = "ddp",
+        max_groups: int = 32,
+    ):
+        if transfer not in ("ddp", "layer"):
+            raise ProblemError(f"transfer is '{transfer}', but must be 'ddp' or 'layer'")
+        if samples < 1:
+            raise ProblemError(f"samples is {samples}, but must be at least 1")
+        self.model = model
+        self.library = library or shipped_library()
+        self.bandwidth = bandwidth or AnalyticAllreduce()
+        self.samples = samples
+        self.transfer = transfer
+        rng = np.random.default_rng(seed)
+        # common random numbers: two uniform streams (forward, backward) per group slot
+        self._uniform = rng.random((2 * max_groups, samples))
+        self._max_groups = max_groups
+        self._cache: dict[tuple, IterationPrediction] = {}
+        self._bw_cache: dict[tuple, tuple[np.ndarray, float]] = {}
+        self._transfers: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self._log_u = np.log(self._uniform)
+        self._stats: dict[tuple[str, int], tuple[float, float, float, float, float]] = {}
+        self._draws: dict[tuple, np.ndarray] = {}
+        self._p95_index = (samples - 1) * 0.95
+
+    # -- pieces ---------------------------------------------------------------
+    def compute_model(self, itype: InstanceType) -> ComputeModel:
+        return self.library.get(self.model, itype.device)
+
+    def transfers(self, cm: ComputeModel) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes, ready fraction) of each transfer of one iteration, in ready order."""
+        key = (cm.model, cm.device)
+        if key not in self._transfers:
+            if self.transfer == "ddp":
+                self._transfers[key] = ddp_buckets(cm.grad_bytes, cm.ready_frac)
+            else:
+                self._transfers[key] = (np.array(cm.grad_bytes, float), np.array(cm.ready_frac, float))
+        return self._transfers[key]
+
+    def _bandwidth(self, types: tuple[InstanceType, ...], sizes: np.ndarray, key: tuple,
+                   world: int, instances: int) -> tuple[np.ndarray, float]:
+        cached = self._bw_cache.get(key)
+        if cached is None:
+            bus = np.min([self.bandwidth.bus_bandwidth(t, sizes, world, instances) for t in types], axis=0)
+            cap = min(self.bandwidth.bandwidth_cap(t, world, instances) for t in types)
+            cached = self._bw_cache[key] = (np.maximum(bus, 1.0), float(cap))
+        return cached
+
+    def _device_stats(self, cm: ComputeModel, batch: int) -> tuple[float, float, float, float, float]:
+        """(forward mean, forward sd, backward mean, backward sd, step) at a per-device batch."""
+        key = (cm.device, batch)
+        stats = self._stats.get(key)
+        if stats is None:
+            if batch > cm.max_batch:
+                raise ProblemError(
+                    f"batch {batch} per device is beyond the memory limit of {cm.model} on "
+                    f"{cm.device} (max_batch {cm.max_batch})"
+                )
+            stats = self._stats[key] = (
+                float(cm.forward_s(batch)), float(cm.forward_sd_s(batch)),
+                float(cm.backward_s(batch)), float(cm.backward_sd_s(batch)), cm.step_s,
+            )
+        return stats
+
+    def _sample_max(self, mean: float, sd: float, devices: int, row: int) -> np.ndarray:
+        """Samples of the max of `devices` iid Normal(mean, sd) (inverse-CDF)."""
+        key = (mean, sd, devices, row)
+        draws = self._draws.get(key)
+        if draws is None:
+            if sd <= 0.0:
+                draws = np.full(self.samples, mean)
+            else:
+                u = np.exp(self._log_u[row] / devices) if devices > 1 else self._uniform[row]
+                draws = mean + sd * ndtri(u)
+            if len(self._draws) > 100_000:
+                self._draws.clear()
+            self._draws[key] = draws
+        return draws
+
+    # -- the simulation ---------------------------------------------------------
+    def simulate(self, groups: list[MachineGroup] | tuple[MachineGroup, ...]) -> IterationPrediction:
+        key = tuple((g.instance_type.name, g.count, g.batch) for g in groups)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if not groups:
+            raise ProblemError("a cluster needs at least one machine group")
+        if len(groups) > self._max_groups:
+            raise ProblemError(f"{len(groups)} machine groups; at most {self._max_groups} are supported")
+        result = self._simulate(list(groups))
+        if len(self._cache) > 200_000:
+            self._cache.clear()
+        self._cache[key] = result
+        return result
+
+    def _simulate(self, groups: list[MachineGroup]) -> IterationPrediction:
+        fw = np.empty((len(groups), self.samples))
+        bw = np.empty((len(groups), self.samples))
+        mean_bw, slowest, step = -1.0, None, 0.0
+        for j, g in enumerate(groups):
+            cm = self.compute_model(g.instance_type)
+            try:
+                mu_f, sd_f, mu_b, sd_b, step_j = self._device_stats(cm, g.device_batch)
+            except ProblemError as e:
+                raise ProblemError(f"{g}: {e.message}") from None
+            fw[j] = self._sample_max(mu_f, sd_f, g.devices, 2 * j)
+            bw[j] = self._sample_max(mu_b, sd_b, g.devices, 2 * j + 1)
+            if mu_b > mean_bw:
+                mean_bw, slowest = mu_b, cm
+            step = max(step, step_j)
+        t_fw = fw.max(axis=0) if len(groups) > 1 else fw[0]
+        t_bw = bw.max(axis=0) if len(groups) > 1 else bw[0]
+        world = sum(g.devices for g in groups)
+        instances = sum(g.count for g in groups)
+        types = tuple(sorted({g.instance_type.name: g.instance_type for g in groups}.values(),
+                             key=lambda t: t.name))
+        sources = {t.name: self.bandwidth.source(t) for t in types}
+        t_pe = 0.0
+        if world > 1:
+            sizes, ready = self.transfers(slowest)
+            bus, cap = self._bandwidth(
+                types, sizes, (tuple(t.name for t in types), world, instances, slowest.device), world, instances
+            )
+            work = 2.0 * sizes * (world - 1) / world
+            t_pe = exchange_time((ready * float(t_bw.mean())).tolist(), work.tolist(), bus.tolist(), cap)
+        exposed = np.maximum(t_bw, t_pe)
+        t_iter = t_fw + exposed + step
+        return IterationPrediction(
+            mean_s=float(t_iter.mean()),
+            sd_s=float(t_iter.std()),
+            p95_s=self._p95(t_iter),
+            forward_s=float(t_fw.mean()),
+            backward_s=float(t_bw.mean()),
+            exchange_s=float(t_pe),
+            exposed_comm_s=float((exposed - t_bw).mean()),
+            step_s=float(step),
+            world_size=world,
+            instances=instances,
+            bandwidth_sources=sources,
+        )
+
+    def _p95(self, values: np.ndarray) -> float:
+        """The 95th percentile (linear interpolation, as numpy's default)."""
+        ordered = np.sort(values)
+        lo = int(self._p95_index)
+        frac = self._p95_index - lo
+        hi = min(lo + 1, len(ordered) - 1)
+        return float(ordered[lo] + (ordered[hi] - ordered[lo]) * frac)
+
+    def cache_clear(self) -> None:
+        self._cache.clear()

@@ -1,0 +1,191 @@
+"""The iteration simulator against cases computed by hand (Srifty 4.3)."""
+
+import numpy as np
+import pytest
+
+from thrifty.datasets.catalog import Catalog
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
+from thrifty.perfmodels.cluster import MachineGroup, parse_cluster
+from thrifty.perfmodels.library import ModelLibrary
+from thrifty.perfmodels.simulator import IterationSimulator, ddp_buckets, exchange_time
+
+from helpers import FixedBandwidth, compute_model, instance
+
+
+def _sim(models, bandwidth, transfer="layer", samples=64):
+    lib = ModelLibrary(paths=[])
+    for m in models:
+        lib.add(m)
+    return IterationSimulator("m", library=lib, bandwidth=bandwidth, samples=samples, transfer=transfer)
+
+
+def test_busbw_conversion():
+    # 2 workers, 1e6 bytes in 1 ms: busbw = 2 * 1e6 * 1 / (2 * 1e-3) = 1e9
+    assert bus_bandwidth_from_time(1e6, 2, 1e-3) == pytest.approx(1e9)
+    # 4 workers: 2 * s * 3 / (4 t)
+    assert bus_bandwidth_from_time(8e6, 4, 0.01) == pytest.approx(2 * 8e6 * 3 / (4 * 0.01))
+
+
+def test_single_transfer_alone():
+    # work 10 bus-bytes at 5 B/s, starting at 1 s
+    assert exchange_time([1.0], [10.0], [5.0], cap=100.0) == pytest.approx(3.0)
+
+
+def test_two_concurrent_transfers_share_capped_bandwidth():
+    # both start at 0, b_bus 10 each, cap 10: b_agg 20 >= cap, each min(10, 10/2) = 5
+    assert exchange_time([0.0, 0.0], [10.0, 10.0], [10.0, 10.0], cap=10.0) == pytest.approx(2.0)
+
+
+def test_two_transfers_under_the_cap_keep_their_bandwidth():
+    assert exchange_time([0.0, 0.0], [10.0, 10.0], [4.0, 4.0], cap=10.0) == pytest.approx(2.5)
+
+
+def test_three_concurrent_transfers_recompute_on_each_finish():
+    # b_bus 4 each, cap 10: three active -> b_agg 12 >= 10 -> each 10/3.
+    # first (work 10) done at t=3; the others have 20-10 and 30-10 left.
+    # two active -> b_agg 8 < 10 -> each 4: second done at 3 + 10/4 = 5.5;
+    # third has 20 - 10 = 10 left at 4 B/s: done at 8.
+    assert exchange_time([0.0, 0.0, 0.0], [10.0, 20.0, 30.0], [4.0, 4.0, 4.0], cap=10.0) == pytest.approx(8.0)
+
+
+def test_late_start_joins_running_transfer():
+    # A: work 10 at 10 B/s from 0. B starts at 0.5 (A has 5 left): cap 10 binds, each 5 B/s.
+    # A finishes at 0.5 + 1 = 1.5; B then has 10 - 5 = 5 left alone at 10 B/s: done at 2.0.
+    assert exchange_time([0.0, 0.5], [10.0, 10.0], [10.0, 10.0], cap=10.0) == pytest.approx(2.0)
+
+
+def test_no_overlap_when_gradients_ready_at_the_end():
+    # fw 0.01 + 0.001 B, bw 0.02 + 0.002 B at B=10: 0.02 and 0.04.
+    # one layer of 1e6 bytes ready at the end of backward; 2 workers: work = 1e6 bus-bytes,
+    # at 1e8 B/s that is 0.01 s after backward ends -> t_iter = 0.02 + 0.04 + 0.01
+    cm = compute_model(layers=((1_000_000, 1.0),))
+    sim = _sim([cm], FixedBandwidth(bus=1e8, cap=1e9))
+    it = sim.simulate([MachineGroup(instance(), 2, 10)])
+    assert it.forward_s == pytest.approx(0.02)
+    assert it.backward_s == pytest.approx(0.04)
+    assert it.exchange_s == pytest.approx(0.05)
+    assert it.mean_s == pytest.approx(0.07)
+    assert it.exposed_comm_s == pytest.approx(0.01)
+    assert it.sd_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_full_overlap_hides_communication():
+    # ten small layers spread through backward, each 1e4 bytes at 1e9 B/s: 10 us each
+    layers = tuple((10_000, (i + 1) / 10 * 0.9) for i in range(10))
+    cm = compute_model(layers=layers)
+    sim = _sim([cm], FixedBandwidth(bus=1e9, cap=1e10))
+    it = sim.simulate([MachineGroup(instance(), 4, 10)])
+    assert it.mean_s == pytest.approx(0.02 + 0.04)
+    assert it.exposed_comm_s == 0.0
+
+
+def test_slow_machine_bounds_mixed_cluster():
+    fast = compute_model(device="fast", fw=(0.005, 0.0005), bw=(0.01, 0.001), layers=((1, 1.0),))
+    slow = compute_model(device="slow", fw=(0.01, 0.001), bw=(0.02, 0.002), layers=((1, 1.0),))
+    sim = _sim([fast, slow], FixedBandwidth(bus=1e12, cap=1e12))
+    groups = [MachineGroup(instance("f", device="fast"), 3, 64), MachineGroup(instance("s", device="slow"), 1, 16)]
+    it = sim.simulate(groups)
+    # fast: fw 0.037, bw 0.074 at 64; slow: fw 0.026, bw 0.052 at 16 -> the fast type is slower here
+    assert it.forward_s == pytest.approx(0.037)
+    assert it.backward_s == pytest.approx(0.074)
+    assert it.world_size == 4 and it.instances == 4
+
+
+def test_mixed_cluster_uses_slowest_bandwidth():
+    class PerType(FixedBandwidth):
+        def bus_bandwidth(self, itype, sizes, world_size, instances):
+            return np.full(len(sizes), 1e8 if itype.name == "a" else 2e8)
+
+        def bandwidth_cap(self, itype, world_size, instances):
+            return 1e9
+
+    cm = compute_model(layers=((1_000_000, 1.0),))
+    sim = _sim([cm], PerType(0, 0))
+    it = sim.simulate([MachineGroup(instance("a"), 1, 10), MachineGroup(instance("b"), 1, 10)])
+    assert it.exchange_s == pytest.approx(0.04 + 0.01)  # 1e6 bus-bytes at the slower 1e8 B/s
+
+
+def test_variance_raises_mean_with_more_machines():
+    cm = compute_model(cv=0.1, layers=((1, 1.0),))
+    sim = _sim([cm], FixedBandwidth(bus=1e12, cap=1e12), samples=4096)
+    one = sim.simulate([MachineGroup(instance(), 1, 32)])
+    many = sim.simulate([MachineGroup(instance(), 64, 32)])
+    assert one.mean_s == pytest.approx(cm.compute_s(32), rel=0.01)
+    # E[max of 64 normals] ~ mu + 2.4 sd for each of forward and backward
+    expected = cm.compute_s(32) + 2.4 * (cm.forward_sd_s(32) + cm.backward_sd_s(32))
+    assert many.mean_s == pytest.approx(float(expected), rel=0.02)
+    assert many.p95_s > many.mean_s
+
+
+def test_results_are_reproducible_for_a_seed():
+    cm = compute_model(cv=0.05)
+    a = _sim([cm], FixedBandwidth(1e9, 1e10)).simulate([MachineGroup(instance(), 3, 16)])
+    b = _sim([cm], FixedBandwidth(1e9, 1e10)).simulate([MachineGroup(instance(), 3, 16)])
+    assert a == b
+
+
+def test_multi_gpu_machine_splits_batch():
+    cm = compute_model(layers=((1, 1.0),))
+    sim = _sim([cm], FixedBandwidth(1e12, 1e12))
+    it = sim.simulate([MachineGroup(instance(gpus=4), 1, 40)])
+    assert it.forward_s == pytest.approx(0.02)  # 10 per GPU
+    assert it.world_size == 4 and it.instances == 1
+
+
+def test_ddp_buckets_close_at_cap():
+    sizes, ready = ddp_buckets([600, 600, 300, 2000, 100], [0.1, 0.2, 0.3, 0.4, 0.9],
+                               first_bucket_bytes=1000, bucket_bytes=2000)
+    assert sizes.tolist() == [1200, 2300, 100]
+    assert ready.tolist() == [0.2, 0.4, 0.9]
+
+
+def test_batch_beyond_memory_is_an_error():
+    cm = compute_model(max_batch=64, batches=(1, 2, 4, 8, 16, 32, 64))
+    sim = _sim([cm], FixedBandwidth(1e9, 1e10))
+    with pytest.raises(ProblemError, match="beyond the memory limit"):
+        sim.simulate([MachineGroup(instance(), 1, 128)])
+
+
+def test_missing_profile_lists_available():
+    sim = _sim([compute_model(device="dev")], FixedBandwidth(1e9, 1e10))
+    with pytest.raises(ProblemError, match="has profiles for: dev"):
+        sim.simulate([MachineGroup(instance(device="other"), 1, 8)])
+
+
+def test_parse_cluster():
+    cat = Catalog("aws", "x", {"p": instance("p", gpus=4), "g": instance("g")}, "test", {})
+    groups = parse_cluster("4xp@512+g@32", cat)
+    assert [(g.instance_type.name, g.count, g.batch) for g in groups] == [("p", 4, 512), ("g", 1, 32)]
+    with pytest.raises(ProblemError, match="not COUNTxTYPE@BATCH"):
+        parse_cluster("4xp", cat)
+    with pytest.raises(ProblemError, match="unknown instance type 'q'"):
+        parse_cluster("q@3", cat)
+    with pytest.raises(ProblemError, match="must be at least 1"):
+        parse_cluster("0xp@3", cat)
+
+
+def test_apm_is_linear_serial_and_variance_free():
+    from thrifty.perfmodels.apm import AlphaBetaAllreduce, ApmSimulator
+
+    cm = compute_model(cv=0.1, layers=((1_000_000, 0.2), (1_000_000, 0.4)))
+    lib = ModelLibrary(paths=[])
+    lib.add(cm)
+    # alpha 0, beta 1e8: each 1e6-byte layer on 2 workers takes 2*1/2*1e6/1e8 = 0.01 s
+    apm = ApmSimulator("m", library=lib, bandwidth=AlphaBetaAllreduce({"t.1": (0.0, 1e8)}))
+    it = apm.simulate([MachineGroup(instance(), 2, 10)])
+    # fw 0.02, bw 0.04, comm 0.02 (serial, fully overlapped from backward start)
+    assert it.mean_s == pytest.approx(0.06)
+    assert it.sd_s == 0.0 and it.p95_s == it.mean_s
+
+
+def test_alpha_beta_fit_recovers_parameters():
+    from thrifty.perfmodels.apm import AlphaBetaAllreduce
+
+    n = np.array([2, 2, 2, 4, 4, 4])
+    s = np.array([1e3, 1e5, 1e7, 1e3, 1e5, 1e7])
+    t = 2 * (n - 1) * 50e-6 + 2 * (n - 1) / n * s / 1e9
+    ab = AlphaBetaAllreduce.fit("x", n, s, t)
+    alpha, beta = ab.params["x"]
+    assert alpha == pytest.approx(50e-6, rel=1e-6)
+    assert beta == pytest.approx(1e9, rel=1e-6)
