@@ -10,9 +10,13 @@ a synchronous iteration. We sample that maximum directly: the maximum of ``k``
 independent ``Normal(mu, sd)`` draws has CDF ``Phi((x - mu)/sd)^k``, so one
 uniform ``u`` per group and iteration gives ``x = mu + sd * Phi^-1(u^(1/k))``
 (exact, and independent of k in cost). Forward and backward are sampled
-separately, per group, then maximized over groups. Uniforms are drawn once per
-simulator from its seed (common random numbers), so predictions are
-reproducible and comparable across configurations.
+separately, per group, then maximized over groups. The uniforms are
+stratified: each row is a seeded permutation of ``(i + 1/2) / S``, fixed per
+simulator (common random numbers), so predictions are reproducible and
+comparable across configurations, and the sample mean of one group's maximum
+is exactly ``mu + sd * e(k)`` with ``e(k) = mean_i Phi^-1(((i + 1/2)/S)^(1/k))``
+(``e(1) = 0``). `expected_max_factor` exposes ``e(k)``; the solver's lower
+bounds rely on it.
 
 Parameter exchange (``t_pe``): an event queue from the start of the backward
 pass (time 0). Each transfer (a layer's gradient, or a DDP bucket of layers)
@@ -203,8 +207,10 @@ class IterationSimulator:
         self.samples = samples
         self.transfer = transfer
         rng = np.random.default_rng(seed)
-        # common random numbers: two uniform streams (forward, backward) per group slot
-        self._uniform = rng.random((2 * max_groups, samples))
+        # common random numbers: two stratified uniform streams (forward, backward) per group slot
+        strata = (np.arange(samples) + 0.5) / samples
+        self._strata = strata
+        self._uniform = np.stack([rng.permutation(strata) for _ in range(2 * max_groups)])
         self._max_groups = max_groups
         self._cache: dict[tuple, IterationPrediction] = {}
         self._bw_cache: dict[tuple, tuple[np.ndarray, float]] = {}
@@ -236,6 +242,18 @@ class IterationSimulator:
             cap = min(self.bandwidth.bandwidth_cap(t, world, instances) for t in types)
             cached = self._bw_cache[key] = (np.maximum(bus, 1.0), float(cap))
         return cached
+
+    def expected_max_factor(self, devices: int) -> float:
+        """``e(k)``: the sample mean of the max of `devices` standard normals here."""
+        key = ("e", devices)
+        value = self._draws.get(key)
+        if value is None:
+            value = self._draws[key] = float(np.mean(ndtri(self._strata ** (1.0 / devices))))
+        return value
+
+    def device_stats(self, itype: InstanceType, device_batch: int) -> tuple[float, float, float, float, float]:
+        """(forward mean, forward sd, backward mean, backward sd, step) of one device of `itype`."""
+        return self._device_stats(self.compute_model(itype), device_batch)
 
     def _device_stats(self, cm: ComputeModel, batch: int) -> tuple[float, float, float, float, float]:
         """(forward mean, forward sd, backward mean, backward sd, step) at a per-device batch."""

@@ -26,6 +26,8 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
 
 # name -> module under thrifty.runtime.commands (order is the order of --help)
 COMMANDS: dict[str, str] = {
+    "solve": "solve",
+    "schema": "schema",
     "simulate": "simulate",
     "profile": "profile",
     "probe-allreduce": "probe_allreduce",

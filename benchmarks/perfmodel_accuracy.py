@@ -1,0 +1,229 @@
+"""Accuracy of thrifty's iteration prediction against real DDP training (issue 2).
+
+On this machine: real data-parallel training iterations with
+torch.distributed (gloo over 127.0.0.1, one thread per process), PyTorch DDP
+with its default buckets, heterogeneous local batches, on the three zoo
+models. Each configuration is predicted from the *single-process* measured
+profiles (``datasets/profiles/measured/*__cpu.json``) and the probe-trained
+allreduce model (``datasets/allreduce/local-gloo-model.json``) through
+thrifty's simulator, and by the APM baseline (linear compute, alpha-beta
+allreduce fitted to the same probes, naive overlap, no variance).
+
+Printed: measured vs predicted per configuration with the error of each, and
+the MAPE of thrifty and of APM. The headline uses 2 processes (the machine has
+2 cores); 3- and 4-process worlds oversubscribe the cores and are reported
+separately. Then the simulator's speed in configurations per second for a
+50-layer model on one core.
+
+Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+
+MODELS = {"mlp": "mlp", "small-cnn": "small_cnn", "tiny-transformer": "tiny_transformer"}
+
+# (model, per-process batches): 2-process headline configurations
+HEADLINE = [
+    ("mlp", (16, 16)), ("mlp", (8, 32)), ("mlp", (32, 96)), ("mlp", (64, 128)), ("mlp", (128, 128)),
+    ("small-cnn", (16, 16)), ("small-cnn", (8, 24)), ("small-cnn", (32, 64)), ("small-cnn", (64, 128)),
+    ("tiny-transformer", (16, 16)), ("tiny-transformer", (8, 32)), ("tiny-transformer", (32, 64)),
+    ("tiny-transformer", (64, 96)),
+]
+LARGER = [
+    ("mlp", (16, 16, 32)), ("small-cnn", (16, 32, 32)), ("tiny-transformer", (16, 16, 32)),
+    ("mlp", (16, 16, 16, 16)), ("small-cnn", (16, 16, 32, 32)), ("tiny-transformer", (8, 16, 16, 32)),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, factory: str, batches: tuple[int, ...],
+            warmup: int, iters: int, out: "object") -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from thrifty.perfmodels import zoo
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    try:
+        work = getattr(zoo, factory)(seed=0)
+        model = DDP(work.model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        data = [work.make_batch(batches[rank]) for _ in range(4)]
+        times = []
+        for i in range(warmup + iters):
+            if i == warmup:
+                dist.barrier()
+            t0 = time.perf_counter()
+            x, y = data[i % 4]
+            loss = work.loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        out.put((rank, times))
+        dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        os._exit(0)
+
+
+def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> tuple[float, float]:
+    """Mean and p95 of the measured iteration time (per iteration, the slowest rank)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, len(batches), port, factory, batches, warmup, iters, out))
+             for r in range(len(batches))]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+    per_iter = np.max(np.array([results[r] for r in range(len(batches))]), axis=0)
+    return float(per_iter.mean()), float(np.quantile(per_iter, 0.95))
+
+
+def _apm_bandwidth(probes_csv: str):
+    from thrifty.perfmodels.apm import AlphaBetaAllreduce
+
+    rows = [r for r in csv.DictReader(open(probes_csv)) if int(r["concurrent"]) == 1]
+    return AlphaBetaAllreduce.fit(
+        "local", [int(r["world_size"]) for r in rows], [float(r["buffer_bytes"]) for r in rows],
+        [float(r["seconds"]) for r in rows],
+    )
+
+
+def predictors():
+    from thrifty.datasets.paths import DATA_DIR
+    from thrifty.perfmodels.apm import ApmSimulator
+    from thrifty.perfmodels.library import shipped_library
+    from thrifty.perfmodels.loading import default_bandwidth_model
+    from thrifty.perfmodels.simulator import IterationSimulator
+
+    learned = default_bandwidth_model()
+    apm_bw = _apm_bandwidth(str(DATA_DIR / "allreduce" / "local-gloo-probes.csv"))
+    lib = shipped_library()
+    sims = {m: IterationSimulator(m, library=lib, bandwidth=learned) for m in MODELS}
+    apms = {m: ApmSimulator(m, library=lib, bandwidth=apm_bw) for m in MODELS}
+    return sims, apms
+
+
+def groups_for(batches: tuple[int, ...]):
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.perfmodels.cluster import MachineGroup
+
+    local = load_catalog().get("local")
+    return [MachineGroup(local, 1, b) for b in batches]
+
+
+def accuracy_table(configs, warmup: int, iters: int, title: str) -> tuple[float, float]:
+    from rich.console import Console
+    from rich.table import Table
+
+    sims, apms = predictors()
+    table = Table(title=title)
+    for col in ("model", "batches", "measured ms", "measured p95", "thrifty ms", "err", "thrifty p95",
+                "APM ms", "err"):
+        table.add_column(col, justify="right")
+    errs_t, errs_a = [], []
+    for model, batches in configs:
+        measured, measured_p95 = measure(MODELS[model], batches, warmup, iters)
+        groups = groups_for(batches)
+        t = sims[model].simulate(groups)
+        a = apms[model].simulate(groups)
+        et, ea = abs(t.mean_s / measured - 1), abs(a.mean_s / measured - 1)
+        errs_t.append(et)
+        errs_a.append(ea)
+        table.add_row(model, "+".join(map(str, batches)), f"{measured * 1e3:.2f}", f"{measured_p95 * 1e3:.2f}",
+                      f"{t.mean_s * 1e3:.2f}", f"{et:.1%}", f"{t.p95_s * 1e3:.2f}",
+                      f"{a.mean_s * 1e3:.2f}", f"{ea:.1%}")
+        print(f"  measured {model} {batches}: {measured * 1e3:.2f} ms", file=sys.stderr)
+    mape_t, mape_a = statistics.fmean(errs_t), statistics.fmean(errs_a)
+    table.add_row("MAPE", "", "", "", "", f"{mape_t:.1%}", "", "", f"{mape_a:.1%}", style="bold")
+    Console().print(table)
+    return mape_t, mape_a
+
+
+def simulator_speed(seconds: float = 3.0) -> dict[str, float]:
+    """Configurations per second on one core for a 50-layer model (distinct configurations)."""
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.perfmodels.cluster import MachineGroup
+    from thrifty.perfmodels.compute import ComputeModel
+    from thrifty.perfmodels.library import ModelLibrary
+    from thrifty.perfmodels.loading import default_bandwidth_model
+    from thrifty.perfmodels.profile import ComputeProfile
+    from thrifty.perfmodels.simulator import IterationSimulator
+
+    cat = load_catalog()
+    types = [cat.get(n) for n in ("p3.8xlarge", "g4dn.8xlarge", "g3.8xlarge")]
+    points = [{"batch": b, "forward_s": 0.002 + 1e-4 * b, "backward_s": 0.004 + 2e-4 * b,
+               "forward_sd_s": 1e-4, "backward_sd_s": 2e-4, "repeats": 10} for b in (1, 4, 16, 64, 256, 1024)]
+    out = {}
+    for transfer in ("layer", "ddp"):
+        lib = ModelLibrary(paths=[])
+        for dev in {t.device for t in types}:
+            lib.add(ComputeModel.from_profile(ComputeProfile.model_validate({
+                "model": "fifty", "device": dev, "max_batch": 1024, "points": points,
+                "provenance": {"kind": "derived", "script": "benchmarks/perfmodel_accuracy.py"},
+                "layers": [{"name": f"l{i}", "grad_bytes": 400_000 + 40_000 * i, "ready_frac": (i + 1) / 50}
+                           for i in range(50)]})))
+        sim = IterationSimulator("fifty", library=lib, bandwidth=default_bandwidth_model(), transfer=transfer)
+        configs = [[MachineGroup(types[0], a, 2 ** ba), MachineGroup(types[1], b, 2 ** bb)]
+                   + ([MachineGroup(types[2], c, 64)] if c else [])
+                   for a in range(1, 9) for b in range(1, 9) for c in range(0, 5)
+                   for ba in range(4, 10) for bb in range(2, 8)]
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds and n < len(configs):
+            sim.simulate(configs[n])
+            n += 1
+        out[transfer] = n / (time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="a few configurations, few iterations")
+    parser.add_argument("--skip-larger", action="store_true")
+    args = parser.parse_args()
+    head = HEADLINE[::4] if args.quick else HEADLINE
+    iters = 10 if args.quick else args.iters
+    mape_t, mape_a = accuracy_table(head, args.warmup, iters,
+                                    f"2 processes, gloo on 127.0.0.1, 1 thread each ({len(head)} configurations)")
+    print(f"headline MAPE: thrifty {mape_t:.1%}  APM {mape_a:.1%}  (target: thrifty <= 10%)")
+    if not args.skip_larger and not args.quick:
+        mt, ma = accuracy_table(LARGER, args.warmup, iters,
+                                "3 and 4 processes on 2 cores (oversubscribed; reported separately)")
+        print(f"larger worlds MAPE: thrifty {mt:.1%}  APM {ma:.1%}")
+    speed = simulator_speed()
+    print(f"simulator speed, 50-layer model, one core: {speed['layer']:,.0f} configurations/s per-layer "
+          f"transfers, {speed['ddp']:,.0f}/s DDP buckets (target >= 5,000/s)")
+
+
+if __name__ == "__main__":
+    main()

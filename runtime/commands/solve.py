@@ -1,0 +1,86 @@
+"""``thrifty solve``: plan a training job from a JSON problem file."""
+
+from __future__ import annotations
+
+import argparse
+
+from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
+
+HELP = "choose machines and batches for a training job (JSON problem file) under time, cost and quota limits"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("problem", metavar="PROBLEM.json", help="a problem file (see `thrifty schema training`)")
+    parser.add_argument("--method", choices=("auto", "exhaustive", "ilp", "smt"), default="auto",
+                        help="auto (default): exhaustive for small spaces, else ilp")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop searching after this long")
+    parser.add_argument("--json", action="store_true", help="print only the plan as JSON")
+    parser.add_argument("--out", metavar="PLAN.json", help="also write the plan to this file (atomically)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the simulated candidates, limits and plan")
+
+
+def run(args: argparse.Namespace) -> int:
+    from thrifty.datasets.io import atomic_write_text
+    from thrifty.solver.problem import load_problem
+    from thrifty.solver.solve import solve
+    from thrifty.solver.training import TrainingSpace
+
+    problem = load_problem(args.problem)
+    space = TrainingSpace(problem)
+    plan = solve(problem, method=args.method, time_limit_s=args.time_limit, space=space)
+    if args.out:
+        atomic_write_text(args.out, plan.to_json() + "\n")
+    if args.plot:
+        from thrifty.runtime.plots import plot_training_plan
+
+        plot_training_plan(space, plan, args.plot)
+    if args.json:
+        print(plan.to_json())
+    else:
+        _print_human(problem, plan)
+    return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+
+
+def _print_human(problem, plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    title = f"{problem.name or problem.model}: global batch {problem.global_batch}, {problem.iterations} iterations, " \
+            f"{problem.objective.replace('_', ' ')}"
+    limits = []
+    if problem.limits.time_s is not None:
+        limits.append(f"time <= {problem.limits.time_s:g} s")
+    if problem.limits.cost_usd is not None:
+        limits.append(f"cost <= ${problem.limits.cost_usd:g}")
+    console.print(f"[bold]{title}[/bold]" + (f"  ({', '.join(limits)})" if limits else ""))
+    if not plan.feasible:
+        why = plan.infeasibility
+        console.print(f"[bold red]infeasible[/bold red]: {why.reason}")
+        if why.conflicts:
+            console.print("conflicting: " + ", ".join(why.conflicts))
+        for r in why.relaxations:
+            if "field" in r:
+                console.print(f"  feasible if {r['field']} were {_fmt(r['needed'])} (now {_fmt(r['current'])})")
+            else:
+                needed = ", ".join(f"{k} {_fmt(v)}" for k, v in r["needed"].items())
+                console.print(f"  feasible with {needed} ({r['note']}: {r['plan']})")
+        console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s[/dim]")
+        return
+    table = Table(title=f"plan ({plan.status})")
+    for col in ("instance type", "market", "count", "batch per machine"):
+        table.add_column(col, justify="right" if col in ("count", "batch per machine") else "left")
+    for a in plan.allocation:
+        table.add_row(a.instance_type, a.market.replace("_", "-"), str(a.count), str(a.batch_per_instance))
+    console.print(table)
+    p = plan.predicted
+    console.print(f"iteration {p.iteration_s * 1e3:,.1f} ms (p95 {p.iteration_s_p95 * 1e3:,.1f} ms), "
+                  f"{p.throughput_samples_s:,.0f} samples/s")
+    console.print(f"total {p.total_s:,.1f} s (p95 {p.total_s_p95:,.1f} s), cost ${p.cost_usd:,.4f}")
+    gap = "proven optimal" if plan.solver.gap == 0 else f"gap {plan.solver.gap:.2%}" if plan.solver.gap else "gap unknown"
+    console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s, "
+                  f"{plan.solver.candidates_simulated} candidates simulated, {gap}[/dim]")
+
+
+def _fmt(value) -> str:
+    return f"{value:,.4g}" if isinstance(value, float) else str(value)

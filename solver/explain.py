@@ -1,0 +1,132 @@
+"""Why a training problem has no plan, and what would change that.
+
+Constraints that can conflict: the time limit (``limits.time_s``), the budget
+(``limits.cost_usd``), each quota (``instances[i].quota``) and the global batch
+with the allowed per-machine batches (``global_batch``).
+
+Relaxations are exact, computed by re-solving variants of the problem with the
+same search (so they are tight with respect to the same simulator):
+
+- deadline needed: the least total time over plans within the budget (and
+  quotas); setting ``limits.time_s`` to it is feasible, anything smaller not;
+- budget needed: the least cost over plans within the time limit;
+- quota needed, per choice: the least quota of that choice, all else equal,
+  that admits a feasible plan (binary search on feasibility, which is
+  monotone in the quota);
+- when no single limit can be relaxed alone, both limits together: the
+  figures of the cheapest and of the fastest plan within the quotas.
+
+Conflicts: a single limit whose relaxation alone restores feasibility is
+reported as conflicting with the quotas; otherwise the unsat core of the SMT
+formulation (`thrifty.solver.smt.unsat_core`) names the conflicting set.
+"""
+
+from __future__ import annotations
+
+from thrifty.solver.plan import Infeasibility
+from thrifty.solver.search import SearchResult, search_exhaustive
+from thrifty.solver.training import TrainingSpace
+
+__all__ = ["explain_infeasibility", "QUOTA_SEARCH_CAP"]
+
+QUOTA_SEARCH_CAP = 4096
+
+
+def _search(space: TrainingSpace) -> SearchResult:
+    if space.size == 0:
+        return SearchResult("exhaustive", None, None, True, 0, 0.0)
+    if space.size <= 50_000:
+        return search_exhaustive(space)
+    from thrifty.solver.cpsat import search_cpsat
+
+    return search_cpsat(space)
+
+
+def _quota_needed(space: TrainingSpace, index: int) -> int | None:
+    """Least quota of choice `index` that makes the problem feasible, or None."""
+    choice = space.choices[index]
+    if not choice.batches:
+        return None
+    cap = min(QUOTA_SEARCH_CAP, space.problem.global_batch // choice.batches[0])
+
+    def feasible(q: int) -> bool:
+        instances = list(space.problem.instances)
+        instances[index] = instances[index].model_copy(update={"quota": q})
+        return _search(space.derive(instances=instances)).best is not None
+
+    if cap <= choice.quota or not feasible(cap):
+        return None
+    lo, hi = choice.quota, cap  # infeasible at lo, feasible at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasibility:
+    problem = space.problem
+    limits = problem.limits
+    relaxations: list[dict] = []
+    single: list[str] = []
+    if limits.time_s is not None:
+        variant = space.derive(objective="min_time", limits=limits.model_copy(update={"time_s": None}))
+        best = _search(variant).best
+        if best is not None:
+            relaxations.append({"field": "limits.time_s", "current": limits.time_s, "needed": best.total_s,
+                                "plan": _config(space, best.candidate)})
+            single.append("limits.time_s")
+    if limits.cost_usd is not None:
+        variant = space.derive(objective="min_cost", limits=limits.model_copy(update={"cost_usd": None}))
+        best = _search(variant).best
+        if best is not None:
+            relaxations.append({"field": "limits.cost_usd", "current": limits.cost_usd, "needed": best.cost_usd,
+                                "plan": _config(space, best.candidate)})
+            single.append("limits.cost_usd")
+    both = limits.time_s is not None and limits.cost_usd is not None
+    if both and not single:
+        # no single limit suffices: the cheapest plan with no time limit, and the fastest with
+        # no budget, each meeting both limits once both are moved to its figures
+        for objective in ("min_cost", "min_time"):
+            variant = space.derive(objective=objective, limits=limits.model_copy(
+                update={"time_s": None, "cost_usd": None}))
+            best = _search(variant).best
+            if best is not None:
+                relaxations.append({
+                    "fields": ["limits.time_s", "limits.cost_usd"],
+                    "needed": {"limits.time_s": best.total_s, "limits.cost_usd": best.cost_usd},
+                    "plan": _config(space, best.candidate),
+                    "note": f"the {'cheapest' if objective == 'min_cost' else 'fastest'} plan within the quotas",
+                })
+    for i, choice in enumerate(space.choices):
+        needed = _quota_needed(space, i)
+        if needed is not None:
+            relaxations.append({"field": f"instances[{i}].quota", "instance": choice.label,
+                                "current": choice.quota, "needed": needed})
+            single.append(f"instances[{i}].quota")
+    if space.size == 0:
+        reason = _batch_reason(space)
+        conflicts = ["global_batch"] + [f"instances[{i}].quota" for i in range(len(space.choices))]
+    else:
+        from thrifty.solver.smt import unsat_core
+
+        conflicts = unsat_core(space)
+        reason = ("no plan meets " + " and ".join(conflicts)) if conflicts else "no plan meets the limits"
+    if not proven:
+        reason = "no feasible plan was found within the time limit (not proven infeasible); " + reason
+    return Infeasibility(conflicts=conflicts, relaxations=relaxations, reason=reason)
+
+
+def _config(space: TrainingSpace, candidate) -> str:
+    return "+".join(f"{count}x{space.choices[i].itype.name}@{batch}" for i, count, batch in candidate)
+
+
+def _batch_reason(space: TrainingSpace) -> str:
+    parts = []
+    for c in space.choices:
+        allowed = ", ".join(map(str, c.batches)) or "none"
+        parts.append(f"{c.label} x{c.quota}: batches {allowed}")
+    return (f"no allowed per-machine batches sum to the global batch {space.problem.global_batch} "
+            f"within the quotas ({'; '.join(parts)})")

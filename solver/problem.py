@@ -1,0 +1,147 @@
+"""Problems thrifty solves, as frozen pydantic models loaded from JSON.
+
+``kind: "training"`` (Srifty 4.4): choose machine types, counts and per-machine
+batches for one synchronous data-parallel training job. ``kind: "tuning"``
+(RubberBand) is added by the tuning planner.
+
+A training problem::
+
+    {"kind": "training", "model": "resnet50", "global_batch": 1024, "iterations": 400,
+     "objective": "min_cost", "limits": {"time_s": 500, "cost_usd": 1.3},
+     "instances": [{"instance_type": "p3.8xlarge", "market": "spot", "quota": 2},
+                   {"instance_type": "g3.8xlarge", "market": "on_demand", "quota": 8}]}
+
+Optional keys: ``catalog`` (a catalog file; default the shipped AWS one),
+``allreduce`` (a learned allreduce model file), ``overheads`` (``launch_s``:
+seconds from asking for machines to the first iteration, charged in time and
+in cost; ``min_billed_s``: the billing minimum per machine, 60 s on EC2),
+``batch_sizes`` (which per-machine batches are allowed: ``"gpu_pow2"``, the
+GPUs of a machine times a power of two, the default; ``"pow2"``, any power of
+two; or an explicit list), ``respect_threshold`` (skip batches below the
+latency-to-throughput transition, Srifty takeaway 4; default true).
+
+Relative paths inside a problem file are resolved against the file's folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.io import read_json
+from thrifty.datasets.validation import FieldPathError, validate_model
+
+__all__ = [
+    "Limits",
+    "InstanceChoice",
+    "Overheads",
+    "TrainingProblem",
+    "Problem",
+    "load_problem",
+    "parse_problem",
+    "problem_json_schema",
+]
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Limits(_Frozen):
+    """Hard limits on the whole job: wall time in seconds and cost in USD."""
+
+    time_s: PositiveFloat | None = None
+    cost_usd: PositiveFloat | None = None
+
+
+class InstanceChoice(_Frozen):
+    """One machine type in one market, with at most `quota` machines."""
+
+    instance_type: Annotated[str, Field(min_length=1)]
+    market: Literal["on_demand", "spot"] = "on_demand"
+    quota: PositiveInt
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance_type} ({self.market.replace('_', '-')})"
+
+
+class Overheads(_Frozen):
+    launch_s: NonNegativeFloat = 0.0
+    min_billed_s: NonNegativeFloat = 60.0
+
+
+class TrainingProblem(_Frozen):
+    kind: Literal["training"]
+    model: Annotated[str, Field(min_length=1)]
+    global_batch: PositiveInt
+    iterations: PositiveInt
+    objective: Literal["min_cost", "min_time"] = "min_cost"
+    limits: Limits = Limits()
+    instances: Annotated[list[InstanceChoice], Field(min_length=1)]
+    catalog: str | None = None
+    allreduce: str | None = None
+    overheads: Overheads = Overheads()
+    batch_sizes: Literal["gpu_pow2", "pow2"] | Annotated[list[PositiveInt], Field(min_length=1)] = "gpu_pow2"
+    respect_threshold: bool = True
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _distinct_choices(self) -> "TrainingProblem":
+        seen: dict[tuple[str, str], int] = {}
+        for i, choice in enumerate(self.instances):
+            key = (choice.instance_type, choice.market)
+            if key in seen:
+                raise FieldPathError(
+                    ("instances", i),
+                    f"{choice.label} is listed twice (also instances[{seen[key]}]); give one quota per "
+                    "instance type and market",
+                )
+            seen[key] = i
+        return self
+
+
+Problem = TrainingProblem
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(data)
+    for key in ("catalog", "allreduce", "model"):
+        value = out.get(key)
+        if isinstance(value, str) and (value.endswith(".json") or "/" in value):
+            candidate = (base / value) if not Path(value).is_absolute() else Path(value)
+            if candidate.exists() or key != "model":
+                out[key] = str(candidate)
+    return out
+
+
+def parse_problem(data: Any, source: str | None = None, base: Path | None = None) -> Problem:
+    """Validate problem data; every error names the JSON path of the bad field."""
+    if not isinstance(data, dict):
+        raise ProblemError(f"a problem must be a JSON object, not {type(data).__name__}", source=source)
+    kind = data.get("kind")
+    if kind is None:
+        raise ProblemError("is required: 'training' or 'tuning'", path="kind", source=source)
+    if kind != "training":
+        raise ProblemError(f"is '{kind}', but must be 'training' or 'tuning'", path="kind", source=source)
+    if base is not None:
+        data = _resolve_paths(data, base)
+    return validate_model(TrainingProblem, data, source=source)
+
+
+def load_problem(path: str | Path) -> Problem:
+    path = Path(path)
+    return parse_problem(read_json(path), source=str(path), base=path.parent)
+
+
+def problem_json_schema(kind: str = "training") -> dict[str, Any]:
+    if kind != "training":
+        raise ProblemError(f"kind is '{kind}', but must be 'training' or 'tuning'")
+    return TrainingProblem.model_json_schema()

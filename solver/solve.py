@@ -1,0 +1,110 @@
+"""``solve()``: a problem in, a `Plan` out (DESIGN.md contract).
+
+``method``:
+
+- ``exhaustive``: exact branch and bound over the pruned space (`search`);
+- ``ilp``: CP-SAT on exact compute coefficients with simulator verification
+  (`cpsat`);
+- ``smt``: the same model in z3 (`smt`);
+- ``auto``: ``exhaustive`` when the pruned space holds at most
+  `exhaustive_limit` candidates (Srifty: about 10,000), else ``ilp``.
+
+Every method returns the same `Plan`. An infeasible problem is a plan with
+status ``infeasible`` and an `Infeasibility`: the conflicting limits and
+quotas, and the least change of each limit that makes the problem feasible.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.solver.plan import Allocation, Infeasibility, Plan, Prediction, SolverInfo
+from thrifty.solver.problem import Problem, TrainingProblem, load_problem, parse_problem
+from thrifty.solver.search import SearchResult, search_exhaustive
+from thrifty.solver.training import Evaluation, TrainingSpace
+
+__all__ = ["solve", "as_problem", "METHODS", "DEFAULT_EXHAUSTIVE_LIMIT"]
+
+METHODS = ("auto", "exhaustive", "ilp", "smt")
+DEFAULT_EXHAUSTIVE_LIMIT = 10_000
+
+
+def as_problem(problem: Problem | dict[str, Any] | str | Path) -> Problem:
+    if isinstance(problem, TrainingProblem):
+        return problem
+    if isinstance(problem, dict):
+        return parse_problem(problem)
+    if isinstance(problem, (str, Path)):
+        return load_problem(problem)
+    raise ProblemError(f"a problem must be a Problem, a dict or a file path, not {type(problem).__name__}")
+
+
+def run_method(space: TrainingSpace, method: str, time_limit_s: float | None) -> SearchResult:
+    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+    if method == "exhaustive":
+        return search_exhaustive(space, deadline=deadline)
+    if method == "ilp":
+        from thrifty.solver.cpsat import search_cpsat
+
+        return search_cpsat(space, deadline=deadline)
+    if method == "smt":
+        from thrifty.solver.smt import search_smt
+
+        return search_smt(space, deadline=deadline)
+    raise ProblemError(f"method is '{method}', but must be one of {', '.join(METHODS)}")
+
+
+def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
+          time_limit_s: float | None = None, exhaustive_limit: int = DEFAULT_EXHAUSTIVE_LIMIT,
+          space: TrainingSpace | None = None) -> Plan:
+    """Solve a problem (a `Problem`, a dict of its JSON, or a file path)."""
+    start = time.perf_counter()
+    if method not in METHODS:
+        raise ProblemError(f"method is '{method}', but must be one of {', '.join(METHODS)}")
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise ProblemError(f"time_limit_s is {time_limit_s}, but must be positive")
+    problem = as_problem(problem)
+    space = space or TrainingSpace(problem)
+    chosen = method
+    if method == "auto":
+        chosen = "exhaustive" if space.size <= exhaustive_limit else "ilp"
+    if space.size == 0:
+        result = SearchResult(chosen, None, None, True, 0, 0.0)
+    else:
+        result = run_method(space, chosen, time_limit_s)
+    if result.best is not None:
+        return _plan(space, result, chosen, time.perf_counter() - start)
+    from thrifty.solver.explain import explain_infeasibility
+
+    why = explain_infeasibility(space, proven=result.complete)
+    return Plan(
+        kind="training", status="infeasible", objective=problem.objective, objective_value=None,
+        allocation=[], predicted=None,
+        solver=SolverInfo(chosen, time.perf_counter() - start, None, result.simulated,
+                          {**result.details, "proven": result.complete, "space_size": space.size}),
+        infeasibility=why, problem_name=problem.name,
+    )
+
+
+def _plan(space: TrainingSpace, result: SearchResult, method: str, wall_s: float) -> Plan:
+    ev: Evaluation = result.best
+    allocation = [
+        Allocation(space.choices[i].itype.name, space.choices[i].spec.market, count, batch)
+        for i, count, batch in ev.candidate
+    ]
+    predicted = Prediction(
+        iteration_s=ev.iteration_s, total_s=ev.total_s, cost_usd=ev.cost_usd, total_s_p95=ev.total_s_p95,
+        iteration_s_p95=ev.iteration_p95_s,
+        throughput_samples_s=space.problem.global_batch / ev.iteration_s,
+    )
+    return Plan(
+        kind="training", status="optimal" if result.complete else "feasible",
+        objective=space.problem.objective, objective_value=ev.objective_value,
+        allocation=allocation, predicted=predicted,
+        solver=SolverInfo(method, wall_s, result.gap, result.simulated,
+                          {**result.details, "space_size": space.size}),
+        problem_name=space.problem.name,
+    )

@@ -1,0 +1,249 @@
+"""The training problem made concrete: the search space and the evaluation of
+one candidate (Srifty 4.4).
+
+Data, for each instance choice ``i`` (a type in a market): quota ``CAPS[i]``,
+price ``P[i]`` per hour, GPUs per machine ``g[i]``, and the allowed
+per-machine batches ``batches[i]`` (Srifty 4.4's pruning: powers of two, or
+the machine's GPUs times powers of two; at least the latency-to-throughput
+threshold of the device; at most its memory cap, per GPU).
+
+A candidate gives each used choice one count and one batch (every machine of a
+choice gets the same batch) with ``sum_i count[i] * batch[i] = B_global``.
+Its evaluation, with ``t_iter`` from the iteration simulator::
+
+    total_s   = launch_s + N * t_iter
+    cost_usd  = sum_i count[i] * P[i] * max(total_s, min_billed_s) / 3600
+    total_p95 = launch_s + N * t_mean + 1.645 * sqrt(N) * t_sd   (sum of N iterations)
+
+It is feasible when ``total_s <= T_lim`` and ``cost_usd <= $_lim``; the
+objective is ``cost_usd`` (min_cost) or ``total_s`` (min_time).
+
+`lower_bound` is a cheap bound that never exceeds the simulated iteration
+time: per group the simulator's sampled mean of the slowest device's forward
+is exactly ``mu_f + sd_f * e(k)`` (stratified sampling, see the simulator),
+the maximum over groups of a sample mean is at most the sample mean of the
+maximum, and ``t_iter >= t_fw + t_bw + t_step``. Exact searches use it to
+skip candidates that cannot beat the best one simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from thrifty.datasets.catalog import Catalog, InstanceType, load_catalog
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.bandwidth import BandwidthModel
+from thrifty.perfmodels.cluster import MachineGroup
+from thrifty.perfmodels.library import ModelLibrary
+from thrifty.perfmodels.loading import default_bandwidth_model, load_bandwidth_model
+from thrifty.perfmodels.simulator import IterationSimulator
+from thrifty.solver.problem import InstanceChoice, TrainingProblem
+
+__all__ = ["Choice", "Candidate", "Evaluation", "TrainingSpace", "Z95"]
+
+Z95 = 1.6448536269514722  # one-sided 95% normal quantile
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One instance choice with everything the search needs."""
+
+    index: int
+    spec: InstanceChoice
+    itype: InstanceType
+    price_per_hour: float
+    batches: tuple[int, ...]  # allowed per-machine batches, ascending
+
+    @property
+    def quota(self) -> int:
+        return self.spec.quota
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+
+# A candidate: for each choice index, (count, batch); unused choices are absent.
+Candidate = tuple[tuple[int, int, int], ...]  # ((choice index, count, batch), ...)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    candidate: Candidate
+    iteration_s: float
+    iteration_sd_s: float
+    iteration_p95_s: float
+    total_s: float
+    total_s_p95: float
+    cost_usd: float
+    feasible: bool
+    objective_value: float
+
+
+class TrainingSpace:
+    """The search space and evaluator of one training problem."""
+
+    def __init__(self, problem: TrainingProblem, library: ModelLibrary | None = None,
+                 bandwidth: BandwidthModel | None = None, catalog: Catalog | None = None,
+                 samples: int = 256, seed: int = 0, simulator: IterationSimulator | None = None):
+        self.problem = problem
+        self.catalog = catalog or load_catalog(problem.catalog)
+        self.library = library or ModelLibrary()
+        model = problem.model
+        if model.endswith(".json") or Path(model).exists():
+            model = self.library.add_file(model).model
+        self.model = model
+        if simulator is None:
+            if bandwidth is None:
+                bandwidth = (load_bandwidth_model(problem.allreduce) if problem.allreduce
+                             else default_bandwidth_model())
+            simulator = IterationSimulator(model, library=self.library, bandwidth=bandwidth,
+                                           samples=samples, seed=seed)
+        self.simulator = simulator
+        self.choices = tuple(self._choice(i, c) for i, c in enumerate(problem.instances))
+        self.simulated = 0
+        self.history: list[Evaluation] = []  # every candidate simulated, in order (for plots)
+
+    def derive(self, **changes) -> "TrainingSpace":
+        """The same problem with some fields changed (``limits``, ``objective``,
+        ``instances``...), sharing this space's simulator and its caches."""
+        problem = self.problem.model_copy(update=changes)
+        return TrainingSpace(problem, library=self.library, catalog=self.catalog, simulator=self.simulator)
+
+    # -- data -------------------------------------------------------------------
+    def _choice(self, index: int, spec: InstanceChoice) -> Choice:
+        try:
+            itype = self.catalog.get(spec.instance_type)
+        except ProblemError as e:
+            raise ProblemError(e.message, path=f"instances[{index}].instance_type") from None
+        try:
+            price = itype.price(spec.market)
+        except ProblemError as e:
+            raise ProblemError(e.message, path=f"instances[{index}].market") from None
+        try:
+            cm = self.library.get(self.model, itype.device)
+        except ProblemError as e:
+            raise ProblemError(e.message, path="model") from None
+        return Choice(index, spec, itype, price, self._allowed_batches(itype, cm.max_batch, cm.threshold_batch))
+
+    def _allowed_batches(self, itype: InstanceType, max_device_batch: int, threshold: int) -> tuple[int, ...]:
+        rule = self.problem.batch_sizes
+        top = max_device_batch * itype.gpus
+        if isinstance(rule, list):
+            values = sorted(set(rule))
+        else:
+            unit = itype.gpus if rule == "gpu_pow2" else 1
+            values, b = [], unit
+            while b <= min(top, self.problem.global_batch):
+                values.append(b)
+                b *= 2
+        low = threshold * itype.gpus if self.problem.respect_threshold else 1
+        return tuple(b for b in values if b <= top and b >= low and b <= self.problem.global_batch
+                     and -(-b // itype.gpus) <= max_device_batch)
+
+    @property
+    def iterations(self) -> int:
+        return self.problem.iterations
+
+    @property
+    def launch_s(self) -> float:
+        return self.problem.overheads.launch_s
+
+    # -- evaluation -------------------------------------------------------------
+    def groups(self, candidate: Candidate) -> list[MachineGroup]:
+        return [MachineGroup(self.choices[i].itype, count, batch) for i, count, batch in candidate]
+
+    def rate_per_hour(self, candidate: Candidate) -> float:
+        return sum(self.choices[i].price_per_hour * count for i, count, _ in candidate)
+
+    def cost(self, candidate: Candidate, total_s: float) -> float:
+        return self.rate_per_hour(candidate) * max(total_s, self.problem.overheads.min_billed_s) / 3600.0
+
+    def evaluate(self, candidate: Candidate) -> Evaluation:
+        it = self.simulator.simulate(self.groups(candidate))
+        self.simulated += 1
+        n = self.iterations
+        total = self.launch_s + n * it.mean_s
+        total_p95 = self.launch_s + n * it.mean_s + Z95 * math.sqrt(n) * it.sd_s
+        cost = self.cost(candidate, total)
+        limits = self.problem.limits
+        feasible = (limits.time_s is None or total <= limits.time_s) and (
+            limits.cost_usd is None or cost <= limits.cost_usd)
+        value = cost if self.problem.objective == "min_cost" else total
+        ev = Evaluation(candidate, it.mean_s, it.sd_s, it.p95_s, total, total_p95, cost, feasible, value)
+        if len(self.history) < 100_000:
+            self.history.append(ev)
+        return ev
+
+    # -- bounds -----------------------------------------------------------------
+    def group_compute_bound(self, choice: Choice, count: int, batch: int) -> tuple[float, float, float]:
+        """(forward, backward, step) lower bounds for `count` machines of `choice` at `batch`."""
+        mu_f, sd_f, mu_b, sd_b, step = self.simulator.device_stats(choice.itype, -(-batch // choice.itype.gpus))
+        e = self.simulator.expected_max_factor(count * choice.itype.gpus)
+        return mu_f + sd_f * e, mu_b + sd_b * e, step
+
+    def lower_bound(self, candidate: Candidate) -> float:
+        """A lower bound on the simulated iteration time of `candidate`."""
+        fw = bw = step = 0.0
+        for i, count, batch in candidate:
+            f, b, s = self.group_compute_bound(self.choices[i], count, batch)
+            fw, bw, step = max(fw, f), max(bw, b), max(step, s)
+        return fw + bw + step
+
+    def objective_bound(self, candidate: Candidate, iteration_s: float) -> float:
+        total = self.launch_s + self.iterations * iteration_s
+        return self.cost(candidate, total) if self.problem.objective == "min_cost" else total
+
+    def bound_feasible(self, candidate: Candidate, iteration_s: float) -> bool:
+        """False when even `iteration_s` (a lower bound) breaks a limit."""
+        total = self.launch_s + self.iterations * iteration_s
+        limits = self.problem.limits
+        return (limits.time_s is None or total <= limits.time_s) and (
+            limits.cost_usd is None or self.cost(candidate, total) <= limits.cost_usd)
+
+    # -- the space ----------------------------------------------------------------
+    def candidates(self, quotas: dict[int, int] | None = None) -> Iterator[Candidate]:
+        """Every candidate of the pruned space (Srifty 4.4), optionally with other quotas."""
+        quotas = quotas or {}
+        choices = self.choices
+        target = self.problem.global_batch
+
+        def rec(k: int, remaining: int, chosen: tuple) -> Iterator[Candidate]:
+            if remaining == 0:
+                if chosen:
+                    yield chosen
+                return
+            if k == len(choices):
+                return
+            yield from rec(k + 1, remaining, chosen)  # choice k unused
+            c = choices[k]
+            quota = quotas.get(k, c.quota)
+            for batch in c.batches:
+                if batch > remaining:
+                    break
+                for count in range(1, min(quota, remaining // batch) + 1):
+                    yield from rec(k + 1, remaining - count * batch, chosen + ((k, count, batch),))
+
+        yield from rec(0, target, ())
+
+    @cached_property
+    def size(self) -> float:
+        """How many candidates the pruned space holds (counted by dynamic programming over
+        the batch still to place; a float, since large spaces overflow any sensible int)."""
+        target = self.problem.global_batch
+        ways = np.zeros(target + 1)
+        ways[0] = 1.0
+        for c in self.choices:
+            new = ways.copy()
+            for batch in c.batches:
+                for count in range(1, min(c.quota, target // batch) + 1):
+                    shift = count * batch
+                    new[shift:] += ways[: target + 1 - shift]
+            ways = new
+        return float(ways[target])

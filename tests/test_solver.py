@@ -1,0 +1,248 @@
+"""The training solver: methods agree with exhaustive search, plans satisfy every
+constraint, infeasibility is explained with tight relaxations, bad input is rejected."""
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from thrifty.datasets.catalog import Catalog
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.bandwidth import AnalyticAllreduce
+from thrifty.perfmodels.library import ModelLibrary
+from thrifty.runtime.cli import main
+from thrifty.solver.problem import parse_problem
+from thrifty.solver.solve import solve
+from thrifty.solver.training import TrainingSpace
+
+from helpers import compute_model, instance
+
+LAYERS = tuple((2_000_000, (i + 1) / 8) for i in range(8))
+LIB = ModelLibrary(paths=[])
+LIB.add(compute_model(device="A", fw=(0.010, 0.0005), bw=(0.020, 0.0010), cv=0.03, layers=LAYERS, max_batch=512,
+                      batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512)))
+LIB.add(compute_model(device="B", fw=(0.004, 0.0002), bw=(0.008, 0.0004), cv=0.02, layers=LAYERS, max_batch=256))
+LIB.add(compute_model(device="C", fw=(0.006, 0.0003), bw=(0.012, 0.0006), cv=0.05, layers=LAYERS, max_batch=128,
+                      batches=(1, 2, 4, 8, 16, 32, 64, 128)))
+CATALOG = Catalog("test", "r", {
+    "a1": instance("a1", gpus=1, device="A", on_demand=0.5, spot=0.2, network_gbps=10),
+    "b4": instance("b4", gpus=4, device="B", on_demand=3.0, spot=1.1, network_gbps=25),
+    "c2": instance("c2", gpus=2, device="C", on_demand=1.2, spot=0.4, network_gbps=10),
+}, "test catalog", {})
+BANDWIDTH = AnalyticAllreduce()
+
+
+def space_of(problem: dict) -> TrainingSpace:
+    return TrainingSpace(parse_problem(problem), library=LIB, catalog=CATALOG, bandwidth=BANDWIDTH)
+
+
+def problem_dict(choices, global_batch, iterations, objective, time_s=None, cost_usd=None):
+    limits = {k: v for k, v in (("time_s", time_s), ("cost_usd", cost_usd)) if v is not None}
+    return {"kind": "training", "model": "m", "global_batch": global_batch, "iterations": iterations,
+            "objective": objective, "limits": limits,
+            "instances": [{"instance_type": t, "market": m, "quota": q} for t, m, q in choices]}
+
+
+@st.composite
+def problems(draw):
+    pool = [("a1", "on_demand"), ("a1", "spot"), ("b4", "on_demand"), ("b4", "spot"), ("c2", "on_demand")]
+    picked = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True))
+    choices = [(t, m, draw(st.integers(1, 6))) for t, m in picked]
+    global_batch = draw(st.sampled_from([64, 128, 256, 512, 768]))
+    iterations = draw(st.integers(10, 2000))
+    objective = draw(st.sampled_from(["min_cost", "min_time"]))
+    # limits as fractions of a reference scale, so some bind and some do not
+    time_s = draw(st.none() | st.floats(0.02, 0.3).map(lambda f: f * iterations))
+    cost_usd = draw(st.none() | st.floats(0.2, 5.0).map(lambda f: f * iterations * 1e-5))
+    return problem_dict(choices, global_batch, iterations, objective, time_s, cost_usd)
+
+
+def check_plan_satisfies(problem: dict, plan) -> None:
+    assert sum(a.count * a.batch_per_instance for a in plan.allocation) == problem["global_batch"]
+    quotas = {(c["instance_type"], c["market"]): c["quota"] for c in problem["instances"]}
+    for a in plan.allocation:
+        assert 1 <= a.count <= quotas[(a.instance_type, a.market)]
+    limits = problem["limits"]
+    if "time_s" in limits:
+        assert plan.predicted.total_s <= limits["time_s"]
+    if "cost_usd" in limits:
+        assert plan.predicted.cost_usd <= limits["cost_usd"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_ilp_and_smt_reach_the_exhaustive_optimum(problem):
+    plans = {m: solve(problem, method=m, space=space_of(problem)) for m in ("exhaustive", "ilp", "smt")}
+    statuses = {m: p.status for m, p in plans.items()}
+    assert len({p.feasible for p in plans.values()}) == 1, statuses
+    if plans["exhaustive"].feasible:
+        best = plans["exhaustive"].objective_value
+        for method, plan in plans.items():
+            assert plan.status == "optimal", (method, statuses)
+            assert plan.objective_value == pytest.approx(best, rel=1e-9), method
+            check_plan_satisfies(problem, plan)
+            assert plan.solver.gap == 0.0
+    else:
+        for plan in plans.values():
+            assert plan.allocation == [] and plan.infeasibility is not None
+
+
+def test_exhaustive_pruning_finds_the_same_optimum_as_simulating_everything():
+    from thrifty.solver.search import search_exhaustive
+
+    problem = problem_dict([("a1", "on_demand", 6), ("b4", "spot", 3), ("c2", "on_demand", 4)], 512, 500, "min_cost",
+                           time_s=40.0)
+    pruned = search_exhaustive(space_of(problem), prune=True)
+    full = search_exhaustive(space_of(problem), prune=False)
+    assert pruned.best.candidate == full.best.candidate
+    assert full.simulated == full.details["candidates"]
+    assert pruned.simulated < full.simulated
+
+
+def _apply(problem: dict, field: str, value) -> dict:
+    out = json.loads(json.dumps(problem))
+    if field.startswith("limits."):
+        out["limits"][field.split(".", 1)[1]] = value
+    else:  # instances[i].quota
+        index = int(field[field.index("[") + 1: field.index("]")])
+        out["instances"][index]["quota"] = value
+    return out
+
+
+@pytest.mark.parametrize("problem", [
+    # too tight a deadline for the quotas
+    problem_dict([("a1", "on_demand", 2), ("c2", "spot", 1) if False else ("c2", "on_demand", 1)], 256, 1000,
+                 "min_cost", time_s=8.0),
+    # too small a budget
+    problem_dict([("a1", "spot", 4), ("b4", "on_demand", 2)], 512, 1000, "min_time", cost_usd=0.002),
+    # both
+    problem_dict([("b4", "spot", 1), ("a1", "on_demand", 3)], 512, 2000, "min_time", time_s=20.0, cost_usd=0.004),
+])
+def test_relaxations_are_tight(problem):
+    plan = solve(problem, space=space_of(problem))
+    assert plan.status == "infeasible"
+    singles = [r for r in plan.infeasibility.relaxations if "field" in r]
+    assert plan.infeasibility.relaxations, "an infeasible problem must say what would make it feasible"
+    for r in singles:
+        field, needed = r["field"], r["needed"]
+        relaxed = _apply(problem, field, needed)
+        assert solve(relaxed, space=space_of(relaxed)).feasible, field
+        smaller = needed - 1 if isinstance(needed, int) else needed * (1 - 1e-6)
+        tighter = _apply(problem, field, smaller)
+        assert not solve(tighter, space=space_of(tighter)).feasible, field
+    for r in plan.infeasibility.relaxations:
+        if "fields" in r:
+            relaxed = problem
+            for field, value in r["needed"].items():
+                relaxed = _apply(relaxed, field, value * (1 + 1e-9))
+            assert solve(relaxed, space=space_of(relaxed)).feasible
+
+
+def test_quota_relaxation_is_tight():
+    problem = problem_dict([("a1", "on_demand", 1)], 512, 100, "min_cost", time_s=20.0)
+    plan = solve(problem, space=space_of(problem))
+    assert plan.status == "infeasible"
+    quota = [r for r in plan.infeasibility.relaxations if r.get("field") == "instances[0].quota"]
+    assert quota, plan.infeasibility
+    needed = quota[0]["needed"]
+    assert solve(_apply(problem, "instances[0].quota", needed), space=space_of(_apply(problem, "instances[0].quota", needed))).feasible
+    smaller = _apply(problem, "instances[0].quota", needed - 1)
+    assert not solve(smaller, space=space_of(smaller)).feasible
+    assert "instances[0].quota" in plan.infeasibility.conflicts
+
+
+def test_unreachable_global_batch_is_infeasible_with_reason():
+    problem = problem_dict([("b4", "on_demand", 2)], 100, 10, "min_cost")  # multiples of 4 GPUs x 2^k
+    plan = solve(problem, space=space_of(problem))
+    assert plan.status == "infeasible"
+    assert "sum to the global batch 100" in plan.infeasibility.reason
+    assert "global_batch" in plan.infeasibility.conflicts
+
+
+def test_plan_json_has_contract_keys():
+    problem = problem_dict([("a1", "on_demand", 4), ("b4", "spot", 2)], 256, 100, "min_cost", time_s=100.0)
+    plan = json.loads(solve(problem, space=space_of(problem)).to_json())
+    assert {"kind", "status", "objective", "allocation", "predicted", "solver"} <= set(plan)
+    assert set(plan["predicted"]) >= {"iteration_s", "total_s", "cost_usd", "total_s_p95"}
+    assert set(plan["solver"]) >= {"method", "wall_s", "gap"}
+    assert set(plan["allocation"][0]) == {"instance_type", "market", "count", "batch_per_instance"}
+    assert plan["predicted"]["total_s_p95"] >= plan["predicted"]["total_s"]
+
+
+# -- bad input: one test per case ------------------------------------------------
+
+BASE = problem_dict([("a1", "on_demand", 4)], 256, 100, "min_cost")
+
+
+@pytest.mark.parametrize("path,value,match", [
+    (("iterations",), 0, r"iterations: .*greater than 0"),
+    (("iterations",), -5, r"iterations: .*greater than 0"),
+    (("global_batch",), 0, r"global_batch: .*greater than 0"),
+    (("instances", 0, "quota"), 0, r"instances\[0\]\.quota: .*greater than 0"),
+    (("instances", 0, "quota"), -1, r"instances\[0\]\.quota"),
+    (("instances", 0, "market"), "reserved", r"instances\[0\]\.market"),
+    (("limits", "time_s"), 0, r"limits\.time_s: .*greater than 0"),
+    (("limits", "cost_usd"), -1.0, r"limits\.cost_usd: .*greater than 0"),
+    (("objective",), "max_fun", r"objective"),
+    (("instances",), [], r"instances: .*at least 1"),
+])
+def test_bad_field_names_json_path(path, value, match):
+    data = json.loads(json.dumps(BASE))
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ProblemError, match=match):
+        parse_problem(data)
+
+
+def test_missing_field_is_named():
+    data = dict(BASE)
+    del data["global_batch"]
+    with pytest.raises(ProblemError, match="global_batch: is required"):
+        parse_problem(data)
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ProblemError, match="deadline: is not a known field"):
+        parse_problem({**BASE, "deadline": 3})
+
+
+def test_duplicate_choice_is_rejected():
+    data = problem_dict([("a1", "on_demand", 4), ("a1", "on_demand", 2)], 256, 100, "min_cost")
+    with pytest.raises(ProblemError, match=r"instances\[1\]: .* listed twice"):
+        parse_problem(data)
+
+
+def test_unknown_kind():
+    with pytest.raises(ProblemError, match="kind: is 'inference'"):
+        parse_problem({**BASE, "kind": "inference"})
+
+
+def test_unknown_instance_type_lists_closest():
+    data = problem_dict([("b5", "on_demand", 4)], 256, 100, "min_cost")
+    with pytest.raises(ProblemError, match=r"instances\[0\]\.instance_type: unknown instance type 'b5'.*closest"):
+        space_of(data)
+
+
+def test_cli_bad_problem_exits_2_without_traceback(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**BASE, "iterations": -1}))
+    assert main(["solve", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "iterations" in err and "Traceback" not in err
+
+
+def test_cli_malformed_json_exits_2(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text("{")
+    assert main(["solve", str(path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_schema_command_prints_json_schema(capsys):
+    assert main(["schema", "training"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert "global_batch" in schema["properties"]
