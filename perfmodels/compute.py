@@ -247,10 +247,17 @@ class ComputeModel:
     @property
     def threshold_batch(self) -> int:
         """Smallest batch reaching `threshold_fraction` of the best throughput (takeaway 4)."""
+        return self.threshold_within(self.max_batch)
+
+    def threshold_within(self, largest: int) -> int:
+        """Smallest batch reaching `threshold_fraction` of the best throughput over
+        batches ``1..largest`` (a problem whose global batch is small relative to the
+        memory cap cannot use the cap's throughput, so its useful range ends earlier)."""
+        largest = max(1, min(int(largest), self.max_batch))
         grid = np.unique(np.concatenate([
-            np.arange(1, min(self.max_batch, 4096) + 1, dtype=float),
-            np.geomspace(1, self.max_batch, 256).round(),
-            [float(self.max_batch)],
+            np.arange(1, min(largest, 4096) + 1, dtype=float),
+            np.geomspace(1, largest, 256).round(),
+            [float(largest)],
         ]))
         throughput = grid / (self.compute_s(grid) + self.step_s)
         ok = throughput >= self.threshold_fraction * throughput.max()

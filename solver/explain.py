@@ -16,9 +16,12 @@ same search (so they are tight with respect to the same simulator):
 - when no single limit can be relaxed alone, both limits together: the
   figures of the cheapest and of the fastest plan within the quotas.
 
-Conflicts: a single limit whose relaxation alone restores feasibility is
-reported as conflicting with the quotas; otherwise the unsat core of the SMT
-formulation (`thrifty.solver.smt.unsat_core`) names the conflicting set.
+Conflicts: the unsat core of the SMT formulation
+(`thrifty.solver.smt.unsat_core`), minimized by deletion, names the
+conflicting limits and quotas. When z3 cannot decide within `CORE_TIME_S`
+(the cost constraint is a product, which can be slow), the limits whose
+relaxation alone restores feasibility are reported instead, or both limits
+when neither alone does.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from thrifty.solver.plan import Infeasibility
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import TrainingSpace
 
-__all__ = ["explain_infeasibility", "QUOTA_SEARCH_CAP"]
+__all__ = ["explain_infeasibility", "QUOTA_SEARCH_CAP", "CORE_TIME_S"]
 
 QUOTA_SEARCH_CAP = 4096
+CORE_TIME_S = 3.0  # z3's budget for the unsat core; past it the relaxation analysis names the conflicts
 
 
 def _search(space: TrainingSpace) -> SearchResult:
@@ -112,7 +116,10 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
     else:
         from thrifty.solver.smt import unsat_core
 
-        conflicts = unsat_core(space)
+        conflicts = unsat_core(space, deadline_s=CORE_TIME_S)
+        if conflicts is None:  # z3 undecided in time: the exact relaxation analysis decides
+            conflicts = single or [name for name in ("limits.time_s", "limits.cost_usd")
+                                   if getattr(limits, name.split(".")[1]) is not None]
         reason = ("no plan meets " + " and ".join(conflicts)) if conflicts else "no plan meets the limits"
     if not proven:
         reason = "no feasible plan was found within the time limit (not proven infeasible); " + reason

@@ -60,8 +60,11 @@ def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float 
     total = 0
     for cand in space.candidates():
         total += 1
+        if not prune:
+            ranked.append((0.0, cand, 0.0))
+            continue
         lb = space.lower_bound(cand)
-        if prune and not space.bound_feasible(cand, lb):
+        if not space.bound_feasible(cand, lb):
             continue
         ranked.append((space.objective_bound(cand, lb), cand, lb))
     ranked.sort()

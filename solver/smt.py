@@ -20,8 +20,9 @@ Unsat core (``unsat_core``): counts may range up to what the global batch
 allows, the quotas being assumptions; a candidate the simulator finds over the
 time limit is excluded only while that limit is assumed (``time_s ->
 not candidate``), likewise for the budget. When the assumptions become
-unsatisfiable, z3's (minimized) core names the limits and quotas that
-conflict.
+unsatisfiable, z3's core, minimized by deletion (a member is dropped when
+the rest stays unsatisfiable under the cuts learned so far), names the
+limits and quotas that conflict.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class _SmtModel:
         self.space = space
         p = space.problem
         s = self.solver = z3.Solver()
-        s.set("core.minimize", True)
         self.track: dict[str, object] = {}
         self.x: dict[tuple[int, int], object] = {}
 
@@ -181,8 +181,26 @@ def search_smt(space: TrainingSpace, deadline: float | None = None) -> SearchRes
                         details={"rounds": rounds})
 
 
-def unsat_core(space: TrainingSpace, deadline_s: float = 60.0) -> list[str]:
-    """The limits and quotas that together admit no plan (empty if a plan exists)."""
+def _minimize_core(m: _SmtModel, core: list[str], deadline: float) -> list[str]:
+    """Deletion-based minimization: drop each member whose absence keeps the rest
+    unsatisfiable under the cuts learned so far (z3's own minimization is far slower)."""
+    kept = list(core)
+    for name in core:
+        if len(kept) == 1 or time.perf_counter() > deadline:
+            break
+        trial = [m.track[n] for n in kept if n != name]
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
+        m.solver.set("timeout", max(1, int(left * 1000)))
+        if m.solver.check(*trial) == m.z3.unsat:
+            kept.remove(name)
+    return kept
+
+
+def unsat_core(space: TrainingSpace, deadline_s: float = 60.0) -> list[str] | None:
+    """The limits and quotas that together admit no plan (empty if a plan exists),
+    or None when z3 cannot decide within `deadline_s`."""
     deadline = time.perf_counter() + deadline_s
     m = _SmtModel(space, relax_quotas=True)
     z3 = m.z3
@@ -190,10 +208,10 @@ def unsat_core(space: TrainingSpace, deadline_s: float = 60.0) -> list[str]:
     while True:
         sat = m.check(deadline)
         if sat is None:
-            return sorted(m.track)  # undecided in time: every tracked constraint
+            return None  # undecided in time
         if not sat:
             core = {str(lit) for lit in m.solver.unsat_core()}
-            return [name for name in m.track if name in core]
+            return _minimize_core(m, [name for name in m.track if name in core], deadline)
         cand = m.candidate()
         ev = space.evaluate(cand)
         if ev.feasible:

@@ -5,7 +5,9 @@ Data, for each instance choice ``i`` (a type in a market): quota ``CAPS[i]``,
 price ``P[i]`` per hour, GPUs per machine ``g[i]``, and the allowed
 per-machine batches ``batches[i]`` (Srifty 4.4's pruning: powers of two, or
 the machine's GPUs times powers of two; at least the latency-to-throughput
-threshold of the device; at most its memory cap, per GPU).
+threshold of the device, measured against the best throughput the problem
+can reach per device, i.e. up to ``min(memcap, B_global / g)``; at most its
+memory cap, per GPU).
 
 A candidate gives each used choice one count and one batch (every machine of a
 choice gets the same batch) with ``sum_i count[i] * batch[i] = B_global``.
@@ -130,7 +132,10 @@ class TrainingSpace:
             cm = self.library.get(self.model, itype.device)
         except ProblemError as e:
             raise ProblemError(e.message, path="model") from None
-        return Choice(index, spec, itype, price, self._allowed_batches(itype, cm.max_batch, cm.threshold_batch))
+        # the threshold is relative to the best throughput this problem can reach per device
+        usable = min(cm.max_batch, -(-self.problem.global_batch // itype.gpus))
+        return Choice(index, spec, itype, price,
+                      self._allowed_batches(itype, cm.max_batch, cm.threshold_within(usable)))
 
     def _allowed_batches(self, itype: InstanceType, max_device_batch: int, threshold: int) -> tuple[int, ...]:
         rule = self.problem.batch_sizes

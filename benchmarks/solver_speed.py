@@ -1,0 +1,168 @@
+"""Speed and quality of the training solver (issue 3), side by side with baselines.
+
+1. Paper scale (3 instance types, quotas <= 64, global batch <= 8192): the
+   Srifty 5.2 case studies and a paper-scale synthetic problem; ``solve()`` time
+   of each method, and ``thrifty solve`` end to end (a fresh process).
+   Targets: solve() <= 1 s, thrifty solve <= 2 s (Srifty: 0.8-6.5 s).
+2. Large scale (10 types, quota 256 each, spot and on-demand of each): the
+   ``ilp`` method's time (target <= 10 s) and its objective against the
+   exhaustive optimum on a reduced instance (target within 1%).
+3. Candidates simulated per second.
+4. The case studies: thrifty's plan next to Srifty's anchor approximation,
+   CGF, FGF, the best homogeneous plan and APM-driven optimization, all judged
+   by thrifty's simulator.
+
+Run: ``python benchmarks/solver_speed.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from thrifty.solver.baselines import BASELINES
+from thrifty.solver.problem import load_problem, parse_problem
+from thrifty.solver.solve import solve
+from thrifty.solver.training import TrainingSpace
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "datasets" / "examples").glob("srifty-case*.json"))
+console = Console()
+
+LARGE_TYPES = ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge", "g3.4xlarge", "g3.8xlarge", "g4dn.xlarge",
+               "g4dn.12xlarge", "g5.xlarge", "g5.12xlarge", "g6.xlarge"]
+
+
+def _fmt_obj(plan) -> str:
+    if not plan.feasible:
+        return "infeasible"
+    return f"${plan.objective_value:.4f}" if plan.objective == "min_cost" else f"{plan.objective_value:.1f} s"
+
+
+def timed_solve(problem, method: str):
+    space = TrainingSpace(problem)
+    start = time.perf_counter()
+    plan = solve(problem, method=method, space=space)
+    return plan, time.perf_counter() - start
+
+
+def paper_scale() -> None:
+    problems = [(p.stem, load_problem(p)) for p in EXAMPLES]
+    synthetic = parse_problem({
+        "kind": "training", "name": "paper-scale synthetic", "model": "resnet50", "global_batch": 8192,
+        "iterations": 1000, "objective": "min_cost", "limits": {"time_s": 3600},
+        "instances": [{"instance_type": t, "market": "spot", "quota": 64}
+                      for t in ("p3.8xlarge", "g3.8xlarge", "g4dn.8xlarge")]})
+    problems.append(("synthetic 3x64, B=8192", synthetic))
+    table = Table(title="Paper scale: solve() seconds per method, and thrifty solve end to end")
+    for col in ("problem", "space", "auto", "exhaustive", "ilp", "smt", "CLI end to end", "plan", "objective"):
+        table.add_column(col, justify="right")
+    for name, problem in problems:
+        row = [name]
+        plans = {}
+        space = TrainingSpace(problem)
+        row.append(f"{space.size:,.0f}")
+        for method in ("auto", "exhaustive", "ilp", "smt"):
+            if method == "exhaustive" and space.size > 200_000:
+                row.append("-")
+                continue
+            plan, wall = timed_solve(problem, method)
+            plans[method] = plan
+            row.append(f"{wall:.2f} ({plan.solver.candidates_simulated})")
+        cli = "-"
+        path = next((p for p in EXAMPLES if p.stem == name), None)
+        if path is not None:
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "thrifty.runtime.cli", "solve", str(path), "--json"],
+                           capture_output=True, check=False)
+            cli = f"{time.perf_counter() - start:.2f}"
+        row.append(cli)
+        auto = plans["auto"]
+        row.append(auto.config or "UNSAT")
+        objs = {_fmt_obj(p) for p in plans.values()}
+        row.append(" / ".join(sorted(objs)))
+        table.add_row(*row)
+    console.print(table)
+    console.print("cells: seconds (candidates simulated); objective: every method's (one value = all agree)")
+
+
+def large_scale() -> None:
+    def problem(quota: int) -> object:
+        return parse_problem({
+            "kind": "training", "name": f"10 types x 2 markets, quota {quota}", "model": "resnet50",
+            "global_batch": 4096, "iterations": 2000, "objective": "min_cost", "limits": {"time_s": 1800},
+            "instances": [{"instance_type": t, "market": m, "quota": quota}
+                          for t in LARGE_TYPES for m in ("on_demand", "spot")]})
+
+    table = Table(title="Large scale: ilp against exhaustive")
+    for col in ("instance", "space", "method", "seconds", "simulated", "objective", "gap", "plan"):
+        table.add_column(col, justify="right")
+    big = problem(256)
+    plan, wall = timed_solve(big, "ilp")
+    table.add_row(big.name, f"{TrainingSpace(big).size:.3g}", "ilp", f"{wall:.2f}",
+                  str(plan.solver.candidates_simulated), _fmt_obj(plan),
+                  f"{plan.solver.gap:.2%}" if plan.solver.gap is not None else "-", plan.config)
+    small = problem(3)
+    results = {}
+    for method in ("exhaustive", "ilp"):
+        p, w = timed_solve(small, method)
+        results[method] = p
+        table.add_row(small.name, f"{TrainingSpace(small).size:.3g}", method, f"{w:.2f}",
+                      str(p.solver.candidates_simulated), _fmt_obj(p),
+                      f"{p.solver.gap:.2%}" if p.solver.gap is not None else "-", p.config)
+    console.print(table)
+    ex, ilp = results["exhaustive"], results["ilp"]
+    if ex.feasible and ilp.feasible:
+        console.print(f"reduced instance: ilp objective / exhaustive optimum = "
+                      f"{ilp.objective_value / ex.objective_value:.4f} (target <= 1.01)")
+
+
+def simulation_rate() -> None:
+    problem = parse_problem({
+        "kind": "training", "model": "resnet50", "global_batch": 2048, "iterations": 1000,
+        "objective": "min_cost", "instances": [{"instance_type": t, "market": "spot", "quota": 16}
+                                               for t in ("p3.8xlarge", "g3.8xlarge", "g4dn.8xlarge")]})
+    from thrifty.solver.search import search_exhaustive
+
+    space = TrainingSpace(problem)
+    res = search_exhaustive(space, prune=False)
+    console.print(f"exhaustive without pruning: {res.simulated:,} candidates simulated in {res.wall_s:.2f} s "
+                  f"= {res.simulated / res.wall_s:,.0f} candidates/s")
+
+
+def baselines() -> None:
+    table = Table(title="Case studies: thrifty vs baselines (predicted by thrifty's simulator)")
+    for col in ("case", "method", "plan", "iteration", "total", "cost", "meets limits"):
+        table.add_column(col, justify="right")
+    for path in EXAMPLES:
+        problem = load_problem(path)
+        space = TrainingSpace(problem)
+        plan = solve(problem, space=space)
+        if plan.feasible:
+            p = plan.predicted
+            table.add_row(path.stem, "thrifty", plan.config, f"{p.iteration_s:.3f} s", f"{p.total_s:.0f} s",
+                          f"${p.cost_usd:.3f}", "yes")
+        else:
+            table.add_row(path.stem, "thrifty", "UNSAT: " + ", ".join(plan.infeasibility.conflicts), "", "", "", "-")
+        for name, method in BASELINES.items():
+            res = method(space)
+            ev = res.best
+            if ev is None:
+                table.add_row("", name, "no plan", "", "", "", "")
+                continue
+            config = "+".join(f"{c}x{space.choices[i].itype.name}@{b}" for i, c, b in ev.candidate)
+            table.add_row("", name, config, f"{ev.iteration_s:.3f} s", f"{ev.total_s:.0f} s",
+                          f"${ev.cost_usd:.3f}", "yes" if ev.feasible else "NO")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    paper_scale()
+    large_scale()
+    simulation_rate()
+    baselines()

@@ -1,0 +1,522 @@
+"""The allreduce grid probe (Srifty 4.2, "Dataset"): measure the bus bandwidth
+of real ``torch.distributed`` allreduces over a grid of world sizes, buffer
+sizes and numbers of concurrent transfers, as the training data of the learned
+allreduce model (`thrifty.perfmodels.allreduce`).
+
+For each world size ``n`` the probe starts ``n`` worker processes on this
+host, each a fresh interpreter with one torch thread (gloo over 127.0.0.1 on
+CPU; NCCL with one GPU per rank when CUDA is there); fresh interpreters rather
+than ``multiprocessing``, so nothing of the caller's ``__main__`` is
+re-imported. The parent holds the rendezvous store on an ephemeral port, so
+no port is guessed, and the ranks report progress, results and failures
+through that store. Every rank sweeps the same grid of cells ``(s, k)``: buffer sizes
+``s`` geometric from `min_bytes` to `max_bytes` and concurrency
+``k = 1..concurrency``. One measurement of a cell:
+
+1. all ranks meet at a barrier;
+2. each rank starts ``k`` asynchronous ``all_reduce`` of ``s`` bytes each
+   (``k`` distinct float32 buffers) back to back, then waits for all ``k``;
+3. the rank's wall time from after the barrier to the last completion (with a
+   device synchronize on GPUs) is its time; the measured time ``t`` of the
+   batch is the *largest* over ranks, since an allreduce is done only when
+   its slowest rank is.
+
+Each of the ``k`` transfers moves ``s`` bytes in the batch time ``t``, so the
+row records the per-transfer bus bandwidth ``busbw = 2 s (n - 1) / (n t)``
+(Srifty 4.2); ``k * busbw`` is the aggregate the machine sustained. Each cell
+runs `warmup` unrecorded times, then `repeats` recorded times.
+
+Every wait is bounded: the process group has a per-operation timeout, the
+parent kills a world whose workers stop reporting progress for
+`stall_timeout_s`, and a worker that fails takes its world down at once
+(`ProbeFailed`). Workers end with ``os._exit`` after cleanup because CPU gloo
+workers sometimes abort at interpreter exit after ``destroy_process_group()``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError
+from thrifty.datasets.io import atomic_write_text
+from thrifty.perfmodels.allreduce import PROBE_COLUMNS
+from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
+
+__all__ = [
+    "PROBE_COLUMNS",
+    "CPU_MAX_BYTES",
+    "GPU_MAX_BYTES",
+    "ProbeTarget",
+    "ProbeConfig",
+    "ProbeFailed",
+    "buffer_sizes",
+    "instances_for",
+    "resolve_backend",
+    "probe_allreduce",
+    "probe_rows_to_csv",
+    "write_probe_csv",
+]
+
+
+CPU_MAX_BYTES = 64 * 2**20
+GPU_MAX_BYTES = 512 * 2**20
+_ELEMENT_BYTES = 4  # float32 buffers: sizes are multiples of 4 bytes
+_LOOPBACK = "127.0.0.1"
+
+ProgressCallback = Callable[[int, int, str], None]
+
+
+class ProbeFailed(ThriftyError, RuntimeError):
+    """A probe world failed: a worker crashed, timed out or stopped reporting."""
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What the probed machine is, as recorded in every row: its catalog
+    name, the device key of its workers, the provider's rated network and how
+    many workers (GPUs) one instance runs."""
+
+    instance_type: str
+    device: str
+    rated_network_gbps: float
+    gpus_per_instance: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.instance_type:
+            raise ProblemError("instance_type is empty, but must name a catalog type")
+        if self.gpus_per_instance < 1:
+            raise ProblemError(f"gpus_per_instance is {self.gpus_per_instance}, but must be at least 1")
+        if not (math.isfinite(self.rated_network_gbps) and self.rated_network_gbps >= 0):
+            raise ProblemError(
+                f"rated_network_gbps is {self.rated_network_gbps}, but must be a finite number >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """The probe grid and its limits.
+
+    `max_bytes` ``None`` means 64 MiB on CPU and 512 MiB on GPUs (Srifty
+    sweeps 4 B to 512 MB); sizes grow by `size_factor` from `min_bytes`.
+    `backend` ``"auto"`` picks NCCL when CUDA is available, else gloo.
+    `op_timeout_s` bounds every collective and the rendezvous;
+    `stall_timeout_s` is how long the parent waits for any sign of progress
+    from a world before killing it.
+    """
+
+    world_sizes: tuple[int, ...]
+    max_bytes: int | None = None
+    min_bytes: int = 4
+    size_factor: int = 2
+    repeats: int = 5
+    warmup: int = 1
+    concurrency: int = 4
+    backend: str = "auto"
+    op_timeout_s: float = 120.0
+    stall_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.world_sizes:
+            raise ProblemError("world_sizes is empty, but must list at least one world size")
+        for n in self.world_sizes:
+            if int(n) != n or n < 2:
+                raise ProblemError(f"world size {n} is not allowed: an allreduce needs an integer world size >= 2")
+        _at_least("min_bytes", self.min_bytes, _ELEMENT_BYTES)
+        if self.max_bytes is not None:
+            _at_least("max_bytes", self.max_bytes, self.min_bytes)
+        _at_least("size_factor", self.size_factor, 2)
+        _at_least("repeats", self.repeats, 1)
+        _at_least("warmup", self.warmup, 0)
+        _at_least("concurrency", self.concurrency, 1)
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ProblemError(f"backend is '{self.backend}', but must be 'auto', 'gloo' or 'nccl'")
+        if not (self.op_timeout_s > 0 and self.stall_timeout_s > 0):
+            raise ProblemError("op_timeout_s and stall_timeout_s must be positive")
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if int(value) != value or value < low:
+        raise ProblemError(f"{name} is {value}, but must be an integer >= {low}")
+
+
+# -- the grid ------------------------------------------------------------------
+
+
+def buffer_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """Geometric buffer sizes from `min_bytes` up to `max_bytes` (both kept),
+    each rounded down to whole float32 elements."""
+    if min_bytes < _ELEMENT_BYTES or max_bytes < min_bytes or factor < 2:
+        raise ProblemError(
+            f"buffer sizes need 4 <= min_bytes <= max_bytes and factor >= 2 "
+            f"(given {min_bytes}, {max_bytes}, {factor})"
+        )
+    sizes, s = [], min_bytes
+    while s < max_bytes:
+        sizes.append(s)
+        s *= factor
+    sizes.append(max_bytes)
+    rounded = (s - s % _ELEMENT_BYTES for s in sizes)
+    return sorted(set(rounded))
+
+
+def grid_cells(sizes: Sequence[int], concurrency: int) -> list[tuple[int, int]]:
+    """The cells ``(buffer_bytes, concurrent)`` every rank sweeps, in order."""
+    return [(s, k) for s in sizes for k in range(1, concurrency + 1)]
+
+
+def instances_for(world_size: int, gpus_per_instance: int) -> int:
+    """How many instances a world of `world_size` workers spans when each
+    instance runs `gpus_per_instance` workers (``local``: one per instance)."""
+    return -(-world_size // gpus_per_instance)
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+        import torch.distributed  # noqa: F401
+    except ImportError as e:
+        raise MissingDependencyError("torch", "torch") from e
+    return torch
+
+
+def resolve_backend(requested: str = "auto") -> str:
+    """``"nccl"`` when asked or when CUDA is available under ``"auto"``; else ``"gloo"``."""
+    torch = _import_torch()
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ProblemError("backend 'nccl' needs CUDA GPUs, but torch sees none")
+    return requested
+
+
+# -- the worker (one process per rank) -----------------------------------------
+
+# keys in the parent's store through which ranks report (the process group
+# itself uses its own prefix in the same store)
+_KEY_PROGRESS = "thrifty-probe/progress"
+_KEY_RESULT = "thrifty-probe/result"
+_KEY_ERROR = "thrifty-probe/error/"
+
+
+@dataclass(frozen=True)
+class _WorkerPlan:
+    rank: int
+    world_size: int
+    port: int
+    backend: str
+    cells: tuple[tuple[int, int], ...]
+    repeats: int
+    warmup: int
+    op_timeout_s: float
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> "_WorkerPlan":
+        data = json.loads(text)
+        data["cells"] = tuple(tuple(c) for c in data["cells"])
+        return cls(**data)
+
+
+def _worker_entry(plan_json: str) -> None:
+    """Entry point of one rank (``python -c``; see `_launch_rank`). Rank 0
+    adds 1 to the progress counter after each cell and stores the result;
+    any rank that fails stores its traceback. Ends with ``os._exit``."""
+    plan = _WorkerPlan.from_json(plan_json)
+    code = 0
+    store = None
+    try:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=plan.op_timeout_s)
+        store = dist.TCPStore(_LOOPBACK, plan.port, None, False, timeout)
+        _measure(plan, store)
+    except BaseException:  # noqa: BLE001 - report anything; the parent decides
+        code = 1
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        if store is not None:
+            try:
+                store.set(_KEY_ERROR + str(plan.rank), text)
+            except Exception:  # noqa: BLE001 - the parent also sees the exit code
+                pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # gloo on CPU sometimes aborts at interpreter exit after
+        # destroy_process_group(): leave without running interpreter teardown
+        os._exit(code)
+
+
+def _measure(plan: _WorkerPlan, store: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    gpu = plan.backend == "nccl"
+    if gpu:
+        torch.cuda.set_device(plan.rank)
+    device = torch.device("cuda", plan.rank) if gpu else torch.device("cpu")
+    dist.init_process_group(
+        plan.backend,
+        store=store,
+        rank=plan.rank,
+        world_size=plan.world_size,
+        timeout=timedelta(seconds=plan.op_timeout_s),
+    )
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize(device)
+
+    def barrier() -> None:
+        if gpu:
+            dist.barrier(device_ids=[plan.rank])
+        else:
+            dist.barrier()
+
+    times: list[float] = []
+    stamps: list[float] = []
+    for size, k in plan.cells:
+        buffers = [torch.zeros(size // _ELEMENT_BYTES, dtype=torch.float32, device=device) for _ in range(k)]
+        for r in range(plan.warmup + plan.repeats):
+            barrier()
+            sync()
+            start = time.perf_counter()
+            works = [dist.all_reduce(b, async_op=True) for b in buffers]
+            for w in works:
+                w.wait()
+            sync()
+            elapsed = time.perf_counter() - start
+            if r >= plan.warmup:
+                times.append(elapsed)
+                stamps.append(time.time())
+        del buffers
+        if plan.rank == 0:
+            store.add(_KEY_PROGRESS, 1)
+
+    # the batch is done when its slowest rank is: keep the max over ranks
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if plan.rank == 0:
+        store.set(_KEY_RESULT, json.dumps({"times": slowest.cpu().tolist(), "stamps": stamps}))
+    barrier()
+    dist.destroy_process_group()
+
+
+# -- the parent ----------------------------------------------------------------
+
+
+def probe_allreduce(
+    target: ProbeTarget,
+    config: ProbeConfig,
+    on_progress: ProgressCallback | None = None,
+) -> list[dict[str, Any]]:
+    """Run the grid probe for every world size in `config`; return one row
+    (a dict keyed by `PROBE_COLUMNS`) per recorded measurement.
+
+    `on_progress(cells_done, cells_total, label)` is called as cells finish
+    (over all world sizes). Raises `ProbeFailed` when a world fails or stalls,
+    `MissingDependencyError` without torch, `ProblemError` for a bad grid.
+    """
+    torch = _import_torch()
+    backend = resolve_backend(config.backend)
+    if backend == "nccl":
+        gpus = torch.cuda.device_count()
+        too_big = [n for n in config.world_sizes if n > gpus]
+        if too_big:
+            raise ProblemError(f"world sizes {too_big} need one GPU per rank, but this host has {gpus}")
+    max_bytes = config.max_bytes or (GPU_MAX_BYTES if backend == "nccl" else CPU_MAX_BYTES)
+    sizes = buffer_sizes(config.min_bytes, max_bytes, config.size_factor)
+    cells = grid_cells(sizes, config.concurrency)
+    total = len(cells) * len(config.world_sizes)
+    rows: list[dict[str, Any]] = []
+    for w, n in enumerate(config.world_sizes):
+
+        def progress(done: int, n: int = n, offset: int = w * len(cells)) -> None:
+            if on_progress is not None:
+                on_progress(offset + done, total, f"world size {n}")
+
+        times, stamps = _run_world(n, backend, cells, config, progress)
+        rows += _rows_for_world(target, backend, n, cells, config.repeats, times, stamps)
+    return rows
+
+
+def _run_world(
+    world_size: int,
+    backend: str,
+    cells: list[tuple[int, int]],
+    config: ProbeConfig,
+    progress: Callable[[int], None],
+) -> tuple[list[float], list[float]]:
+    """Start the ranks of one world, follow them through the store, and
+    return the (max over ranks) batch times and rank 0's timestamps."""
+    import torch.distributed as dist
+
+    # the parent owns the rendezvous server on an ephemeral port: no port race
+    store = dist.TCPStore(
+        _LOOPBACK, 0, None, True, timedelta(seconds=config.op_timeout_s), wait_for_workers=False
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world_size):
+            plan = _WorkerPlan(
+                rank=rank,
+                world_size=world_size,
+                port=store.port,
+                backend=backend,
+                cells=tuple(cells),
+                repeats=config.repeats,
+                warmup=config.warmup,
+                op_timeout_s=config.op_timeout_s,
+            )
+            procs.append(_launch_rank(plan))
+        return _follow_world(procs, store, world_size, config.stall_timeout_s, progress)
+    finally:
+        _stop(procs)
+
+
+def _launch_rank(plan: _WorkerPlan) -> "subprocess.Popen[bytes]":
+    """A fresh interpreter per rank (not multiprocessing: nothing of the
+    caller's ``__main__`` is re-imported), one thread each."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
+        lo = _loopback_interface()
+        if lo:
+            env["GLOO_SOCKET_IFNAME"] = lo
+    code = "import sys; from thrifty.perfmodels.probe import _worker_entry; _worker_entry(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, plan.to_json()], env=env, stdin=subprocess.DEVNULL)
+
+
+def _loopback_interface() -> str | None:
+    import socket
+
+    for _, name in socket.if_nameindex():
+        if name.startswith("lo"):
+            return name
+    return None
+
+
+def _follow_world(
+    procs: list["subprocess.Popen[bytes]"],
+    store: Any,
+    world_size: int,
+    stall_timeout_s: float,
+    progress: Callable[[int], None],
+) -> tuple[list[float], list[float]]:
+    where = f"allreduce probe with world size {world_size}"
+    done, last_sign = 0, time.monotonic()
+    while True:
+        for rank in range(world_size):
+            if store.check([_KEY_ERROR + str(rank)]):
+                text = store.get(_KEY_ERROR + str(rank)).decode(errors="replace").rstrip()
+                raise ProbeFailed(f"{where}: rank {rank} failed:\n{text}")
+        now_done = store.add(_KEY_PROGRESS, 0)
+        if now_done != done:
+            done, last_sign = now_done, time.monotonic()
+            progress(done)
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            died = ", ".join(f"rank {r} exit code {c}" for r, c in failed)
+            raise ProbeFailed(f"{where}: a worker died ({died})")
+        if all(c == 0 for c in codes):
+            if not store.check([_KEY_RESULT]):
+                raise ProbeFailed(f"{where}: the workers exited without a result")
+            result = json.loads(store.get(_KEY_RESULT))
+            return result["times"], result["stamps"]
+        if time.monotonic() - last_sign > stall_timeout_s:
+            raise ProbeFailed(f"{where}: no progress for {stall_timeout_s:g} s; stopped the workers")
+        time.sleep(0.1)
+
+
+def _stop(procs: list["subprocess.Popen[bytes]"], grace_s: float = 10.0) -> None:
+    """Wait for the workers; kill any still running after `grace_s`."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10.0)
+
+
+def _rows_for_world(
+    target: ProbeTarget,
+    backend: str,
+    world_size: int,
+    cells: list[tuple[int, int]],
+    repeats: int,
+    times: list[float],
+    stamps: list[float],
+) -> list[dict[str, Any]]:
+    expected = len(cells) * repeats
+    if len(times) != expected or len(stamps) != expected:
+        raise ProbeFailed(f"world size {world_size}: expected {expected} timings, got {len(times)}")
+    instances = instances_for(world_size, target.gpus_per_instance)
+    rows = []
+    for i, seconds in enumerate(times):
+        size, k = cells[i // repeats]
+        rows.append(
+            {
+                "timestamp": _iso_utc(stamps[i]),
+                "instance_type": target.instance_type,
+                "device": target.device,
+                "backend": backend,
+                "rated_network_gbps": float(target.rated_network_gbps),
+                "gpus_per_instance": target.gpus_per_instance,
+                "instances": instances,
+                "world_size": world_size,
+                "buffer_bytes": size,
+                "concurrent": k,
+                "repeat": i % repeats,
+                "seconds": float(seconds),
+                "busbw_bytes_per_s": float(bus_bandwidth_from_time(size, world_size, seconds)),
+            }
+        )
+    return rows
+
+
+def _iso_utc(epoch_s: float) -> str:
+    stamp = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- output --------------------------------------------------------------------
+
+
+def probe_rows_to_csv(rows: Iterable[Mapping[str, Any]]) -> str:
+    """CSV text of probe rows, columns in `PROBE_COLUMNS` order; floats are
+    written with ``repr`` so that they read back exactly."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(PROBE_COLUMNS)
+    for row in rows:
+        writer.writerow([_cell(row[c]) for c in PROBE_COLUMNS])
+    return out.getvalue()
+
+
+def _cell(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def write_probe_csv(rows: Iterable[Mapping[str, Any]], path: str | Path) -> None:
+    """Write probe rows to `path` atomically (all or nothing)."""
+    atomic_write_text(path, probe_rows_to_csv(rows))

@@ -1,0 +1,136 @@
+"""``thrifty fit-allreduce PROBES.csv [...] --out MODEL.json``: fit the
+learned allreduce model of Srifty 4.2 (two XGBoost submodels, at or below and
+above the MTU) on probe CSVs, print the held-out MAPE of each submodel, and
+save the model atomically (nothing is written when any input is bad).
+
+The model's provenance records this command (every setting spelled out) and
+the sha256 of each input, so the file can be regenerated from the probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from datetime import datetime, timezone
+
+HELP = "fit the learned allreduce (bus bandwidth) model on probe CSVs and save it"
+
+__all__ = ["HELP", "add_arguments", "run", "command_line"]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if not value < 0.5:
+        raise argparse.ArgumentTypeError(f"{text} must be below 0.5")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("probes", nargs="+", metavar="PROBES.csv", help="probe files from thrifty probe-allreduce")
+    parser.add_argument("--out", required=True, metavar="MODEL.json", help="where to write the model")
+    parser.add_argument(
+        "--half-life-days", type=_positive_float, metavar="D",
+        help="decay the weight of a probe by half every D days of age (default: no decay)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of xgboost (default 0)")
+    parser.add_argument(
+        "--holdout", type=_fraction, default=0.2, metavar="F",
+        help="fraction of (type, world size, buffer) groups held out as the test set (default 0.2)",
+    )
+    parser.add_argument(
+        "--mape-weights", action="store_true",
+        help="also try MAPE-leaning row weights in selection (lower MAPE on noisy probes, "
+        "but predicts the slow repeats of a configuration rather than its median)",
+    )
+    parser.add_argument("--threads", type=_positive_int, default=1, help="xgboost threads (default 1)")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    words = ["thrifty", "fit-allreduce", *args.probes, "--out", args.out]
+    if args.half_life_days is not None:
+        words += ["--half-life-days", str(args.half_life_days)]
+    words += ["--seed", str(args.seed), "--holdout", str(args.holdout)]
+    if args.mape_weights:
+        words.append("--mape-weights")
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    from thrifty.perfmodels.allreduce import DEFAULT_GRID, MAPE_WEIGHTED_GRID, LearnedAllreduce, file_digest, load_probes
+
+    table = load_probes(args.probes)
+    provenance = {
+        "kind": "derived",
+        "script": command_line(args),
+        "inputs": [{"path": p, "digest": file_digest(p)} for p in args.probes],
+        "date": datetime.now(timezone.utc).date().isoformat(),
+    }
+    model = LearnedAllreduce.fit(
+        table,
+        half_life_days=args.half_life_days,
+        seed=args.seed,
+        holdout_fraction=args.holdout,
+        grid=MAPE_WEIGHTED_GRID if args.mape_weights else DEFAULT_GRID,
+        nthread=args.threads,
+        provenance=provenance,
+    )
+    model.save(args.out)
+    _print_report(model, args.out)
+    return 0
+
+
+def describe(h) -> str:
+    """``pseudohubererror, log_time, depth 3, 300 x 0.05, 1/busbw weights``."""
+    text = f"{h.objective.removeprefix('reg:')}, {h.target}, depth {h.max_depth}, {h.n_estimators} x {h.learning_rate:g}"
+    return text + (", 1/busbw weights" if h.relative_weights else "")
+
+
+def _print_report(model, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="bus bandwidth MAPE (held-out: whole (world size, buffer) groups never trained on)")
+    for column in ("submodel", "rows", "groups", "cv", "held-out", "vs medians", "noise floor"):
+        table.add_column(column, justify="left" if column == "submodel" else "right")
+    for name, r in model.fit_report.items():
+        table.add_row(
+            f"{name} ({r.regime.replace('buffer_bytes', 'bytes')})",
+            str(r.rows),
+            str(r.groups),
+            f"{r.cv_mape:.1%}",
+            f"{r.heldout_mape:.1%}",
+            f"{r.heldout_median_mape:.1%}",
+            f"{r.noise_floor_mape:.1%}",
+        )
+    console.print(table)
+    console.print(
+        "cv: out-of-fold MAPE of the chosen candidate; held-out: MAPE on the test groups' rows; "
+        "vs medians: the same predictions against each test cell's median over repeats; "
+        "noise floor: the least MAPE any model can reach on those rows (repeats disagree)"
+    )
+    for name, r in model.fit_report.items():
+        console.print(f"{name}: chose {describe(r.hyperparams)} of {r.candidates} candidates ({r.folds}-fold cv)")
+    types = ", ".join(f"{c.name} (world sizes {', '.join(map(str, c.world_sizes))})" for c in model.coverage.values())
+    console.print(f"covers: {types}; other types fall back to the analytic ring model")
+    console.print(f"wrote {out}")

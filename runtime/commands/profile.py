@@ -1,0 +1,169 @@
+"""``thrifty profile MODULE:FACTORY --out PROFILE.json``: measure a compute
+profile (Srifty 4.1) of a workload on this machine and write it atomically.
+
+The provenance of the written file records this command with every setting
+spelled out, so re-running that line reproduces the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+
+HELP = "measure a model's compute profile (forward/backward latency per batch, gradient-ready times) here"
+
+__all__ = ["HELP", "add_arguments", "run", "parse_batches", "command_line"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def parse_batches(text: str) -> list[int]:
+    """``"1,2,4,8"`` -> ``[1, 2, 4, 8]``; anything else is a `ProblemError`."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        batches = [int(part) for part in parts]
+    except ValueError:
+        raise ProblemError(f"--batches is '{text}', but must be positive integers separated by commas") from None
+    if any(b < 1 for b in batches) or len(set(batches)) < 2:
+        raise ProblemError(f"--batches is '{text}', but must be two or more distinct positive integers")
+    return sorted(set(batches))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("factory", metavar="MODULE:FACTORY", help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
+    parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
+    parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
+    sweep = parser.add_mutually_exclusive_group()
+    sweep.add_argument("--batches", metavar="1,2,4,...", help="the batch sizes to time")
+    sweep.add_argument(
+        "--max-batch", type=_positive_int, metavar="N",
+        help="time 1, 2, 4, ... up to N (default 256 on CPU; on CUDA the largest batch that fits, up to 4096)",
+    )
+    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed iterations per batch (default 10)")
+    parser.add_argument(
+        "--warmup", type=_non_negative_int, default=3, help="untimed iterations before each batch's timed ones (default 3)"
+    )
+    parser.add_argument(
+        "--rounds", type=_positive_int, default=3,
+        help="passes over the batches that share the repeats, so noise spreads over all batches (default 3)",
+    )
+    parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run (default auto)")
+    parser.add_argument("--device-name", metavar="NAME", help="the profile's device key (default: cpu, or the GPU model)")
+    parser.add_argument(
+        "--ready-batch", type=_positive_int, metavar="N",
+        help="the batch of the gradient-ready trace (default: the swept batch nearest 32)",
+    )
+    parser.add_argument(
+        "--memory-gb", type=_positive_float, metavar="GB",
+        help="CPU only: cap max_batch at the batch whose estimated training memory fits in GB GiB",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+
+
+def default_name(factory: str) -> str:
+    return factory.rsplit(":", 1)[-1].rsplit(".", 1)[-1].replace("_", "-")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this measurement: the factory and every
+    setting that affects the data, defaults included (not --no-progress)."""
+    words = ["thrifty", "profile", args.factory, "--out", args.out, "--name", args.name or default_name(args.factory)]
+    if args.batches is not None:
+        words += ["--batches", ",".join(str(b) for b in parse_batches(args.batches))]
+    if args.max_batch is not None:
+        words += ["--max-batch", str(args.max_batch)]
+    words += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--rounds", str(args.rounds)]
+    words += ["--threads", str(args.threads), "--device", args.device]
+    for flag, value in (
+        ("--device-name", args.device_name),
+        ("--ready-batch", args.ready_batch),
+        ("--memory-gb", args.memory_gb),
+    ):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    from thrifty.perfmodels.profile import save_profile
+    from thrifty.perfmodels.profiler import load_workload, profile_workload
+
+    batches = parse_batches(args.batches) if args.batches is not None else None
+    name = args.name or default_name(args.factory)
+    workload = load_workload(args.factory)
+    profile = profile_workload(
+        workload,
+        model_name=name,
+        batches=batches,
+        max_batch=args.max_batch,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        threads=args.threads,
+        device=args.device,
+        ready_batch=args.ready_batch,
+        memory_limit_bytes=int(args.memory_gb * 2**30) if args.memory_gb is not None else None,
+        device_name=args.device_name,
+        command=command_line(args),
+        progress=not args.no_progress,
+    )
+    save_profile(profile, args.out)
+    _print_summary(profile, args.out)
+    return 0
+
+
+def _print_summary(profile: Any, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{profile.model} on {profile.device}")
+    for column in ("batch", "fwd ms", "bwd ms", "fwd sd ms", "bwd sd ms"):
+        table.add_column(column, justify="right")
+    for p in profile.points:
+        table.add_row(
+            str(p.batch),
+            f"{p.forward_s * 1e3:.3f}",
+            f"{p.backward_s * 1e3:.3f}",
+            f"{p.forward_sd_s * 1e3:.3f}",
+            f"{p.backward_sd_s * 1e3:.3f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"max_batch {profile.max_batch} ({profile.extra.get('max_batch_source', '?')}), "
+        f"step {profile.step_s * 1e3:.3f} ms, {len(profile.layers)} gradient tensors, "
+        f"{profile.total_grad_bytes / 1e6:.2f} MB of gradients"
+    )
+    console.print(f"wrote {out}")

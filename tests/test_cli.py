@@ -1,0 +1,83 @@
+"""The command line through its entry point: exit codes, no tracebacks, output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from thrifty.runtime.cli import COMMANDS, main
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert name in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("thrifty ")
+
+
+def test_simulate_shipped_gpu_profile_json(capsys):
+    assert main(["simulate", "--model", "resnet50", "--config", "4xp3.8xlarge@512+4xg4dn.8xlarge@32",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    p = out["prediction"]
+    assert out["global_batch"] == 4 * 512 + 4 * 32
+    assert p["world_size"] == 4 * 4 + 4 * 1 and p["instances"] == 8
+    assert p["p95_s"] >= p["mean_s"] > p["forward_s"] > 0
+    assert p["bandwidth_sources"] == {"g4dn.8xlarge": "analytic", "p3.8xlarge": "analytic"}
+
+
+def test_simulate_local_uses_probed_allreduce(capsys):
+    assert main(["simulate", "--model", "mlp", "--config", "local@16+local@48", "--json", "--apm"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prediction"]["bandwidth_sources"] == {"local": "learned"}
+    assert out["prediction"]["world_size"] == 2
+    assert out["apm"]["sd_s"] == 0.0
+
+
+def test_simulate_human_output(capsys):
+    assert main(["simulate", "--model", "mlp", "--config", "2xlocal@32"]) == 0
+    out = capsys.readouterr().out
+    assert "iteration mean" in out and "exposed communication" in out
+
+
+def test_unknown_instance_type_exits_2_with_suggestion(capsys):
+    assert main(["simulate", "--model", "resnet50", "--config", "2xp3.8xlrage@64"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown instance type 'p3.8xlrage'" in err and "p3.8xlarge" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_model_lists_available(capsys):
+    assert main(["simulate", "--model", "resnet5O", "--config", "local@8"]) == 2
+    err = capsys.readouterr().err
+    assert "no compute profile for model 'resnet5O'" in err and "resnet50" in err
+
+
+def test_batch_beyond_memory_exits_2(capsys):
+    assert main(["simulate", "--model", "resnet50", "--config", "g4dn.xlarge@100000"]) == 2
+    assert "beyond the memory limit" in capsys.readouterr().err
+
+
+def test_console_script_runs_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "thrifty.runtime.cli", "simulate", "--model", "nope",
+                           "--config", "local@8"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "error:" in proc.stderr
+
+
+def test_simulate_does_not_import_torch():
+    code = ("import sys; from thrifty.runtime.cli import main; "
+            "main(['simulate','--model','resnet50','--config','2xp3.8xlarge@256','--json']); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
