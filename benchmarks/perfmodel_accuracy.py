@@ -61,9 +61,9 @@ def _worker(rank: int, world: int, port: int, factory: str, batches: tuple[int, 
     from thrifty.perfmodels import zoo
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
     try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=60))
         work = getattr(zoo, factory)(seed=0)
         model = DDP(work.model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -77,19 +77,23 @@ def _worker(rank: int, world: int, port: int, factory: str, batches: tuple[int, 
             loss = work.loss_fn(model(x), y)
             loss.backward()
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)  # as the profiler does
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         out.put((rank, times))
         dist.barrier()
         dist.destroy_process_group()
+    except BaseException:  # report, so the parent never waits for a dead worker
+        import traceback
+
+        out.put((rank, traceback.format_exc()))
     finally:
         os._exit(0)
 
 
-def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> tuple[float, float]:
-    """Mean and p95 of the measured iteration time (per iteration, the slowest rank)."""
+def _measure_once(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> dict:
     import multiprocessing as mp
+    import queue
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -98,11 +102,33 @@ def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> 
              for r in range(len(batches))]
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        if p.is_alive():
-            p.kill()
+    results = {}
+    try:
+        for _ in procs:
+            rank, value = out.get(timeout=300)
+            if isinstance(value, str):
+                raise RuntimeError(f"worker {rank} failed:\n{value}")
+            results[rank] = value
+    except queue.Empty:
+        raise RuntimeError("a worker stopped answering") from None
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> tuple[float, float]:
+    """Mean and p95 of the measured iteration time (per iteration, the slowest rank)."""
+    for attempt in range(3):
+        try:
+            results = _measure_once(factory, batches, warmup, iters)
+            break
+        except RuntimeError as e:
+            print(f"  retrying {factory} {batches}: {str(e).splitlines()[-1]}", file=sys.stderr)
+            if attempt == 2:
+                raise
     per_iter = np.max(np.array([results[r] for r in range(len(batches))]), axis=0)
     return float(per_iter.mean()), float(np.quantile(per_iter, 0.95))
 

@@ -218,24 +218,38 @@ class TrainingSpace:
         quotas = quotas or {}
         choices = self.choices
         target = self.problem.global_batch
+        # reach[k][r]: choices k.. can place exactly r (so dead branches are never entered)
+        reach = [np.zeros(target + 1, dtype=bool) for _ in range(len(choices) + 1)]
+        reach[len(choices)][0] = True
+        for k in range(len(choices) - 1, -1, -1):
+            nxt, cur = reach[k + 1], reach[k + 1].copy()
+            c = choices[k]
+            for batch in c.batches:
+                for count in range(1, min(quotas.get(k, c.quota), target // batch) + 1):
+                    shift = count * batch
+                    cur[shift:] |= nxt[: target + 1 - shift]
+            reach[k] = cur
 
         def rec(k: int, remaining: int, chosen: tuple) -> Iterator[Candidate]:
             if remaining == 0:
                 if chosen:
                     yield chosen
                 return
-            if k == len(choices):
-                return
-            yield from rec(k + 1, remaining, chosen)  # choice k unused
+            nxt = reach[k + 1]
+            if nxt[remaining]:
+                yield from rec(k + 1, remaining, chosen)  # choice k unused
             c = choices[k]
             quota = quotas.get(k, c.quota)
             for batch in c.batches:
                 if batch > remaining:
                     break
                 for count in range(1, min(quota, remaining // batch) + 1):
-                    yield from rec(k + 1, remaining - count * batch, chosen + ((k, count, batch),))
+                    left = remaining - count * batch
+                    if nxt[left]:
+                        yield from rec(k + 1, left, chosen + ((k, count, batch),))
 
-        yield from rec(0, target, ())
+        if reach[0][target]:
+            yield from rec(0, target, ())
 
     @cached_property
     def size(self) -> float:

@@ -115,17 +115,10 @@ def test_memory_limit_caps_max_batch_on_cpu():
 # --- the CLI ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def profile_cli(monkeypatch):
-    # Only the profile command: these tests do not depend on sibling commands.
-    monkeypatch.setattr(cli, "COMMANDS", {"profile": "profile"})
-    return cli.main
-
-
-def test_cli_writes_a_profile(profile_cli, tmp_path, capsys):
+def test_cli_writes_a_profile(tmp_path, capsys):
     out = tmp_path / "mlp.json"
     argv = ["profile", "thrifty.perfmodels.zoo:mlp", "--out", str(out), "--batches", "1,4"]
-    code = profile_cli(argv + ["--repeats", "1", "--warmup", "0", "--no-progress"])
+    code = cli.main(argv + ["--repeats", "1", "--warmup", "0", "--no-progress"])
     assert code == 0
     profile = load_profile(out)
     assert profile.model == "mlp"
@@ -135,15 +128,15 @@ def test_cli_writes_a_profile(profile_cli, tmp_path, capsys):
     assert "fwd ms" in capsys.readouterr().out
 
 
-def test_cli_bad_factory_exits_2(profile_cli, tmp_path, capsys):
-    code = profile_cli(["profile", "thrifty.perfmodels.zoo:nope", "--out", str(tmp_path / "x.json"), "--no-progress"])
+def test_cli_bad_factory_exits_2(tmp_path, capsys):
+    code = cli.main(["profile", "thrifty.perfmodels.zoo:nope", "--out", str(tmp_path / "x.json"), "--no-progress"])
     assert code == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
 
-def test_cli_bad_batches_exits_2(profile_cli, tmp_path, capsys):
-    code = profile_cli(["profile", "thrifty.perfmodels.zoo:mlp", "--out", str(tmp_path / "x.json"), "--batches", "1,x"])
+def test_cli_bad_batches_exits_2(tmp_path, capsys):
+    code = cli.main(["profile", "thrifty.perfmodels.zoo:mlp", "--out", str(tmp_path / "x.json"), "--batches", "1,x"])
     assert code == 2
     assert "--batches" in capsys.readouterr().err
 

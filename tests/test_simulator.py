@@ -189,3 +189,17 @@ def test_alpha_beta_fit_recovers_parameters():
     alpha, beta = ab.params["x"]
     assert alpha == pytest.approx(50e-6, rel=1e-6)
     assert beta == pytest.approx(1e9, rel=1e-6)
+
+
+def test_shared_core_devices_do_not_overlap_communication():
+    # one 1e6-byte layer ready half-way through backward (0.04 s at B=10), 1e8 B/s on 2 workers:
+    # a GPU overlaps it (0.02 + 0.01 < 0.04: hidden); a CPU worker sends it after backward
+    layers = ((1_000_000, 0.5),)
+    lib = ModelLibrary(paths=[])
+    lib.add(compute_model(device="gpu", layers=layers))
+    lib.add(compute_model(device="cpu", layers=layers))
+    sim = IterationSimulator("m", library=lib, bandwidth=FixedBandwidth(1e8, 1e9), transfer="layer")
+    gpu = sim.simulate([MachineGroup(instance("g", device="gpu"), 2, 10)])
+    cpu = sim.simulate([MachineGroup(instance("c", device="cpu"), 2, 10)])
+    assert gpu.mean_s == pytest.approx(0.06)
+    assert cpu.mean_s == pytest.approx(0.07)
