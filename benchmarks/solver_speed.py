@@ -97,12 +97,13 @@ def paper_scale() -> None:
 
 
 def large_scale() -> None:
-    def problem(quota: int) -> object:
+    def problem(quota: int, types=LARGE_TYPES, global_batch: int = 4096) -> object:
         return parse_problem({
-            "kind": "training", "name": f"10 types x 2 markets, quota {quota}", "model": "resnet50",
-            "global_batch": 4096, "iterations": 2000, "objective": "min_cost", "limits": {"time_s": 1800},
+            "kind": "training", "name": f"{len(types)} types x 2 markets, quota {quota}, B={global_batch}",
+            "model": "resnet50", "global_batch": global_batch, "iterations": 2000, "objective": "min_cost",
+            "limits": {"time_s": 1800},
             "instances": [{"instance_type": t, "market": m, "quota": quota}
-                          for t in LARGE_TYPES for m in ("on_demand", "spot")]})
+                          for t in types for m in ("on_demand", "spot")]})
 
     table = Table(title="Large scale: ilp against exhaustive")
     for col in ("instance", "space", "method", "seconds", "simulated", "objective", "gap", "plan"):
@@ -112,7 +113,12 @@ def large_scale() -> None:
     table.add_row(big.name, f"{TrainingSpace(big).size:.3g}", "ilp", f"{wall:.2f}",
                   str(plan.solver.candidates_simulated), _fmt_obj(plan),
                   f"{plan.solver.gap:.2%}" if plan.solver.gap is not None else "-", plan.config)
-    small = problem(3)
+    # the reduced instance: as many of the types as keep the space exhaustively searchable
+    n = len(LARGE_TYPES)
+    small = problem(4, LARGE_TYPES[:n], 1024)
+    while TrainingSpace(small).size > 200_000 and n > 2:
+        n -= 1
+        small = problem(4, LARGE_TYPES[:n], 1024)
     results = {}
     for method in ("exhaustive", "ilp"):
         p, w = timed_solve(small, method)
@@ -167,7 +173,10 @@ def baselines() -> None:
 
 
 if __name__ == "__main__":
-    paper_scale()
+    if "--large-only" not in sys.argv:
+        paper_scale()
     large_scale()
+    if "--large-only" in sys.argv:
+        sys.exit(0)
     simulation_rate()
     baselines()
