@@ -183,21 +183,7 @@ class ProbeTable:
         return ProbeTable(**cols, sources=tuple(s for t in tables for s in t.sources))
 
 
-_TABLE_COLUMNS = (
-    "timestamp",
-    "instance_type",
-    "device",
-    "backend",
-    "rated_network_gbps",
-    "gpus_per_instance",
-    "instances",
-    "world_size",
-    "buffer_bytes",
-    "concurrent",
-    "repeat",
-    "seconds",
-    "busbw",
-)
+_TABLE_COLUMNS = PROBE_COLUMNS[:-1] + ("busbw",)  # the table names busbw_bytes_per_s busbw
 
 
 def load_probes(paths: str | Path | Iterable[str | Path]) -> ProbeTable:

@@ -13,35 +13,17 @@ import argparse
 import shlex
 from datetime import datetime, timezone
 
+from thrifty.runtime.commands._args import int_at_least, positive_float
+
 HELP = "fit the learned allreduce (bus bandwidth) model on probe CSVs and save it"
 
 __all__ = ["HELP", "add_arguments", "run", "command_line"]
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
-
-
 def _fraction(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if not value < 0.5:
         raise argparse.ArgumentTypeError(f"{text} must be below 0.5")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
 
 
@@ -49,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("probes", nargs="+", metavar="PROBES.csv", help="probe files from thrifty probe-allreduce")
     parser.add_argument("--out", required=True, metavar="MODEL.json", help="where to write the model")
     parser.add_argument(
-        "--half-life-days", type=_positive_float, metavar="D",
+        "--half-life-days", type=positive_float, metavar="D",
         help="decay the weight of a probe by half every D days of age (default: no decay)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of xgboost (default 0)")
@@ -62,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also try MAPE-leaning row weights in selection (lower MAPE on noisy probes, "
         "but predicts the slow repeats of a configuration rather than its median)",
     )
-    parser.add_argument("--threads", type=_positive_int, default=1, help="xgboost threads (default 1)")
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="xgboost threads (default 1)")
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -19,6 +19,8 @@ import time
 
 from thrifty.datasets.errors import ProblemError
 
+from thrifty.runtime.commands._args import int_at_least, positive_float
+
 HELP = "measure allreduce bus bandwidth on this host over a grid of world sizes, buffer sizes and concurrency"
 
 __all__ = ["HELP", "add_arguments", "run", "parse_world_sizes", "parse_bytes", "command_line", "peak_per_world"]
@@ -55,29 +57,6 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(e.message) from None
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
-        return value
-
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", required=True, metavar="2,3,4", help="world sizes to probe")
     parser.add_argument("--out", required=True, metavar="PROBES.csv", help="where to write the probe rows")
@@ -86,25 +65,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest buffer (e.g. 64MiB; default 64MiB on CPU, 512MiB on GPUs)",
     )
     parser.add_argument("--min-bytes", type=_byte_size, default=4, metavar="SIZE", help="smallest buffer (default 4)")
-    parser.add_argument("--size-factor", type=_int_at_least(2), default=2, help="buffer size step factor (default 2)")
-    parser.add_argument("--repeats", type=_int_at_least(1), default=5, help="recorded repeats per cell (default 5)")
-    parser.add_argument("--warmup", type=_int_at_least(0), default=1, help="unrecorded repeats per cell (default 1)")
+    parser.add_argument("--size-factor", type=int_at_least(2), default=2, help="buffer size step factor (default 2)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=5, help="recorded repeats per cell (default 5)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=1, help="unrecorded repeats per cell (default 1)")
     parser.add_argument(
-        "--concurrency", type=_int_at_least(1), default=4, metavar="K",
+        "--concurrency", type=int_at_least(1), default=4, metavar="K",
         help="probe 1..K concurrent allreduces started together (default 4)",
     )
     parser.add_argument("--instance-type", default="local", help="catalog type the rows describe (default local)")
     parser.add_argument("--catalog", metavar="CATALOG.json", help="catalog file (default: the shipped one)")
     parser.add_argument("--device", help="device key of the rows (default: the catalog's)")
     parser.add_argument("--rated-network-gbps", type=float, help="rated network of the rows (default: the catalog's)")
-    parser.add_argument("--gpus-per-instance", type=_int_at_least(1), help="workers per instance (default: the catalog's)")
+    parser.add_argument("--gpus-per-instance", type=int_at_least(1), help="workers per instance (default: the catalog's)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default: nccl with CUDA, else gloo")
     parser.add_argument(
-        "--timeout", type=_positive_float, default=120.0, metavar="S",
+        "--timeout", type=positive_float, default=120.0, metavar="S",
         help="timeout of each collective and of the rendezvous (default 120)",
     )
     parser.add_argument(
-        "--stall-timeout", type=_positive_float, default=300.0, metavar="S",
+        "--stall-timeout", type=positive_float, default=300.0, metavar="S",
         help="stop a world that shows no progress for S seconds (default 300)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")

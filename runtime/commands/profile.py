@@ -13,39 +13,11 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
+from thrifty.runtime.commands._args import int_at_least, positive_float
+
 HELP = "measure a model's compute profile (forward/backward latency per batch, gradient-ready times) here"
 
 __all__ = ["HELP", "add_arguments", "run", "parse_batches", "command_line"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
 
 
 def parse_batches(text: str) -> list[int]:
@@ -67,26 +39,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sweep = parser.add_mutually_exclusive_group()
     sweep.add_argument("--batches", metavar="1,2,4,...", help="the batch sizes to time")
     sweep.add_argument(
-        "--max-batch", type=_positive_int, metavar="N",
+        "--max-batch", type=int_at_least(1), metavar="N",
         help="time 1, 2, 4, ... up to N (default 256 on CPU; on CUDA the largest batch that fits, up to 4096)",
     )
-    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed iterations per batch (default 10)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=10, help="timed iterations per batch (default 10)")
     parser.add_argument(
-        "--warmup", type=_non_negative_int, default=3, help="untimed iterations before each batch's timed ones (default 3)"
+        "--warmup", type=int_at_least(0), default=3, help="untimed iterations before each batch's timed ones (default 3)"
     )
     parser.add_argument(
-        "--rounds", type=_positive_int, default=3,
+        "--rounds", type=int_at_least(1), default=3,
         help="passes over the batches that share the repeats, so noise spreads over all batches (default 3)",
     )
-    parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads (default 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run (default auto)")
     parser.add_argument("--device-name", metavar="NAME", help="the profile's device key (default: cpu, or the GPU model)")
     parser.add_argument(
-        "--ready-batch", type=_positive_int, metavar="N",
+        "--ready-batch", type=int_at_least(1), metavar="N",
         help="the batch of the gradient-ready trace (default: the swept batch nearest 32)",
     )
     parser.add_argument(
-        "--memory-gb", type=_positive_float, metavar="GB",
+        "--memory-gb", type=positive_float, metavar="GB",
         help="CPU only: cap max_batch at the batch whose estimated training memory fits in GB GiB",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
