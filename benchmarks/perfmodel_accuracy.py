@@ -21,7 +21,6 @@ Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--quick]``.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import socket
 import statistics
@@ -134,13 +133,12 @@ def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> 
 
 
 def _apm_bandwidth(probes_csv: str):
+    from thrifty.perfmodels.allreduce import load_probes
     from thrifty.perfmodels.apm import AlphaBetaAllreduce
 
-    rows = [r for r in csv.DictReader(open(probes_csv)) if int(r["concurrent"]) == 1]
-    return AlphaBetaAllreduce.fit(
-        "local", [int(r["world_size"]) for r in rows], [float(r["buffer_bytes"]) for r in rows],
-        [float(r["seconds"]) for r in rows],
-    )
+    lone = load_probes(probes_csv)
+    lone = lone.select(lone.concurrent == 1)
+    return AlphaBetaAllreduce.fit("local", lone.world_size, lone.buffer_bytes, lone.seconds)
 
 
 def predictors():

@@ -166,8 +166,7 @@ def baselines() -> None:
             if ev is None:
                 table.add_row("", name, "no plan", "", "", "", "")
                 continue
-            config = "+".join(f"{c}x{space.choices[i].itype.name}@{b}" for i, c, b in ev.candidate)
-            table.add_row("", name, config, f"{ev.iteration_s:.3f} s", f"{ev.total_s:.0f} s",
+            table.add_row("", name, space.describe(ev.candidate), f"{ev.iteration_s:.3f} s", f"{ev.total_s:.0f} s",
                           f"${ev.cost_usd:.3f}", "yes" if ev.feasible else "NO")
     console.print(table)
 

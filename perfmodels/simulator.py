@@ -226,6 +226,7 @@ class IterationSimulator:
         self._log_u = np.log(self._uniform)
         self._stats: dict[tuple[str, int], tuple[float, float, float, float, float]] = {}
         self._draws: dict[tuple, np.ndarray] = {}
+        self._max_factor: dict[int, float] = {}
         self._p95_index = (samples - 1) * 0.95
 
     # -- pieces ---------------------------------------------------------------
@@ -253,10 +254,9 @@ class IterationSimulator:
 
     def expected_max_factor(self, devices: int) -> float:
         """``e(k)``: the sample mean of the max of `devices` standard normals here."""
-        key = ("e", devices)
-        value = self._draws.get(key)
+        value = self._max_factor.get(devices)
         if value is None:
-            value = self._draws[key] = float(np.mean(ndtri(self._strata ** (1.0 / devices))))
+            value = self._max_factor[devices] = float(np.mean(ndtri(self._strata ** (1.0 / devices))))
         return value
 
     def device_stats(self, itype: InstanceType, device_batch: int) -> tuple[float, float, float, float, float]:

@@ -83,8 +83,7 @@ def anchor(space: TrainingSpace) -> SearchResult:
         key = (not ev.feasible, ev.objective_value)
         if best is None or key < (not best.feasible, best.objective_value):
             best = ev
-    res = _result("anchor", space, best.candidate if best else None, start, sim0, anchors=tried)
-    return res
+    return _result("anchor", space, best.candidate if best else None, start, sim0, anchors=tried)
 
 
 def _greedy_fill(space: TrainingSpace, order: list[Choice], batch_of) -> Candidate | None:

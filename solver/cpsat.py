@@ -44,7 +44,7 @@ import time
 
 from thrifty.datasets.errors import SolverError
 from thrifty.solver.formulation import PRICE_SCALE, US, Coefficients, coefficients
-from thrifty.solver.search import SearchResult, _better
+from thrifty.solver.search import SearchResult, better
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace
 
 __all__ = ["search_cpsat", "build_model"]
@@ -212,7 +212,7 @@ def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: i
             break
         cand = model.candidate(solver)
         ev = space.evaluate(cand)
-        if ev.feasible and _better(ev, best):
+        if ev.feasible and better(ev, best):
             best = ev
             model.hint(cand)
         model.exclude(cand)

@@ -75,20 +75,17 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
     limits = problem.limits
     relaxations: list[dict] = []
     single: list[str] = []
-    if limits.time_s is not None:
-        variant = space.derive(objective="min_time", limits=limits.model_copy(update={"time_s": None}))
+    # (limit, the objective that minimizes it, the figure of a plan it is compared with)
+    for name, objective, figure in (("time_s", "min_time", "total_s"), ("cost_usd", "min_cost", "cost_usd")):
+        current = getattr(limits, name)
+        if current is None:
+            continue
+        variant = space.derive(objective=objective, limits=limits.model_copy(update={name: None}))
         best = _search(variant).best
         if best is not None:
-            relaxations.append({"field": "limits.time_s", "current": limits.time_s, "needed": best.total_s,
-                                "plan": _config(space, best.candidate)})
-            single.append("limits.time_s")
-    if limits.cost_usd is not None:
-        variant = space.derive(objective="min_cost", limits=limits.model_copy(update={"cost_usd": None}))
-        best = _search(variant).best
-        if best is not None:
-            relaxations.append({"field": "limits.cost_usd", "current": limits.cost_usd, "needed": best.cost_usd,
-                                "plan": _config(space, best.candidate)})
-            single.append("limits.cost_usd")
+            relaxations.append({"field": f"limits.{name}", "current": current, "needed": getattr(best, figure),
+                                "plan": space.describe(best.candidate)})
+            single.append(f"limits.{name}")
     both = limits.time_s is not None and limits.cost_usd is not None
     if both and not single:
         # no single limit suffices: the cheapest plan with no time limit, and the fastest with
@@ -101,7 +98,7 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
                 relaxations.append({
                     "fields": ["limits.time_s", "limits.cost_usd"],
                     "needed": {"limits.time_s": best.total_s, "limits.cost_usd": best.cost_usd},
-                    "plan": _config(space, best.candidate),
+                    "plan": space.describe(best.candidate),
                     "note": f"the {'cheapest' if objective == 'min_cost' else 'fastest'} plan within the quotas",
                 })
     for i, choice in enumerate(space.choices):
@@ -125,9 +122,6 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
         reason = "no feasible plan was found within the time limit (not proven infeasible); " + reason
     return Infeasibility(conflicts=conflicts, relaxations=relaxations, reason=reason)
 
-
-def _config(space: TrainingSpace, candidate) -> str:
-    return "+".join(f"{count}x{space.choices[i].itype.name}@{batch}" for i, count, batch in candidate)
 
 
 def _batch_reason(space: TrainingSpace) -> str:

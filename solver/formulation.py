@@ -33,7 +33,7 @@ import numpy as np
 
 from thrifty.solver.training import TrainingSpace
 
-__all__ = ["Coefficients", "coefficients", "US", "PRICE_SCALE"]
+__all__ = ["Coefficients", "coefficients", "world_grid", "exchange_bound_table", "US", "PRICE_SCALE"]
 
 US = 1e6  # integer time unit: microseconds
 PRICE_SCALE = 1000  # integer price unit: milli-dollars per hour
@@ -53,7 +53,8 @@ class Coefficients:
     max_world: int
 
 
-def _world_grid(max_world: int) -> list[int]:
+def world_grid(max_world: int) -> list[int]:
+    """World sizes 1..64, then steps of about 8% up to `max_world`."""
     grid = list(range(1, min(max_world, 64) + 1))
     w = 64
     while w < max_world:
@@ -67,9 +68,7 @@ def coefficients(space: TrainingSpace) -> Coefficients:
     gpus = {c.index: c.itype.gpus for c in space.choices}
     price = {c.index: int(math.floor(c.price_per_hour * PRICE_SCALE)) for c in space.choices}
     for c in space.choices:
-        for b in c.batches:
-            if b > space.problem.global_batch:
-                continue
+        for b in c.batches:  # allowed batches never exceed the global batch
             key = (c.index, b)
             pairs.append(key)
             f_tab, b_tab = [0], [0]
@@ -84,13 +83,14 @@ def coefficients(space: TrainingSpace) -> Coefficients:
     for c in space.choices:
         types.setdefault(c.itype.name, []).append(c.index)
     max_world = max(1, sum(c.quota * c.itype.gpus for c in space.choices))
-    grid = _world_grid(max_world)
-    exchange = {name: _exchange_table(space, indices[0], grid, max_world) for name, indices in types.items()}
+    grid = world_grid(max_world)
+    exchange = {name: exchange_bound_table(space, indices[0], grid, max_world) for name, indices in types.items()}
     return Coefficients(tuple(pairs), fw, bw, step, gpus, price,
                         {k: tuple(v) for k, v in types.items()}, grid, exchange, max_world)
 
 
-def _exchange_table(space: TrainingSpace, index: int, grid: list[int], max_world: int) -> list[int]:
+def exchange_bound_table(space: TrainingSpace, index: int, grid: list[int], max_world: int) -> list[int]:
+    """``X_t`` (microseconds) at each grid world size for the type of choice `index`."""
     choice = space.choices[index]
     sim = space.simulator
     cm = sim.compute_model(choice.itype)

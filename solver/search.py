@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace
 
-__all__ = ["SearchResult", "search_exhaustive"]
+__all__ = ["SearchResult", "better", "search_exhaustive"]
 
 
 @dataclass
@@ -46,7 +46,8 @@ class SearchResult:
         return max(0.0, (self.best.objective_value - self.bound) / self.best.objective_value)
 
 
-def _better(a: Evaluation, b: Evaluation | None) -> bool:
+def better(a: Evaluation, b: Evaluation | None) -> bool:
+    """`a` beats `b` (lower objective; ties broken by the candidate, so every method agrees)."""
     if b is None:
         return True
     return (a.objective_value, a.candidate) < (b.objective_value, b.candidate)
@@ -79,7 +80,7 @@ def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float 
             bound = obj_bound
             break
         ev = space.evaluate(cand)
-        if ev.feasible and _better(ev, best):
+        if ev.feasible and better(ev, best):
             best = ev
     return SearchResult(
         method="exhaustive", best=best, bound=bound, complete=complete,

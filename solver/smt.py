@@ -31,7 +31,8 @@ import time
 from fractions import Fraction
 
 from thrifty.datasets.errors import SolverError
-from thrifty.solver.search import SearchResult, _better
+from thrifty.solver.formulation import exchange_bound_table, world_grid
+from thrifty.solver.search import SearchResult, better
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace
 
 __all__ = ["search_smt", "unsat_core"]
@@ -100,14 +101,12 @@ class _SmtModel:
             s.add(smax >= st)
         s.add(fmax >= 0, wmax >= 0, smax >= 0, exch >= 0)
         world = z3.Sum(world_terms) if world_terms else z3.IntVal(0)
-        from thrifty.solver.formulation import _exchange_table, _world_grid
-
-        grid = _world_grid(max(1, sum(
+        grid = world_grid(max(1, sum(
             (p.global_batch // c.batches[0] if relax_quotas else c.quota) * c.itype.gpus
             for c in space.choices if c.batches)))
         for name, lits in present.items():
             index = next(c.index for c in space.choices if c.itype.name == name)
-            table = _exchange_table(space, index, grid, grid[-1])
+            table = exchange_bound_table(space, index, grid, grid[-1])
             nxt = grid[1:] + [grid[-1] + 1]
             for lo, hi, v in zip(grid, nxt, table):
                 if v > 0:
@@ -172,7 +171,7 @@ def search_smt(space: TrainingSpace, deadline: float | None = None) -> SearchRes
             break
         cand = m.candidate()
         ev = space.evaluate(cand)
-        if ev.feasible and _better(ev, best):
+        if ev.feasible and better(ev, best):
             best = ev
             m.solver.add(m.objective < z3.RealVal(Fraction(ev.objective_value)))
         m.solver.add(z3.Not(m.matches(cand)))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.solver.plan import Allocation, Infeasibility, Plan, Prediction, SolverInfo
+from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
 from thrifty.solver.problem import Problem, TrainingProblem, load_problem, parse_problem
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Evaluation, TrainingSpace

@@ -164,6 +164,10 @@ class TrainingSpace:
     def groups(self, candidate: Candidate) -> list[MachineGroup]:
         return [MachineGroup(self.choices[i].itype, count, batch) for i, count, batch in candidate]
 
+    def describe(self, candidate: Candidate) -> str:
+        """Srifty's notation: ``4xp3.8xlarge@512+1xg4dn.8xlarge@64``."""
+        return "+".join(f"{count}x{self.choices[i].itype.name}@{batch}" for i, count, batch in candidate)
+
     def rate_per_hour(self, candidate: Candidate) -> float:
         return sum(self.choices[i].price_per_hour * count for i, count, _ in candidate)
 
@@ -213,9 +217,8 @@ class TrainingSpace:
             limits.cost_usd is None or self.cost(candidate, total) <= limits.cost_usd)
 
     # -- the space ----------------------------------------------------------------
-    def candidates(self, quotas: dict[int, int] | None = None) -> Iterator[Candidate]:
-        """Every candidate of the pruned space (Srifty 4.4), optionally with other quotas."""
-        quotas = quotas or {}
+    def candidates(self) -> Iterator[Candidate]:
+        """Every candidate of the pruned space (Srifty 4.4)."""
         choices = self.choices
         target = self.problem.global_batch
         # reach[k][r]: choices k.. can place exactly r (so dead branches are never entered)
@@ -225,7 +228,7 @@ class TrainingSpace:
             nxt, cur = reach[k + 1], reach[k + 1].copy()
             c = choices[k]
             for batch in c.batches:
-                for count in range(1, min(quotas.get(k, c.quota), target // batch) + 1):
+                for count in range(1, min(c.quota, target // batch) + 1):
                     shift = count * batch
                     cur[shift:] |= nxt[: target + 1 - shift]
             reach[k] = cur
@@ -239,7 +242,7 @@ class TrainingSpace:
             if nxt[remaining]:
                 yield from rec(k + 1, remaining, chosen)  # choice k unused
             c = choices[k]
-            quota = quotas.get(k, c.quota)
+            quota = c.quota
             for batch in c.batches:
                 if batch > remaining:
                     break
