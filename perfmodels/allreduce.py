@@ -89,6 +89,7 @@ __all__ = [
     "ProbeTable",
     "load_probes",
     "parse_probe_rows",
+    "pool_repeats",
     "Hyperparams",
     "TARGETS",
     "DEFAULT_GRID",
@@ -225,6 +226,37 @@ def _read_probe_csv(path: Path) -> ProbeTable:
     if not rows:
         raise ProblemError("has a header but no probe rows", source=source)
     return _parse_rows(rows, source)
+
+
+def pool_repeats(table: ProbeTable, weights: np.ndarray | None = None) -> tuple[ProbeTable, np.ndarray]:
+    """One row per cell (every column but ``repeat``, ``seconds`` and the
+    timestamp equal): the cell's *mean* time (weighted by `weights`, e.g.
+    decay weights, when given), its busbw recomputed from that mean,
+    ``repeat`` the number of rows pooled, the newest timestamp. Returns the
+    pooled table and each pooled row's weight (the largest of its rows').
+
+    The simulator predicts mean iteration times, so the allreduce model must
+    predict mean transfer times. Fitting ``busbw`` row by row estimates
+    ``E[s / t]``, which is not ``s / E[t]``: on a shared host where a small
+    allreduce takes 0.2 ms or 4 ms depending on whether the peer must be woken,
+    row-wise fits (and MAPE-based selection) land near the fast mode and
+    under-predict the mean time by half.
+    """
+    keys = list(zip(table.instance_type, table.device, table.backend, table.rated_network_gbps,
+                    table.gpus_per_instance, table.instances, table.world_size, table.buffer_bytes,
+                    table.concurrent))
+    cells: dict[tuple, list[int]] = {}
+    for i, key in enumerate(keys):
+        cells.setdefault(key, []).append(i)
+    w = np.ones(len(table)) if weights is None else np.asarray(weights, dtype=float)
+    first = np.array([rows[0] for rows in cells.values()], dtype=np.int64)
+    cols = {name: getattr(table, name)[first] for name in _TABLE_COLUMNS}
+    cols["seconds"] = np.array([np.average(table.seconds[rows], weights=w[rows]) for rows in cells.values()])
+    cols["timestamp"] = np.array([table.timestamp[rows].max() for rows in cells.values()])
+    cols["repeat"] = np.array([len(rows) for rows in cells.values()], dtype=np.int64)
+    cols["busbw"] = bus_bandwidth_from_time(cols["buffer_bytes"].astype(float), cols["world_size"], cols["seconds"])
+    pooled_weights = np.array([w[rows].max() for rows in cells.values()])
+    return ProbeTable(**cols, sources=table.sources), pooled_weights
 
 
 def parse_probe_rows(rows: Iterable[Mapping[str, Any]], source: str = "probe rows") -> ProbeTable:
@@ -923,18 +955,27 @@ class LearnedAllreduce:
         fallback: BandwidthModel | None = None,
         provenance: Mapping[str, Any] | None = None,
         mtu_bytes: int = MTU_BYTES,
+        pool: bool = True,
     ) -> "LearnedAllreduce":
         """Fit both submodels on probe rows (a `ProbeTable` from `load_probes`,
         or row mappings as `probe_allreduce` returns them).
 
+        With `pool` (the default) the repeats of each cell are first pooled
+        into the busbw of their mean time (`pool_repeats`): the model predicts
+        mean transfer times, which is what the simulator adds up. ``pool=False``
+        fits the rows one by one, as Srifty 4.2 does.
+
         Raises `ProblemError` when a regime (at or below / above the MTU) has
         no rows or too few distinct groups to hold some out."""
         table = rows if isinstance(rows, ProbeTable) else parse_probe_rows(rows)
+        raw = table
+        weights = decay_weights(table.age_days(), half_life_days)
+        if pool:
+            table, weights = pool_repeats(table, weights)
         encoding = FeatureEncoding(
             devices=tuple(sorted(set(table.device))), instance_types=tuple(sorted(set(table.instance_type)))
         )
         X = encoding.encode_table(table)
-        weights = decay_weights(table.age_days(), half_life_days)
         submodels, reports = {}, {}
         regimes = {
             "small": (table.buffer_bytes <= mtu_bytes, f"buffer_bytes <= {mtu_bytes}"),
@@ -950,7 +991,9 @@ class LearnedAllreduce:
                 name, regime, table.select(mask), X[mask], weights[mask], grid, seed, holdout_fraction, nthread
             )
         training = {
-            "rows": len(table),
+            "rows": len(raw),
+            "pooled": "one row per cell: the busbw of the mean time over its repeats" if pool else None,
+            "training_rows": len(table),
             "seed": seed,
             "half_life_days": half_life_days,
             "holdout": (

@@ -135,53 +135,63 @@ def exchange_time(starts: list[float], work: list[float], bus_bw: list[float], c
     `starts` ascending (seconds from backward start), `work` in bus bytes
     (``2 s (n-1)/n``), `bus_bw` each transfer's lone bus bandwidth, `cap`
     the shared total.
+
+    Each active transfer keeps its rate, the time it was last re-rated and
+    the work left then, so an event re-rates only the transfers whose rate
+    changes: below the cap (``b_tra = b_bus``) a start or finish touches no
+    other transfer; at the cap the fair share changes for all.
     """
     n = len(starts)
-    remaining = list(work)
-    active: list[int] = []
-    rates: list[float] = []
+    rate = [0.0] * n
+    anchor = [0.0] * n
+    rem = list(work)
+    act: list[int] = []
+    fin: list[float] = []
+    inf = math.inf
     t = 0.0
     i = 0
     aggregate = 0.0
-    inf = math.inf
-    while i < n or active:
-        # finish time of the earliest active transfer at the current rates
-        t_finish, first = inf, -1
-        for a, j in enumerate(active):
-            d = remaining[j] / rates[a]
-            if d < t_finish:
-                t_finish, first = d, a
-        t_finish += t
+    capped = False
+    while i < n or act:
+        t_finish = min(fin) if fin else inf
         t_start = starts[i] if i < n else inf
-        t_next = t_start if t_start <= t_finish else t_finish
-        dt = t_next - t
-        if dt > 0.0:
-            for a, j in enumerate(active):
-                remaining[j] -= rates[a] * dt
-        t = t_next
+        admitted = i
         if t_start <= t_finish:
+            t = t_start
             while i < n and starts[i] <= t:
-                active.append(i)
+                act.append(i)
+                fin.append(inf)
+                anchor[i] = t
                 aggregate += bus_bw[i]
                 i += 1
         else:
-            done = active[first]
-            remaining[done] = 0.0
-            aggregate -= bus_bw[done]
-            # others finishing at the same instant (within rounding) leave too
-            keep = [j for a, j in enumerate(active) if a != first and remaining[j] > 1e-9 * work[j]]
-            for j in active:
-                if j != done and j not in keep:
-                    aggregate -= bus_bw[j]
-            active = keep
-        # Srifty 4.3: b_tra = b_bus if b_agg < b_cap else min(b_bus, b_cap / c)
-        c = len(active)
-        if c:
-            if aggregate < cap:
-                rates = [bus_bw[j] for j in active]
-            else:
-                share = cap / c
-                rates = [bus_bw[j] if bus_bw[j] < share else share for j in active]
+            t = t_finish
+            k = fin.index(t_finish)  # others finishing at the same instant leave on the next turns
+            aggregate -= bus_bw[act.pop(k)]
+            fin.pop(k)
+        c = len(act)
+        if not c:
+            capped = False
+            aggregate = 0.0
+            continue
+        now_capped = aggregate >= cap
+        if now_capped or capped:
+            share = cap / c
+            for k, j in enumerate(act):
+                b = bus_bw[j]
+                r = b if (not now_capped or b < share) else share
+                if r != rate[j]:
+                    if rate[j] > 0.0:
+                        rem[j] -= rate[j] * (t - anchor[j])
+                    anchor[j] = t
+                    rate[j] = r
+                    fin[k] = t + rem[j] / r
+        else:
+            for k in range(c - (i - admitted), c):
+                j = act[k]
+                rate[j] = bus_bw[j]
+                fin[k] = t + rem[j] / rate[j]
+        capped = now_capped
     return t
 
 

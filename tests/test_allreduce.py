@@ -21,6 +21,7 @@ from thrifty.perfmodels.allreduce import (
     mape,
     mape_floor,
     parse_probe_rows,
+    pool_repeats,
     split_groups,
 )
 from thrifty.perfmodels.bandwidth import (
@@ -133,9 +134,10 @@ def _two_regime_rows() -> tuple[list[dict], float, float]:
 def test_mtu_split_routes_rows_and_queries_by_buffer_size():
     rows, small_bw, large_bw = _two_regime_rows()
     model = LearnedAllreduce.fit(rows, seed=1, grid=QUICK_GRID)
-    n_small = sum(r["buffer_bytes"] <= MTU_BYTES for r in rows)
+    cells, _ = pool_repeats(parse_probe_rows(rows))  # the fit pools repeats
+    n_small = int((cells.buffer_bytes <= MTU_BYTES).sum())
     assert model.fit_report["small"].rows == n_small
-    assert model.fit_report["large"].rows == len(rows) - n_small
+    assert model.fit_report["large"].rows == len(cells) - n_small
     assert model.fit_report["small"].regime == f"buffer_bytes <= {MTU_BYTES}"
     sizes = np.array([4.0, 1000.0, MTU_BYTES - 1, MTU_BYTES, MTU_BYTES + 1, 1e6])
     predicted = model.bus_bandwidth(_itype("synth"), sizes, 3, 3)
@@ -444,7 +446,9 @@ def test_mape_weights_lean_towards_the_slow_repeats():
             t = float(alpha_beta_time(s, n, 1))
             rows += [_row(n, s, 1, r, t * (10.0 if r == 4 else 1.0)) for r in range(5)]
     plain, leaning = (
-        LearnedAllreduce.fit(rows, grid=[Hyperparams(3, 100, 0.2, "reg:absoluteerror", "log_time", relative)])
+        LearnedAllreduce.fit(
+            rows, grid=[Hyperparams(3, 100, 0.2, "reg:absoluteerror", "log_time", relative)], pool=False
+        )
         for relative in (False, True)
     )
     sizes = np.array([4.0 * 4**i for i in range(12)])
@@ -458,3 +462,32 @@ def test_a_small_grid_can_be_given():
     grid = [Hyperparams(3, 50, 0.3, "reg:pseudohubererror", "log_busbw")]
     model = LearnedAllreduce.fit(alpha_beta_rows(repeats=1), grid=grid)
     assert all(r.candidates == 1 and r.hyperparams == grid[0] for r in model.fit_report.values())
+
+
+def test_pooling_keeps_one_row_per_cell_at_its_mean_time():
+    rows = [_row(2, 1024, 1, r, t, stamp=f"2025-01-0{r + 1}T00:00:00Z") for r, t in enumerate((1e-3, 3e-3, 2e-3))]
+    rows.append(_row(2, 1024, 2, 0, 5e-3))
+    pooled, weights = pool_repeats(parse_probe_rows(rows))
+    assert len(pooled) == 2 and list(weights) == [1.0, 1.0]
+    lone = pooled.select(pooled.concurrent == 1)
+    assert lone.seconds[0] == pytest.approx(2e-3)
+    assert lone.busbw[0] == pytest.approx(bus_bandwidth_from_time(1024, 2, 2e-3))
+    assert lone.repeat[0] == 3
+    assert lone.timestamp[0] == parse_probe_rows(rows).timestamp.max()  # the newest of the three
+
+
+def test_pooled_fit_predicts_the_mean_time_of_bimodal_repeats():
+    """Half the repeats at the law, half 10x slower: the pooled model predicts
+    the mean time (5.5x the law); a row-wise fit lands on one of the modes."""
+    rows = []
+    for n in (2, 3, 4):
+        for s in [4 * 4**i for i in range(12)]:
+            t = float(alpha_beta_time(s, n, 1))
+            rows += [_row(n, s, 1, r, t * (10.0 if r % 2 else 1.0)) for r in range(6)]
+    grid = [Hyperparams(3, 100, 0.2, "reg:absoluteerror", "log_time")]
+    pooled = LearnedAllreduce.fit(rows, grid=grid)
+    sizes = np.array([4.0 * 4**i for i in range(1, 11)])
+    mean_time = 5.5 * alpha_beta_time(sizes, 3, 1)
+    predicted = allreduce_time(sizes, 3, pooled.bus_bandwidth(_itype("synth"), sizes, 3, 3))
+    np.testing.assert_allclose(predicted, mean_time, rtol=0.15)
+    assert pooled.training["rows"] == len(rows) and pooled.training["training_rows"] == len(rows) // 6

@@ -58,6 +58,14 @@ def test_a_real_small_probe_gives_positive_bus_bandwidth(tmp_path):
     assert list(table.seconds) == [r["seconds"] for r in rows]  # floats round-trip exactly
 
 
+def test_a_probe_under_compute_load_times_the_transfer_only():
+    """Each rank computes 20 ms before each timed allreduce; the burst is not
+    part of the measured time."""
+    rows = probe_allreduce(LOCAL, ProbeConfig(**{**SMALL, "max_bytes": 64, "concurrency": 1, "load_ms": 20.0}))
+    assert len(rows) == 5
+    assert all(0 < r["seconds"] < 0.02 for r in rows)
+
+
 def test_probe_allreduce_cli_writes_a_csv(tmp_path, capsys):
     out = tmp_path / "data" / "probes.csv"
     code = main([
@@ -94,6 +102,8 @@ def test_a_failing_world_raises_instead_of_hanging(tmp_path, monkeypatch):
         ({"repeats": 0}, "repeats is 0"),
         ({"max_bytes": 2}, "max_bytes is 2"),
         ({"backend": "mpi"}, "backend is 'mpi'"),
+        ({"load_ms": -1.0}, "load_ms is -1.0"),
+        ({"load_ms": float("nan")}, "load_ms is nan"),
     ],
 )
 def test_bad_probe_settings_are_problem_errors(changes, message):

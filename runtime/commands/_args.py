@@ -7,7 +7,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["int_at_least", "positive_float"]
+__all__ = ["int_at_least", "positive_float", "non_negative_float"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -25,11 +25,25 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(text: str) -> float:
+def _finite(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0 < value < math.inf:
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be zero or a positive number")
     return value

@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also try MAPE-leaning row weights in selection (lower MAPE on noisy probes, "
         "but predicts the slow repeats of a configuration rather than its median)",
     )
+    parser.add_argument(
+        "--per-repeat", action="store_true",
+        help="fit every repeat as its own row, as Srifty does (default: pool each cell's repeats into the "
+        "busbw of their mean time, so the model predicts mean transfer times)",
+    )
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="xgboost threads (default 1)")
 
 
@@ -54,6 +59,8 @@ def command_line(args: argparse.Namespace) -> str:
     words += ["--seed", str(args.seed), "--holdout", str(args.holdout)]
     if args.mape_weights:
         words.append("--mape-weights")
+    if args.per_repeat:
+        words.append("--per-repeat")
     return shlex.join(words)
 
 
@@ -75,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         grid=MAPE_WEIGHTED_GRID if args.mape_weights else DEFAULT_GRID,
         nthread=args.threads,
         provenance=provenance,
+        pool=not args.per_repeat,
     )
     model.save(args.out)
     _print_report(model, args.out)
@@ -92,25 +100,31 @@ def _print_report(model, out: str) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title="bus bandwidth MAPE (held-out: whole (world size, buffer) groups never trained on)")
-    for column in ("submodel", "rows", "groups", "cv", "held-out", "vs medians", "noise floor"):
+    pooled = bool(model.training.get("pooled"))
+    what = "cell means" if pooled else "rows"
+    table = Table(title=f"bus bandwidth MAPE on {what} (held-out: whole (world size, buffer) groups never trained on)")
+    columns = ["submodel", what, "groups", "cv", "held-out"] + ([] if pooled else ["vs medians", "noise floor"])
+    for column in columns:
         table.add_column(column, justify="left" if column == "submodel" else "right")
     for name, r in model.fit_report.items():
-        table.add_row(
-            f"{name} ({r.regime.replace('buffer_bytes', 'bytes')})",
-            str(r.rows),
-            str(r.groups),
-            f"{r.cv_mape:.1%}",
-            f"{r.heldout_mape:.1%}",
-            f"{r.heldout_median_mape:.1%}",
-            f"{r.noise_floor_mape:.1%}",
-        )
+        cells = [f"{name} ({r.regime.replace('buffer_bytes', 'bytes')})", str(r.rows), str(r.groups),
+                 f"{r.cv_mape:.1%}", f"{r.heldout_mape:.1%}"]
+        if not pooled:
+            cells += [f"{r.heldout_median_mape:.1%}", f"{r.noise_floor_mape:.1%}"]
+        table.add_row(*cells)
     console.print(table)
-    console.print(
-        "cv: out-of-fold MAPE of the chosen candidate; held-out: MAPE on the test groups' rows; "
-        "vs medians: the same predictions against each test cell's median over repeats; "
-        "noise floor: the least MAPE any model can reach on those rows (repeats disagree)"
-    )
+    if pooled:
+        console.print(
+            f"the {model.training['rows']} probe rows were pooled into the mean time of each cell (type, world size, "
+            "buffer, concurrency); cv: out-of-fold MAPE of the chosen candidate; held-out: MAPE on the test "
+            "groups' cells"
+        )
+    else:
+        console.print(
+            "cv: out-of-fold MAPE of the chosen candidate; held-out: MAPE on the test groups' rows; "
+            "vs medians: the same predictions against each test cell's median over repeats; "
+            "noise floor: the least MAPE any model can reach on those rows (repeats disagree)"
+        )
     for name, r in model.fit_report.items():
         console.print(f"{name}: chose {describe(r.hyperparams)} of {r.candidates} candidates ({r.folds}-fold cv)")
     types = ", ".join(f"{c.name} (world sizes {', '.join(map(str, c.world_sizes))})" for c in model.coverage.values())

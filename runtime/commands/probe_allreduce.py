@@ -19,7 +19,7 @@ import time
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, positive_float
+from thrifty.runtime.commands._args import int_at_least, non_negative_float, positive_float
 
 HELP = "measure allreduce bus bandwidth on this host over a grid of world sizes, buffer sizes and concurrency"
 
@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=int_at_least(1), default=4, metavar="K",
         help="probe 1..K concurrent allreduces started together (default 4)",
     )
+    parser.add_argument(
+        "--load-ms", type=non_negative_float, default=5.0, metavar="MS",
+        help="compute for MS ms on every rank before each timed allreduce, as training does before "
+        "its allreduce (default 5; 0 probes idle ranks)",
+    )
     parser.add_argument("--instance-type", default="local", help="catalog type the rows describe (default local)")
     parser.add_argument("--catalog", metavar="CATALOG.json", help="catalog file (default: the shipped one)")
     parser.add_argument("--device", help="device key of the rows (default: the catalog's)")
@@ -97,6 +102,7 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--max-bytes", str(args.max_bytes)]
     words += ["--min-bytes", str(args.min_bytes), "--size-factor", str(args.size_factor)]
     words += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--concurrency", str(args.concurrency)]
+    words += ["--load-ms", f"{args.load_ms:g}"]
     words += ["--instance-type", args.instance_type, "--backend", args.backend]
     for flag, value in (
         ("--catalog", args.catalog),
@@ -138,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         concurrency=args.concurrency,
         backend=args.backend,
+        load_ms=args.load_ms,
         op_timeout_s=args.timeout,
         stall_timeout_s=args.stall_timeout,
     )
