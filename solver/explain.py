@@ -16,9 +16,12 @@ same search (so they are tight with respect to the same simulator):
 - when no single limit can be relaxed alone, both limits together: the
   figures of the cheapest and of the fastest plan within the quotas.
 
-Conflicts: the unsat core of the SMT formulation
-(`thrifty.solver.smt.unsat_core`), minimized by deletion, names the
-conflicting limits and quotas. When z3 cannot decide within `CORE_TIME_S`
+Conflicts: a minimal conflicting set of limits and quotas, found by
+deletion with exact exhaustive searches (`_deletion_core`; constraints whose
+relaxation alone restores feasibility are in every minimal set and need no
+test). When a test's space is too large to enumerate, the unsat core of the
+SMT formulation (`thrifty.solver.smt.unsat_core`), minimized by deletion,
+names them instead. When z3 cannot decide within `CORE_TIME_S`
 (the cost constraint is a product, which can be slow), the limits whose
 relaxation alone restores feasibility are reported instead, or both limits
 when neither alone does.
@@ -34,6 +37,7 @@ __all__ = ["explain_infeasibility", "QUOTA_SEARCH_CAP", "CORE_TIME_S"]
 
 QUOTA_SEARCH_CAP = 4096
 CORE_TIME_S = 3.0  # z3's budget for the unsat core; past it the relaxation analysis names the conflicts
+CORE_CHECK_LIMIT = 200_000  # candidates a deletion test may enumerate before z3 is asked instead
 
 
 def _search(space: TrainingSpace) -> SearchResult:
@@ -113,7 +117,9 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
     else:
         from thrifty.solver.smt import unsat_core
 
-        conflicts = unsat_core(space, deadline_s=CORE_TIME_S)
+        conflicts = _deletion_core(space, single)
+        if conflicts is None:
+            conflicts = unsat_core(space, deadline_s=CORE_TIME_S)
         if conflicts is None:  # z3 undecided in time: the exact relaxation analysis decides
             conflicts = single or [name for name in ("limits.time_s", "limits.cost_usd")
                                    if getattr(limits, name.split(".")[1]) is not None]
@@ -122,6 +128,45 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
         reason = "no feasible plan was found within the time limit (not proven infeasible); " + reason
     return Infeasibility(conflicts=conflicts, relaxations=relaxations, reason=reason)
 
+
+
+def _deletion_core(space: TrainingSpace, single: list[str]) -> list[str] | None:
+    """A minimal conflicting set of limits and quotas by deletion, each test
+    an exact exhaustive search; None when a test would enumerate more than
+    `CORE_CHECK_LIMIT` candidates (z3 is asked instead).
+
+    Start with every constraint enforced (no plan). Constraints in `single`
+    (relaxing one alone restores feasibility) are in every minimal set and are
+    kept without a test. Each other constraint is dropped (a limit removed, a
+    quota raised to what the global batch allows) for good when the problem
+    stays infeasible without it. What remains is infeasible, and dropping any
+    one member makes it feasible: a minimal core."""
+    problem = space.problem
+    names = [f"limits.{n}" for n in ("time_s", "cost_usd") if getattr(problem.limits, n) is not None]
+    names += [f"instances[{i}].quota" for i in range(len(space.choices))]
+    kept = set(names)
+    for name in names:
+        if name in single:
+            continue
+        variant = _enforcing(space, kept - {name})
+        if variant.size > CORE_CHECK_LIMIT:
+            return None
+        if search_exhaustive(variant).best is None:
+            kept.discard(name)
+    return [n for n in names if n in kept]
+
+
+def _enforcing(space: TrainingSpace, kept: set[str]) -> TrainingSpace:
+    """`space` with only the limits and quotas named in `kept` enforced."""
+    problem = space.problem
+    limits = problem.limits.model_copy(update={
+        name: None for name in ("time_s", "cost_usd") if f"limits.{name}" not in kept})
+    instances = [
+        inst if f"instances[{i}].quota" in kept or not c.batches
+        else inst.model_copy(update={"quota": max(inst.quota, problem.global_batch // c.batches[0])})
+        for i, (inst, c) in enumerate(zip(problem.instances, space.choices))
+    ]
+    return space.derive(limits=limits, instances=instances)
 
 
 def _batch_reason(space: TrainingSpace) -> str:
