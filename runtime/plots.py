@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["plot_training_plan"]
+__all__ = ["plot_training_plan", "plot_tuning_plan"]
 
 
 def _pyplot():
@@ -47,6 +47,49 @@ def plot_training_plan(space, plan, path: str | Path) -> None:
                  f"({plan.solver.method}, {plan.solver.candidates_simulated} simulated)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_tuning_plan(plan, path: str | Path) -> None:
+    """A tuning plan over time: GPUs per trial and instances per stage, and the
+    cumulative cost, for thrifty's plan and the static and greedy baselines."""
+    from thrifty.datasets.io import atomic_write_bytes
+    import io
+
+    plt = _pyplot()
+    fig, (ax_gpu, ax_inst, ax_cost) = plt.subplots(3, 1, figsize=(7.5, 7), dpi=120, sharex=True)
+    runs = [("thrifty", plan.stages, plan.predicted, "#55a868")]
+    for name, color in (("greedy", "#4c72b0"), ("static", "#c44e52")):
+        b = plan.baselines.get(name)
+        if b and b["predicted"]:
+            runs.append((name, b["stages"], b["predicted"], color))
+    for name, stages, predicted, color in runs:
+        if not stages:
+            continue
+        xs = [s["start_s"] / 60 for s in stages] + [stages[-1]["end_s"] / 60]
+        ax_gpu.step(xs, [s["gpus_per_trial"] for s in stages] + [stages[-1]["gpus_per_trial"]],
+                    where="post", color=color, label=name)
+        ax_inst.step(xs, [s["instances"] for s in stages] + [stages[-1]["instances"]], where="post",
+                     color=color, label=name)
+        cost = [0.0]
+        for s in stages:
+            cost.append(cost[-1] + s["cost_usd"])
+        ax_cost.plot(xs, cost, marker="o", ms=3, color=color,
+                     label=f"{name}: ${predicted['cost_usd']:,.2f}, {predicted['jct_s'] / 60:,.1f} min")
+    ax_cost.axvline(plan.deadline_s / 60, color="black", ls="--", lw=1, label="deadline")
+    ax_gpu.set_ylabel("GPUs per trial")
+    ax_inst.set_ylabel("instances")
+    ax_cost.set_ylabel("compute cost (USD)")
+    ax_cost.set_xlabel("time (min)")
+    ax_gpu.set_title(f"{plan.problem_name or plan.experiment}: {plan.status}")
+    for ax in (ax_gpu, ax_inst, ax_cost):
+        ax.grid(alpha=0.3)
+    ax_inst.legend(fontsize=8, loc="best")
+    ax_cost.legend(fontsize=8, loc="best")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -2,7 +2,8 @@
 
 ``kind: "training"`` (Srifty 4.4): choose machine types, counts and per-machine
 batches for one synchronous data-parallel training job. ``kind: "tuning"``
-(RubberBand) is added by the tuning planner.
+(RubberBand): plan the per-stage allocation of a successive-halving or
+Hyperband tuning job under a deadline (`TuningProblem`, at the end).
 
 A training problem::
 
@@ -39,6 +40,7 @@ __all__ = [
     "InstanceChoice",
     "Overheads",
     "TrainingProblem",
+    "TuningProblem",
     "Problem",
     "load_problem",
     "parse_problem",
@@ -108,9 +110,6 @@ class TrainingProblem(_Frozen):
         return self
 
 
-Problem = TrainingProblem
-
-
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(data)
     for key in ("catalog", "allreduce", "model"):
@@ -129,11 +128,11 @@ def parse_problem(data: Any, source: str | None = None, base: Path | None = None
     kind = data.get("kind")
     if kind is None:
         raise ProblemError("is required: 'training' or 'tuning'", path="kind", source=source)
-    if kind != "training":
+    if kind not in ("training", "tuning"):
         raise ProblemError(f"is '{kind}', but must be 'training' or 'tuning'", path="kind", source=source)
     if base is not None:
         data = _resolve_paths(data, base)
-    return validate_model(TrainingProblem, data, source=source)
+    return validate_model(TrainingProblem if kind == "training" else TuningProblem, data, source=source)
 
 
 def load_problem(path: str | Path) -> Problem:
@@ -142,6 +141,98 @@ def load_problem(path: str | Path) -> Problem:
 
 
 def problem_json_schema(kind: str = "training") -> dict[str, Any]:
-    if kind != "training":
+    if kind not in ("training", "tuning"):
         raise ProblemError(f"kind is '{kind}', but must be 'training' or 'tuning'")
-    return TrainingProblem.model_json_schema()
+    return (TrainingProblem if kind == "training" else TuningProblem).model_json_schema()
+
+
+# -- kind "tuning" (RubberBand) -------------------------------------------------------
+
+class Experiment(_Frozen):
+    """SHA(n, r, R, eta) or Hyperband(r, R, eta) (RubberBand 3.1)."""
+
+    algorithm: Literal["sha", "hyperband"] = "sha"
+    trials: PositiveInt | None = None
+    min_iters: PositiveInt
+    max_iters: PositiveInt
+    eta: Annotated[float, Field(allow_inf_nan=False)] = 2.0
+
+    @model_validator(mode="after")
+    def _check(self) -> "Experiment":
+        if self.min_iters > self.max_iters:
+            raise FieldPathError(("min_iters",), f"{self.min_iters} is larger than max_iters {self.max_iters}")
+        if not self.eta > 1:
+            raise FieldPathError(("eta",), f"is {self.eta:g}, but must be greater than 1")
+        if self.algorithm == "sha" and self.trials is None:
+            raise FieldPathError(("trials",), "is required for algorithm 'sha'")
+        return self
+
+
+class StageSpec(_Frozen):
+    trials: PositiveInt
+    iters: PositiveInt
+
+
+class Cloud(_Frozen):
+    """RubberBand 4.1 cloud variables (latencies in seconds, prices in USD)."""
+
+    scale_latency_s: NonNegativeFloat = 0.0
+    scale_latency_sd_s: NonNegativeFloat = 0.0
+    init_latency_s: NonNegativeFloat = 0.0
+    init_latency_sd_s: NonNegativeFloat = 0.0
+    data_usd_per_gb: NonNegativeFloat = 0.0
+    dataset_gb: NonNegativeFloat = 0.0
+    min_billed_s: NonNegativeFloat = 60.0
+    preemptions_per_hour: NonNegativeFloat = 0.0
+    recovery_s: NonNegativeFloat = 0.0
+
+
+class ProfileOverride(_Frozen):
+    """Rescale the shipped scaling curve: 1-GPU iteration latency and an absolute sd."""
+
+    base_iteration_s: PositiveFloat | None = None
+    iteration_sd_s: NonNegativeFloat | None = None
+
+
+class TuningProblem(_Frozen):
+    """Plan an SHA / Hyperband tuning job at least cost under a deadline (RubberBand).
+
+    ``{"kind": "tuning", "experiment": {"algorithm": "sha", "trials": 32, "min_iters": 1,
+    "max_iters": 50, "eta": 3}, "model": "resnet101", "instance_type": "p3.8xlarge",
+    "deadline_s": 1200, "billing": "per_instance", "cloud": {"scale_latency_s": 15,
+    "init_latency_s": 15}}``; ``stages: [{trials, iters}]`` may replace
+    ``experiment``; ``instance_type`` may be a list (one type chosen per stage).
+    """
+
+    kind: Literal["tuning"]
+    experiment: Experiment | None = None
+    stages: Annotated[list[StageSpec], Field(min_length=1)] | None = None
+    model: Annotated[str, Field(min_length=1)]
+    instance_type: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    deadline_s: PositiveFloat
+    deadline_on: Literal["mean", "p95"] = "mean"
+    billing: Literal["per_instance", "per_function"] = "per_instance"
+    market: Literal["on_demand", "spot"] = "on_demand"
+    cloud: Cloud = Cloud()
+    profile: ProfileOverride = ProfileOverride()
+    max_instances: PositiveInt = 256
+    max_gpus_per_trial: PositiveInt | None = None
+    samples: Annotated[int, Field(ge=1, le=10_000)] = 200
+    seed: int = 0
+    catalog: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_job(self) -> "TuningProblem":
+        if (self.experiment is None) == (self.stages is None):
+            raise FieldPathError(("experiment",), "give exactly one of 'experiment' and 'stages'")
+        if isinstance(self.instance_type, list) and len(set(self.instance_type)) != len(self.instance_type):
+            raise FieldPathError(("instance_type",), "lists an instance type twice")
+        return self
+
+    @property
+    def instance_types(self) -> list[str]:
+        return [self.instance_type] if isinstance(self.instance_type, str) else list(self.instance_type)
+
+
+Problem = TrainingProblem | TuningProblem

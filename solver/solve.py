@@ -14,7 +14,10 @@
   (measured: 35,705 candidates solved exactly in 0.59 s with 2 simulations,
   where CP-SAT took 3.1 s).
 
-Every method returns the same `Plan`. An infeasible problem is a plan with
+Every method returns the same `Plan`. Tuning problems (``kind: "tuning"``)
+go to `thrifty.solver.tuning_plan.solve_tuning` and return a `TuningPlan`
+(``method`` is ignored: the exact CP-SAT planner is verified against
+RubberBand's greedy planner). An infeasible problem is a plan with
 status ``infeasible`` and an `Infeasibility`: the conflicting limits and
 quotas, and the least change of each limit that makes the problem feasible.
 """
@@ -23,13 +26,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
-from thrifty.solver.problem import Problem, TrainingProblem, load_problem, parse_problem
+from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Evaluation, TrainingSpace
+
+if TYPE_CHECKING:
+    from thrifty.solver.tuning_plan import TuningPlan
 
 __all__ = ["solve", "as_problem", "METHODS", "DEFAULT_EXHAUSTIVE_LIMIT"]
 
@@ -38,7 +44,7 @@ DEFAULT_EXHAUSTIVE_LIMIT = 50_000
 
 
 def as_problem(problem: Problem | dict[str, Any] | str | Path) -> Problem:
-    if isinstance(problem, TrainingProblem):
+    if isinstance(problem, (TrainingProblem, TuningProblem)):
         return problem
     if isinstance(problem, dict):
         return parse_problem(problem)
@@ -64,7 +70,7 @@ def run_method(space: TrainingSpace, method: str, time_limit_s: float | None) ->
 
 def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
           time_limit_s: float | None = None, exhaustive_limit: int = DEFAULT_EXHAUSTIVE_LIMIT,
-          space: TrainingSpace | None = None) -> Plan:
+          space: TrainingSpace | None = None) -> Plan | TuningPlan:
     """Solve a problem (a `Problem`, a dict of its JSON, or a file path)."""
     start = time.perf_counter()
     if method not in METHODS:
@@ -72,6 +78,10 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     if time_limit_s is not None and time_limit_s <= 0:
         raise ProblemError(f"time_limit_s is {time_limit_s}, but must be positive")
     problem = as_problem(problem)
+    if isinstance(problem, TuningProblem):  # RubberBand plans: solver/tuning.py
+        from thrifty.solver.tuning_plan import solve_tuning
+
+        return solve_tuning(problem, time_limit_s=time_limit_s)
     space = space or TrainingSpace(problem)
     chosen = method
     if method == "auto":

@@ -1,4 +1,5 @@
-"""``thrifty solve``: plan a training job from a JSON problem file."""
+"""``thrifty solve``: plan a training job or a tuning job (``kind: "tuning"``,
+RubberBand) from a JSON problem file."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import argparse
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
 
-HELP = "choose machines and batches for a training job (JSON problem file) under time, cost and quota limits"
+HELP = ("choose machines and batches for a training job, or per-stage allocations for a tuning job "
+        "(JSON problem file), under time, cost and quota limits")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("problem", metavar="PROBLEM.json", help="a problem file (see `thrifty schema training`)")
+    parser.add_argument("problem", metavar="PROBLEM.json", help="a problem file (see `thrifty schema training` and `thrifty schema tuning`)")
     parser.add_argument("--method", choices=("auto", "exhaustive", "ilp", "smt"), default="auto",
                         help="auto (default): exhaustive for small spaces, else ilp")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop searching after this long")
@@ -26,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.solver.training import TrainingSpace
 
     problem = load_problem(args.problem)
+    if problem.kind == "tuning":
+        return _run_tuning(args, problem)
     space = TrainingSpace(problem)
     plan = solve(problem, method=args.method, time_limit_s=args.time_limit, space=space)
     if args.out:
@@ -84,3 +88,63 @@ def _print_human(problem, plan) -> None:
 
 def _fmt(value) -> str:
     return f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+
+def _run_tuning(args: argparse.Namespace, problem) -> int:
+    from thrifty.datasets.io import atomic_write_text
+    from thrifty.solver.tuning import TuningSpace
+    from thrifty.solver.tuning_plan import solve_tuning
+
+    space = TuningSpace(problem)
+    plan = solve_tuning(problem, time_limit_s=args.time_limit, space=space)
+    if args.out:
+        atomic_write_text(args.out, plan.to_json() + "\n")
+    if args.plot:
+        from thrifty.runtime.plots import plot_tuning_plan
+
+        plot_tuning_plan(plan, args.plot)
+    if args.json:
+        print(plan.to_json())
+    else:
+        _print_tuning(problem, plan)
+    return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+
+
+def _print_tuning(problem, plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{problem.name or problem.model}: {plan.experiment}, {problem.billing.replace('_', '-')} "
+                  f"billing[/bold]  ({problem.deadline_on} JCT <= {problem.deadline_s:g} s)")
+    if not plan.feasible:
+        why = plan.infeasibility
+        console.print(f"[bold red]infeasible[/bold red]: {why['reason']}")
+        for r in why["relaxations"]:
+            console.print(f"  feasible if {r['field']} were {_fmt(r['needed'])} (now {_fmt(r['current'])}): {r['note']}")
+        console.print(f"[dim]solver: {plan.solver['wall_s']:.2f} s[/dim]")
+        return
+    table = Table(title=f"tuning plan ({plan.status}, {plan.solver['chosen']})")
+    for col in ("stage", "trials", "iters/trial", "GPUs/trial", "instances", "GPUs", "type", "start s", "end s"):
+        table.add_column(col, justify="left" if col == "type" else "right")
+    for k, s in enumerate(plan.stages):
+        table.add_row(str(k), str(s["trials"]), str(s["iters_per_trial"]), str(s["gpus_per_trial"]),
+                      str(s["instances"]), str(s["gpus"]), s["instance_type"], f"{s['start_s']:,.0f}",
+                      f"{s['end_s']:,.0f}")
+    console.print(table)
+    p = plan.predicted
+    console.print(f"JCT {p['jct_s']:,.1f} s (p95 {p['jct_s_p95']:,.1f} s), cost ${p['cost_usd']:,.2f} "
+                  f"(p95 ${p['cost_usd_p95']:,.2f})")
+    base = Table(title="against baselines (simulated)")
+    for col in ("planner", "JCT s", "cost $", "vs thrifty"):
+        base.add_column(col, justify="left" if col == "planner" else "right")
+    for name, b in plan.baselines.items():
+        if b["predicted"] is None:
+            base.add_row(name.replace("_", " "), "-", "infeasible", "-")
+        else:
+            q = b["predicted"]
+            base.add_row(name.replace("_", " "), f"{q['jct_s']:,.1f}", f"{q['cost_usd']:,.2f}",
+                         f"{q['cost_usd'] / p['cost_usd']:.2f}x")
+    console.print(base)
+    console.print(f"[dim]{plan.solver['note']}; planning {plan.solver['wall_s']:.2f} s, "
+                  f"{plan.solver['simulations']} simulations[/dim]")

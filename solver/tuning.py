@@ -1,0 +1,536 @@
+"""Tuning plans (RubberBand, EuroSys 2021): per-stage allocations of a
+successive-halving / Hyperband job at least cost under a deadline.
+
+`TuningSpace` turns a `TuningProblem` into an `ExperimentSpec`, scaling and
+cloud profiles, a `JobSimulator` and, per stage, the allocations worth
+considering with their simulated coefficients. Planners:
+
+- `plan_static`: the cheapest feasible static cluster (RubberBand 3.2): m
+  instances for the whole job, shared fairly within each stage;
+- `plan_naive_elastic`: fixed GPUs per trial, every trial of a stage in
+  parallel, the cluster shrinking with the trials (6.3.1);
+- `plan_greedy`: RubberBand's Algorithm 2 (4.3): from warm starts at 1x, 2x, 3x
+  the static size, repeatedly decrement one stage's GPU total by the smallest
+  step that keeps it a factor or multiple of the stage's trials, taking the
+  candidate of largest ``(C(a*) - C(a')) / (T(a') - T(a*))``; stop when none
+  improves cost within the deadline;
+- `plan_exact`: thrifty's exact formulation, below, solved with CP-SAT and
+  verified by Monte Carlo simulation;
+- `plan_tuning`: all of them; the answer is the exact plan unless its
+  simulated cost is higher than greedy's (or it is infeasible under
+  simulation), in which case greedy's plan is returned and the plan says so.
+
+Exact formulation (`plan_exact`)
+--------------------------------
+Data. Stages k = 1..K with n_k trials. Options o in O_k: an instance type
+t(o), g(o) GPUs per trial and m(o) instances, the fewest that run P trials at
+once (P ranges over the distinct values of ceil(n_k / w), w = 1..n_k waves, so
+every wave count is offered once). For each option, from the simulator's
+TRAIN phase (common random numbers): D_ko = E[time from the first TRAIN node
+to SYNC], Q_ko = its p95, C_ko = its expected cost (per-instance billing:
+m(o) * price_t * D_ko; per-function: busy GPU-seconds * price per GPU-second;
+both: expected spot re-downloads * data price). Per type t: price_t, SCALE
+latency Ls_t, INIT latency Li_t, data cost per new instance d_t, and
+f_t(j) = E[SCALE + max of j INIT latencies] (f_t(0) = 0).
+
+Variables. x_ko in {0, 1} (option o in stage k); M_kt = sum_o m(o) x_ko
+instances of type t held in stage k (M_0t = 0); Keep_kt = min(M_(k-1)t, M_kt);
+New_kt = M_kt - Keep_kt; b_k in {0, 1} (stage k scales up); tau_k >= 0
+(scale-up latency); H_kt >= 0 (cost of instances waiting for the scale-up).
+
+Constraints.
+  (1) sum_o x_ko = 1                                  one option per stage
+  (2) New_kt <= Mmax_t * b_k                          a new instance needs a SCALE
+  (3) tau_k = max_t f_t(New_kt)                        (element constraints)
+  (4) H_kt >= price_t (Li_t M_kt + Ls_t Keep_kt) - BIG (1 - b_k)   [per-instance billing]
+  (5) sum_k (sum_o D_ko x_ko + tau_k) <= deadline      mean JCT
+  (5') sum_k (sum_o Q_ko x_ko + tau_k) <= deadline     if the deadline is on p95
+Objective. minimize sum_k [ sum_o C_ko x_ko + sum_t (H_kt + d_t New_kt) ].
+
+Because SYNC is a barrier, JCT is the sum of independent stage times, so (5)
+is the simulator's mean JCT exactly. (5') bounds p95 JCT by the sum of stage
+p95s (conservative). The cost is the simulator's expected cost except for the
+60 s billing minimum per instance and, when INIT latency varies, new
+instances waiting for the slowest INIT (both are in the verification).
+Times are integers in ms and costs in micro-USD. Verification: the chosen
+plan is simulated (Monte Carlo over the DAG) and compared with greedy's.
+
+Deviations from RubberBand: options fix the fewest instances for a parallelism
+(RubberBand's vector counts GPUs); the instance type may change per stage;
+spot preemptions are priced into D and C by the simulator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from thrifty.datasets.catalog import load_catalog
+from thrifty.datasets.errors import ProblemError, SolverError
+from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
+from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, slots
+from thrifty.perfmodels.scaling import CloudProfile, load_scaling_profile
+from thrifty.solver.problem import TuningProblem
+
+__all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elastic", "plan_greedy",
+           "plan_exact", "plan_tuning", "brute_force", "model_value", "TuningResult", "gpu_choices"]
+
+TIME_SCALE = 1000.0       # ms
+COST_SCALE = 1_000_000.0  # micro-USD
+
+
+@dataclass(frozen=True)
+class Option:
+    alloc: StageAllocation
+    itype: str
+    mean_s: float
+    p95_s: float
+    cost_usd: float
+
+
+@dataclass
+class Candidate:
+    """A whole-job plan with its simulated result."""
+
+    plan: tuple[StageAllocation, ...]
+    result: JobResult
+
+    @property
+    def cost(self) -> float:
+        return self.result.cost_usd
+
+
+def gpu_choices(gpus_per_instance: int, max_gpus: int) -> list[int]:
+    """GPUs per trial worth offering: divisors of an instance, then whole instances."""
+    G = gpus_per_instance
+    out = [d for d in range(1, G + 1) if G % d == 0]
+    out += [G * j for j in range(2, max_gpus // G + 1)]
+    return [g for g in out if g <= max_gpus]
+
+
+def build_spec(problem: TuningProblem) -> ExperimentSpec:
+    if problem.stages is not None:
+        return ExperimentSpec.explicit([(s.trials, s.iters) for s in problem.stages])
+    e = problem.experiment
+    if e.algorithm == "hyperband":
+        return hyperband_spec(e.min_iters, e.max_iters, e.eta)
+    return sha_spec(e.trials, e.min_iters, e.max_iters, e.eta)
+
+
+class TuningSpace:
+    """The problem's simulator and per-stage options with their coefficients."""
+
+    def __init__(self, problem: TuningProblem):
+        self.problem = problem
+        self.spec = build_spec(problem)
+        catalog = load_catalog(problem.catalog)
+        profiles, clouds = {}, {}
+        for i, name in enumerate(problem.instance_types):
+            path = "instance_type" if isinstance(problem.instance_type, str) else f"instance_type[{i}]"
+            try:
+                itype = catalog.get(name)
+            except ProblemError as e:
+                raise ProblemError(e.message, path=path) from None
+            prof = load_scaling_profile(problem.model, name)
+            ov = problem.profile
+            if ov.base_iteration_s is not None or ov.iteration_sd_s is not None:
+                prof = prof.scaled(ov.base_iteration_s, ov.iteration_sd_s)
+            c = problem.cloud
+            price = itype.price(problem.market)
+            clouds[name] = CloudProfile(
+                name, itype.gpus, price, problem.billing, c.min_billed_s, c.scale_latency_s,
+                c.scale_latency_sd_s, c.init_latency_s, c.init_latency_sd_s, c.data_usd_per_gb,
+                c.dataset_gb, problem.market, c.preemptions_per_hour if problem.market == "spot" else 0.0,
+                c.recovery_s)
+            profiles[name] = prof
+        self.clouds = clouds
+        self.profiles = profiles
+        self.sim = JobSimulator(self.spec, profiles, clouds, problem.samples, problem.seed)
+        self._options: dict[int, list[Option]] | None = None
+        self.simulated = 0
+
+    @property
+    def deadline(self) -> float:
+        return self.problem.deadline_s
+
+    def max_gpus(self, itype: str) -> int:
+        cap = self.profiles[itype].max_gpus
+        if self.problem.max_gpus_per_trial:
+            cap = min(cap, self.problem.max_gpus_per_trial)
+        return min(cap, self.problem.max_instances * self.clouds[itype].gpus_per_instance)
+
+    def simulate(self, plan: tuple[StageAllocation, ...]) -> Candidate:
+        self.simulated += 1
+        return Candidate(tuple(plan), self.sim.simulate(plan))
+
+    def jct(self, c: Candidate) -> float:
+        return c.result.jct_s_p95 if self.problem.deadline_on == "p95" else c.result.jct_s
+
+    def feasible(self, c: Candidate) -> bool:
+        return self.jct(c) <= self.deadline * (1 + 1e-9)
+
+    # -- options -------------------------------------------------------------------
+    def options(self, k: int, prune_deadline: float | None = None) -> list[Option]:
+        n, iters = self.spec.get_stage(k)
+        out: list[Option] = []
+        for itype, cloud in self.clouds.items():
+            G, prof = cloud.gpus_per_instance, self.profiles[itype]
+            for g in gpu_choices(G, self.max_gpus(itype)):
+                mean_g, _ = prof.iteration(g)
+                seen: set[int] = set()
+                for P in sorted({-(-n // w) for w in range(1, n + 1)}):
+                    m = -(-P // (G // g)) if g <= G else P * -(-g // G)
+                    if m > self.problem.max_instances or m in seen:
+                        continue
+                    seen.add(m)
+                    waves = -(-n // min(n, slots(g, m, G)))
+                    if prune_deadline is not None and waves * iters * mean_g * 0.9 > prune_deadline:
+                        continue
+                    a = StageAllocation(g, m, itype)
+                    dur, busy, pre = self.sim.stage_train(k, a)
+                    if cloud.billing == "per_instance":
+                        cost = m * cloud.usd_per_second * dur
+                    else:
+                        cost = busy * cloud.usd_per_gpu_second
+                    cost = cost + pre * cloud.data_usd_per_instance
+                    out.append(Option(a, itype, float(dur.mean()), float(np.percentile(dur, 95)),
+                                      float(cost.mean())))
+        return _pareto_per_fleet(out)
+
+    def all_options(self) -> dict[int, list[Option]]:
+        if self._options is None:
+            self._options = {k: self.options(k, self.deadline) for k in range(self.spec.num_stages)}
+        return self._options
+
+    def scale_table(self, k: int, itype: str, up_to: int) -> np.ndarray:
+        """f_t(j) = E[SCALE + max of j INIT latencies], j = 0..up_to."""
+        if up_to <= 0:
+            return np.zeros(1)
+        inits = self.sim.init_latencies(k, itype, up_to)
+        running = np.maximum.accumulate(inits, axis=0).mean(axis=1)
+        return np.concatenate([[0.0], self.sim.scale_latency(k, itype).mean() + running])
+
+
+def _pareto_per_fleet(options: list[Option]) -> list[Option]:
+    """Drop an option when another with the same fleet is no slower (mean, p95) and no dearer."""
+    keep = []
+    for o in options:
+        if not any(p is not o and p.itype == o.itype and p.alloc.instances == o.alloc.instances
+                   and p.mean_s <= o.mean_s and p.p95_s <= o.p95_s and p.cost_usd <= o.cost_usd
+                   and (p.mean_s, p.p95_s, p.cost_usd) != (o.mean_s, o.p95_s, o.cost_usd)
+                   for p in options):
+            keep.append(o)
+    # identical duplicates: keep the first
+    out, seen = [], set()
+    for o in keep:
+        key = (o.itype, o.alloc.instances, o.mean_s, o.p95_s, o.cost_usd)
+        if key not in seen:
+            seen.add(key)
+            out.append(o)
+    return out
+
+
+# -- the additive model of the exact formulation ------------------------------------
+
+def model_value(space: TuningSpace, seq: tuple[Option, ...]) -> tuple[float, float, float]:
+    """(mean time, p95-bound time, expected cost) of a sequence of options under the
+    exact formulation's model (the same numbers CP-SAT optimizes, unrounded)."""
+    t = q = c = 0.0
+    held: dict[str, int] = {}
+    for k, o in enumerate(seq):
+        cloud = space.clouds[o.itype]
+        m = o.alloc.instances
+        keep = min(held.get(o.itype, 0), m)
+        new = m - keep
+        tau = float(space.scale_table(k, o.itype, new)[new]) if new else 0.0
+        t += o.mean_s + tau
+        q += o.p95_s + tau
+        c += o.cost_usd + new * cloud.data_usd_per_instance
+        if new and cloud.billing == "per_instance":
+            c += cloud.usd_per_second * (cloud.init_latency_s * m + cloud.scale_latency_s * keep)
+        held = {o.itype: m}
+    return t, q, c
+
+
+def brute_force(space: TuningSpace, limit: int = 2_000_000) -> tuple[tuple[Option, ...] | None, float]:
+    """Enumerate every sequence of options (small specs only): the cheapest within the deadline."""
+    opts = space.all_options()
+    size = math.prod(len(opts[k]) for k in opts)
+    if size > limit:
+        raise ProblemError(f"brute force over {size} sequences is too large (limit {limit})")
+    best, best_cost = None, math.inf
+    use_p95 = space.problem.deadline_on == "p95"
+    for seq in itertools.product(*(opts[k] for k in sorted(opts))):
+        t, q, c = model_value(space, seq)
+        if (q if use_p95 else t) <= space.deadline + 1e-6 and c < best_cost:
+            best, best_cost = seq, c
+    return best, best_cost
+
+
+# -- CP-SAT ------------------------------------------------------------------------
+
+@dataclass
+class ExactResult:
+    options: tuple[Option, ...] | None
+    model_jct_s: float | None
+    model_cost_usd: float | None
+    status: str
+    wall_s: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float | None = None,
+                time_limit_s: float = 10.0) -> ExactResult:
+    """The formulation of the module docstring, numbered as there."""
+    from ortools.sat.python import cp_model
+
+    start = time.perf_counter()
+    opts = space.all_options() if deadline is not None else {
+        k: space.options(k) for k in range(space.spec.num_stages)}
+    K = space.spec.num_stages
+    types = list(space.clouds)
+    if any(not opts[k] for k in range(K)):
+        return ExactResult(None, None, None, "infeasible", time.perf_counter() - start, {"empty_stage": True})
+    model = cp_model.CpModel()
+    mmax = {t: max([o.alloc.instances for k in range(K) for o in opts[k] if o.itype == t], default=0) for t in types}
+    x = {(k, i): model.NewBoolVar(f"x_{k}_{i}") for k in range(K) for i in range(len(opts[k]))}
+    time_terms, p95_terms, cost_terms = [], [], []
+    prev = {t: 0 for t in types}
+    for k in range(K):
+        model.AddExactlyOne(x[k, i] for i in range(len(opts[k])))                      # (1)
+        b = model.NewBoolVar(f"b_{k}")
+        taus, tau_ub = [], 0
+        for t in types:
+            if mmax[t] == 0:
+                continue
+            cloud = space.clouds[t]
+            M = model.NewIntVar(0, mmax[t], f"M_{k}_{t}")
+            model.Add(M == sum(o.alloc.instances * x[k, i] for i, o in enumerate(opts[k]) if o.itype == t))
+            keep = model.NewIntVar(0, mmax[t], f"keep_{k}_{t}")
+            if isinstance(prev[t], int):
+                model.Add(keep == 0)
+            else:
+                model.AddMinEquality(keep, [prev[t], M])
+            new = model.NewIntVar(0, mmax[t], f"new_{k}_{t}")
+            model.Add(new == M - keep)
+            model.Add(new <= mmax[t] * b)                                                 # (2)
+            table = [int(round(v * TIME_SCALE)) for v in space.scale_table(k, t, mmax[t])]
+            tau_t = model.NewIntVar(0, max(table), f"tau_{k}_{t}")
+            model.AddElement(new, table, tau_t)                                           # (3)
+            taus.append(tau_t)
+            tau_ub = max(tau_ub, max(table))
+            if cloud.billing == "per_instance":                                           # (4)
+                coef_m = int(round(cloud.usd_per_second * cloud.init_latency_s * COST_SCALE))
+                coef_k = int(round(cloud.usd_per_second * cloud.scale_latency_s * COST_SCALE))
+                big = coef_m * mmax[t] + coef_k * mmax[t]
+                hold = model.NewIntVar(0, big, f"H_{k}_{t}")
+                model.Add(hold >= coef_m * M + coef_k * keep - big * (1 - b))
+                cost_terms.append(hold)
+            cost_terms.append(int(round(cloud.data_usd_per_instance * COST_SCALE)) * new)
+            prev[t] = M
+        tau = model.NewIntVar(0, tau_ub, f"tau_{k}")
+        model.AddMaxEquality(tau, taus)
+        time_terms.append(tau)
+        p95_terms.append(tau)
+        for i, o in enumerate(opts[k]):
+            time_terms.append(int(round(o.mean_s * TIME_SCALE)) * x[k, i])
+            p95_terms.append(int(round(o.p95_s * TIME_SCALE)) * x[k, i])
+            cost_terms.append(int(round(o.cost_usd * COST_SCALE)) * x[k, i])
+    total_time = sum(time_terms)
+    if deadline is not None:
+        limit = int(math.floor(deadline * TIME_SCALE))
+        model.Add(total_time <= limit)                                                    # (5)
+        if space.problem.deadline_on == "p95":
+            model.Add(sum(p95_terms) <= limit)                                            # (5')
+    model.Minimize(sum(cost_terms) if objective == "min_cost" else total_time)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 2
+    status = solver.Solve(model)
+    wall = time.perf_counter() - start
+    if status == cp_model.INFEASIBLE:
+        return ExactResult(None, None, None, "infeasible", wall)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise SolverError(f"CP-SAT returned {solver.StatusName(status)} within {time_limit_s} s")
+    chosen = tuple(next(o for i, o in enumerate(opts[k]) if solver.Value(x[k, i])) for k in range(K))
+    t, _, c = model_value(space, chosen)
+    return ExactResult(chosen, t, c, "optimal" if status == cp_model.OPTIMAL else "feasible", wall,
+                       {"options": sum(len(v) for v in opts.values()), "objective": objective})
+
+
+# -- baselines -----------------------------------------------------------------------
+
+def fair_allocation(space: TuningSpace, k: int, gpus: int, itype: str) -> StageAllocation:
+    """`gpus` GPUs shared fairly by stage k's trials (RubberBand 3.2): each gets
+    gpus // n (at least 1, at most the profile's largest point)."""
+    n, _ = space.spec.get_stage(k)
+    G = space.clouds[itype].gpus_per_instance
+    g = min(max(1, gpus // n), space.max_gpus(itype))
+    return StageAllocation(g, -(-gpus // G), itype)
+
+
+def plan_static(space: TuningSpace, itype: str | None = None) -> Candidate | None:
+    """The cheapest static cluster within the deadline, over 1..max_instances instances."""
+    best = None
+    for t in ([itype] if itype else list(space.clouds)):
+        G = space.clouds[t].gpus_per_instance
+        for m in range(1, space.problem.max_instances + 1):
+            plan = tuple(fair_allocation(space, k, m * G, t) for k in range(space.spec.num_stages))
+            c = space.simulate(plan)
+            if space.feasible(c) and (best is None or c.cost < best.cost):
+                best = c
+    return best
+
+
+def plan_naive_elastic(space: TuningSpace) -> Candidate | None:
+    """Fixed GPUs per trial, every trial of a stage at once, cluster shrinking with trials."""
+    best = None
+    for t, cloud in space.clouds.items():
+        G = cloud.gpus_per_instance
+        for g in gpu_choices(G, space.max_gpus(t)):
+            plan = []
+            for n, _ in (space.spec.get_stage(k) for k in range(space.spec.num_stages)):
+                m = -(-n // (G // g)) if g <= G else n * -(-g // G)
+                plan.append(StageAllocation(g, m, t))
+            if max(a.instances for a in plan) > space.problem.max_instances:
+                continue
+            c = space.simulate(tuple(plan))
+            if space.feasible(c) and (best is None or c.cost < best.cost):
+                best = c
+    return best
+
+
+def _decrement(space: TuningSpace, k: int, a: int, itype: str) -> int | None:
+    """The largest allocation below `a` that is a factor or a multiple of stage k's
+    trials (Algorithm 2's smallest step) and changes what is paid for: the
+    instance count under per-instance billing, the GPUs per trial under
+    per-function billing. (Deviation: a step that keeps the instances only slows
+    the job at the same price, so Algorithm 2 would stop there.)"""
+    n = space.spec.stages[k].trials
+    cur = fair_allocation(space, k, a, itype)
+    per_instance = space.clouds[itype].billing == "per_instance"
+    for v in range(a - 1, 0, -1):
+        if v % n == 0 or n % v == 0:
+            nxt = fair_allocation(space, k, v, itype)
+            if (nxt.instances < cur.instances) if per_instance else (nxt != cur):
+                return v
+    return None
+
+
+def plan_greedy(space: TuningSpace, static: Candidate | None, factors: tuple[int, ...] = (1, 2, 3),
+                min_improvement: float = 1e-9) -> Candidate | None:
+    """RubberBand Algorithm 2 from warm starts at 1x, 2x, 3x the static cluster's GPUs."""
+    if static is None:
+        return None
+    itype = static.plan[0].instance_type
+    G = space.clouds[itype].gpus_per_instance
+    K = space.spec.num_stages
+    cache: dict[tuple[int, ...], Candidate] = {}
+
+    def evaluate(vec: tuple[int, ...]) -> Candidate:
+        if vec not in cache:
+            cache[vec] = space.simulate(tuple(fair_allocation(space, k, vec[k], itype) for k in range(K)))
+        return cache[vec]
+
+    best = static
+    for f in factors:
+        vec = tuple([static.plan[0].instances * G * f] * K)
+        if max(v for v in vec) > space.problem.max_instances * G:
+            continue
+        cur = evaluate(vec)
+        if not space.feasible(cur):
+            continue
+        while True:
+            top, top_benefit = None, -math.inf
+            for i in range(K):
+                v = _decrement(space, i, vec[i], itype)
+                if v is None:
+                    continue
+                cand_vec = vec[:i] + (v,) + vec[i + 1:]
+                cand = evaluate(cand_vec)
+                if not space.feasible(cand) or cand.cost >= cur.cost - min_improvement:
+                    continue
+                dt = space.jct(cand) - space.jct(cur)
+                benefit = (cur.cost - cand.cost) / dt if dt > 0 else math.inf
+                if benefit > top_benefit:
+                    top, top_benefit = (cand_vec, cand), benefit
+            if top is None:
+                break
+            vec, cur = top
+        if cur.cost < best.cost:
+            best = cur
+    return best
+
+
+# -- thrifty's planner ------------------------------------------------------------------
+
+@dataclass
+class TuningResult:
+    best: Candidate | None
+    chosen: str                  # "exact" | "greedy" | "none"
+    note: str
+    exact: ExactResult
+    static: Candidate | None
+    naive: Candidate | None
+    greedy: Candidate | None
+    fastest: Candidate | None    # for infeasible problems: the plan of least JCT
+    wall_s: float
+    planning_s: dict[str, float]
+
+
+def plan_exact(space: TuningSpace, time_limit_s: float = 10.0) -> tuple[ExactResult, Candidate | None]:
+    res = solve_cpsat(space, "min_cost", space.deadline, time_limit_s)
+    if res.options is None:
+        return res, None
+    return res, space.simulate(tuple(o.alloc for o in res.options))
+
+
+def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0) -> TuningResult:
+    start = time.perf_counter()
+    times: dict[str, float] = {}
+
+    def timed(name, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        times[name] = time.perf_counter() - t0
+        return out
+
+    exact, verified = timed("exact", plan_exact, space, time_limit_s)
+    static = timed("static", plan_static, space)
+    naive = timed("naive_elastic", plan_naive_elastic, space)
+    greedy = None
+    t0 = time.perf_counter()
+    for t in space.clouds:  # Algorithm 2 from each type's static warm start
+        g = plan_greedy(space, plan_static(space, t) if len(space.clouds) > 1 else static)
+        if g is not None and (greedy is None or g.cost < greedy.cost):
+            greedy = g
+    times["greedy"] = time.perf_counter() - t0
+    ok = verified is not None and space.feasible(verified)
+    if ok and (greedy is None or verified.cost <= greedy.cost + 1e-9):
+        best, chosen, note = verified, "exact", "exact plan, verified by simulation"
+    elif greedy is not None:
+        best, chosen = greedy, "greedy"
+        if verified is None:
+            note = "the exact formulation found no plan; greedy's plan is returned"
+        elif not ok:
+            note = (f"the exact plan misses the deadline under simulation ({space.jct(verified):.1f} s); "
+                    "greedy's plan is returned")
+        else:
+            note = (f"the exact plan costs ${verified.cost:.4f} under simulation, more than greedy's "
+                    f"${greedy.cost:.4f}; greedy's plan is returned")
+    elif verified is not None and ok:
+        best, chosen, note = verified, "exact", "exact plan, verified by simulation"
+    else:
+        best, chosen, note = None, "none", "no plan meets the deadline"
+    fastest = None
+    if best is None:
+        fast = solve_cpsat(space, "min_time", None, time_limit_s)
+        if fast.options is not None:
+            fastest = space.simulate(tuple(o.alloc for o in fast.options))
+    return TuningResult(best, chosen, note, exact, static, naive, greedy, fastest,
+                        time.perf_counter() - start, times)

@@ -1,0 +1,138 @@
+"""Tuning planners: the exact CP-SAT plan against brute force and against
+RubberBand's greedy planner; `thrifty solve` on tuning problems."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from thrifty.runtime.cli import main
+from thrifty.solver.problem import parse_problem
+from thrifty.solver.solve import solve
+from thrifty.solver.tuning import TuningSpace, brute_force, model_value, plan_exact, plan_tuning, solve_cpsat
+
+
+def problem(stages=None, deadline=600, billing="per_instance", model="resnet50", itype="p3.8xlarge", **kw):
+    data = {"kind": "tuning", "model": model, "instance_type": itype, "deadline_s": deadline,
+            "billing": billing, "cloud": {"scale_latency_s": 15, "init_latency_s": 15},
+            "profile": {"base_iteration_s": 4.0, "iteration_sd_s": 0.4}, "samples": 40, "max_instances": 16}
+    if stages is None:
+        data["experiment"] = {"algorithm": "sha", "trials": 8, "min_iters": 2, "max_iters": 14, "eta": 2}
+    else:
+        data["stages"] = [{"trials": n, "iters": i} for n, i in stages]
+    data.update(kw)
+    return parse_problem(data)
+
+
+@pytest.mark.parametrize("billing", ["per_instance", "per_function"])
+@pytest.mark.parametrize("stages, deadline", [([(6, 2), (3, 4)], 120), ([(8, 2), (4, 4), (2, 8)], 200),
+                                              ([(4, 3), (1, 10)], 60)])
+def test_exact_matches_brute_force(stages, deadline, billing):
+    space = TuningSpace(problem(stages, deadline, billing))
+    seq, cost = brute_force(space)
+    res = solve_cpsat(space, "min_cost", space.deadline)
+    if seq is None:
+        assert res.options is None
+        return
+    assert res.options is not None
+    assert res.model_cost_usd == pytest.approx(cost, rel=1e-4, abs=1e-4)
+    t, _, _ = model_value(space, res.options)
+    assert t <= deadline + 1e-3
+
+
+def test_exact_model_time_is_the_simulated_mean_jct():
+    space = TuningSpace(problem([(8, 2), (4, 4), (2, 8)], 200))
+    res, verified = plan_exact(space)
+    assert verified.result.jct_s == pytest.approx(res.model_jct_s, rel=1e-6)
+
+
+def test_mixed_instance_types_choose_per_stage():
+    space = TuningSpace(problem([(8, 2), (1, 20)], 150, itype=["p3.8xlarge", "p3.2xlarge"]))
+    seq, cost = brute_force(space)
+    res = solve_cpsat(space, "min_cost", space.deadline)
+    assert res.model_cost_usd == pytest.approx(cost, rel=1e-4, abs=1e-4)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.sampled_from([4, 8, 16]), r=st.integers(1, 3), eta=st.sampled_from([2, 3]),
+       slack=st.floats(1.1, 4.0), billing=st.sampled_from(["per_instance", "per_function"]),
+       sd=st.floats(0.0, 2.0))
+def test_planner_never_costlier_than_greedy(n, r, eta, slack, billing, sd):
+    R = r * eta ** 2 + 1
+    p = problem(None, 10_000, billing, experiment={"algorithm": "sha", "trials": n, "min_iters": r,
+                                                    "max_iters": R, "eta": eta},
+                profile={"base_iteration_s": 4.0, "iteration_sd_s": sd})
+    space = TuningSpace(p)
+    fastest = solve_cpsat(space, "min_time", None)
+    deadline = fastest.model_jct_s * slack
+    space = TuningSpace(p.model_copy(update={"deadline_s": deadline}))
+    res = plan_tuning(space)
+    if res.greedy is not None:
+        assert res.best is not None and res.best.cost <= res.greedy.cost + 1e-9
+    if res.best is not None:
+        assert space.feasible(res.best)
+    if res.static is not None:
+        assert res.best.cost <= res.static.cost + 1e-9
+
+
+def test_solve_returns_the_contract_keys():
+    plan = solve("datasets/examples/rubberband-sha32-resnet101.json")
+    d = json.loads(plan.to_json())
+    assert d["kind"] == "tuning" and d["status"] in ("optimal", "feasible")
+    assert set(d["predicted"]) >= {"jct_s", "cost_usd", "jct_s_p95"}
+    assert {"static", "greedy"} <= set(d["baselines"])
+    for s in d["stages"]:
+        assert set(s) >= {"trials", "iters_per_trial", "gpus", "gpus_per_trial", "instances"}
+    assert [s["trials"] for s in d["stages"]] == [32, 10, 3, 1]
+    assert d["predicted"]["jct_s"] <= 1200
+    assert d["predicted"]["cost_usd"] <= d["baselines"]["greedy"]["predicted"]["cost_usd"] + 1e-9
+    assert d["predicted"]["cost_usd"] <= 0.6 * d["baselines"]["static"]["predicted"]["cost_usd"]
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+BASE = {"kind": "tuning", "experiment": {"algorithm": "sha", "trials": 32, "min_iters": 1, "max_iters": 50, "eta": 3},
+        "model": "resnet101", "instance_type": "p3.8xlarge", "deadline_s": 1200, "billing": "per_instance",
+        "cloud": {"scale_latency_s": 15, "init_latency_s": 15}, "samples": 50}
+
+
+@pytest.mark.parametrize("patch, path", [
+    ({"experiment": {"algorithm": "sha", "trials": 32, "min_iters": 60, "max_iters": 50, "eta": 3}}, "experiment.min_iters"),
+    ({"experiment": {"algorithm": "sha", "trials": 32, "min_iters": 1, "max_iters": 50, "eta": 1}}, "experiment.eta"),
+    ({"experiment": {"algorithm": "sha", "trials": 0, "min_iters": 1, "max_iters": 50, "eta": 3}}, "experiment.trials"),
+    ({"cloud": {"scale_latency_s": -1}}, "cloud.scale_latency_s"),
+    ({"cloud": {"data_usd_per_gb": -0.1}}, "cloud.data_usd_per_gb"),
+    ({"instance_type": "p3.8xlrage"}, "instance_type"),
+])
+def test_cli_bad_input_exits_2_naming_the_field(tmp_path, capsys, patch, path):
+    assert main(["solve", _write(tmp_path, {**BASE, **patch})]) == 2
+    err = capsys.readouterr().err
+    assert path in err and "Traceback" not in err
+
+
+def test_cli_infeasible_deadline_exits_3_with_shortest_deadline(tmp_path, capsys):
+    assert main(["solve", _write(tmp_path, {**BASE, "deadline_s": 300}), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "infeasible"
+    relax = out["infeasibility"]["relaxations"][0]
+    assert relax["field"] == "deadline_s" and relax["needed"] > 300
+    # the relaxed deadline is feasible
+    assert main(["solve", _write(tmp_path, {**BASE, "deadline_s": relax["needed"]}), "--json"]) == 0
+
+
+def test_cli_human_output_and_plot(tmp_path, capsys):
+    png = tmp_path / "plan.png"
+    assert main(["solve", _write(tmp_path, BASE), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "tuning plan" in out and "greedy" in out and "static" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_schema_tuning(capsys):
+    assert main(["schema", "tuning"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert "deadline_s" in schema["properties"] and "experiment" in schema["properties"]
