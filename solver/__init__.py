@@ -1,3 +1,12 @@
-"""thrifty.solver: problems, formulations, search and solve() (issue 3 onward)."""
+"""thrifty.solver: problems, formulations, search and ``solve()``.
 
-__all__: list[str] = []
+The public entry points (DESIGN.md)::
+
+    from thrifty.solver import solve, Problem, Plan
+"""
+
+from thrifty.solver.plan import Plan
+from thrifty.solver.problem import Problem
+from thrifty.solver.solve import solve
+
+__all__ = ["solve", "Problem", "Plan"]

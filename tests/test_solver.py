@@ -245,3 +245,15 @@ def test_schema_command_prints_json_schema(capsys):
     assert main(["schema", "training"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert "global_batch" in schema["properties"]
+
+
+def test_the_public_entry_points_of_design_md():
+    import subprocess
+    import sys
+
+    code = ("import sys; from thrifty.solver import solve, Problem, Plan; "
+            "plan = solve('datasets/examples/srifty-case1-resnet50.json'); "
+            "assert isinstance(plan, Plan) and plan.status == 'optimal', plan.status; "
+            "assert not {'torch', 'boto3', 'ray'} & set(sys.modules), 'heavy imports on the solve path'")
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
