@@ -16,11 +16,21 @@ def _pyplot():
     return plt
 
 
-def plot_training_plan(space, plan, path: str | Path) -> None:
-    """Every simulated candidate in the time-cost plane, the limits, and the plan."""
-    from thrifty.datasets.io import atomic_write_bytes
+def _save_png(plt, fig, path: str | Path) -> None:
+    """Lay out `fig`, write it to `path` as PNG atomically, and close it."""
     import io
 
+    from thrifty.datasets.io import atomic_write_bytes
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_training_plan(space, plan, path: str | Path) -> None:
+    """Every simulated candidate in the time-cost plane, the limits, and the plan."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     hist = space.history
@@ -47,19 +57,12 @@ def plot_training_plan(space, plan, path: str | Path) -> None:
                  f"({plan.solver.method}, {plan.solver.candidates_simulated} simulated)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    _save_png(plt, fig, path)
 
 
 def plot_tuning_plan(plan, path: str | Path) -> None:
     """A tuning plan over time: GPUs per trial and instances per stage, and the
     cumulative cost, for thrifty's plan and the static and greedy baselines."""
-    from thrifty.datasets.io import atomic_write_bytes
-    import io
-
     plt = _pyplot()
     fig, (ax_gpu, ax_inst, ax_cost) = plt.subplots(3, 1, figsize=(7.5, 7), dpi=120, sharex=True)
     runs = [("thrifty", plan.stages, plan.predicted, "#55a868")]
@@ -90,8 +93,4 @@ def plot_tuning_plan(plan, path: str | Path) -> None:
         ax.grid(alpha=0.3)
     ax_inst.legend(fontsize=8, loc="best")
     ax_cost.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    _save_png(plt, fig, path)

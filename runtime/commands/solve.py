@@ -22,7 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.datasets.io import atomic_write_text
     from thrifty.solver.problem import load_problem
     from thrifty.solver.solve import solve
     from thrifty.solver.training import TrainingSpace
@@ -32,16 +31,28 @@ def run(args: argparse.Namespace) -> int:
         return _run_tuning(args, problem)
     space = TrainingSpace(problem)
     plan = solve(problem, method=args.method, time_limit_s=args.time_limit, space=space)
+
+    def plot(path: str) -> None:
+        from thrifty.runtime.plots import plot_training_plan
+
+        plot_training_plan(space, plan, path)
+
+    return _emit(args, problem, plan, plot, _print_human)
+
+
+def _emit(args: argparse.Namespace, problem, plan, plot, print_human) -> int:
+    """The plan to `--out` (atomically), the plot to `--plot`, the plan JSON or
+    the human report to stdout; the exit code of the plan's status."""
+    from thrifty.datasets.io import atomic_write_text
+
     if args.out:
         atomic_write_text(args.out, plan.to_json() + "\n")
     if args.plot:
-        from thrifty.runtime.plots import plot_training_plan
-
-        plot_training_plan(space, plan, args.plot)
+        plot(args.plot)
     if args.json:
         print(plan.to_json())
     else:
-        _print_human(problem, plan)
+        print_human(problem, plan)
     return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
 
 
@@ -91,23 +102,18 @@ def _fmt(value) -> str:
 
 
 def _run_tuning(args: argparse.Namespace, problem) -> int:
-    from thrifty.datasets.io import atomic_write_text
     from thrifty.solver.tuning import TuningSpace
     from thrifty.solver.tuning_plan import solve_tuning
 
     space = TuningSpace(problem)
     plan = solve_tuning(problem, time_limit_s=args.time_limit, space=space)
-    if args.out:
-        atomic_write_text(args.out, plan.to_json() + "\n")
-    if args.plot:
+
+    def plot(path: str) -> None:
         from thrifty.runtime.plots import plot_tuning_plan
 
-        plot_tuning_plan(plan, args.plot)
-    if args.json:
-        print(plan.to_json())
-    else:
-        _print_tuning(problem, plan)
-    return EXIT_OK if plan.feasible else EXIT_INFEASIBLE
+        plot_tuning_plan(plan, path)
+
+    return _emit(args, problem, plan, plot, _print_tuning)
 
 
 def _print_tuning(problem, plan) -> None:
