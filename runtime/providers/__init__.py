@@ -1,0 +1,10 @@
+"""Machine providers: where the runtime gets machines and gives them back.
+
+`local` (worker processes on this host) is the default everywhere; `ec2`
+(boto3, the `aws` extra) rents EC2 instances. Both implement
+`thrifty.runtime.providers.base.Provider`.
+"""
+
+from thrifty.runtime.providers.base import CapacityError, Machine, Provider, billed_cost_usd
+
+__all__ = ["CapacityError", "Machine", "Provider", "billed_cost_usd"]

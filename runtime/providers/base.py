@@ -1,0 +1,118 @@
+"""The provider interface every machine source implements.
+
+Operations (issue 7): provision ``count`` machines of one instance type in one
+market and wait until they run (with a timeout); terminate machines; list the
+machines this run owns; the current price of an (instance type, market); and
+the interruption events seen since the last poll. A provider owns what it
+provisioned: `close()` terminates everything still running, and a provider is
+a context manager so that happens on normal exit, on error and on Ctrl-C.
+
+Billing (`billed_cost_usd`) is per second with a minimum billed duration per
+machine (60 s on EC2), the same rule the solver's formulations use.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from thrifty.datasets.errors import ProviderError
+from thrifty.runtime.events import Preemption
+
+__all__ = ["Machine", "MachineState", "Provider", "CapacityError", "billed_cost_usd"]
+
+MachineState = Literal["pending", "running", "stopping", "terminated"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One rented machine (or one local worker slot).
+
+    `host` is where its workers run (``127.0.0.1`` for local machines);
+    `launched_at` and `terminated_at` are Unix seconds, the billing interval.
+    `price_per_hour` is the price the run is charged, from the provider's
+    price at launch.
+    """
+
+    id: str
+    instance_type: str
+    market: Literal["on_demand", "spot"]
+    host: str
+    launched_at: float
+    price_per_hour: float
+    state: MachineState = "running"
+    terminated_at: float | None = None
+    tags: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def ended(self, at: float | None = None) -> "Machine":
+        return replace(self, state="terminated", terminated_at=time.time() if at is None else at)
+
+    def cost_usd(self, now: float | None = None, min_billed_s: float = 60.0) -> float:
+        end = self.terminated_at if self.terminated_at is not None else (time.time() if now is None else now)
+        return billed_cost_usd(self.price_per_hour, end - self.launched_at, min_billed_s)
+
+
+def billed_cost_usd(price_per_hour: float, seconds: float, min_billed_s: float = 60.0) -> float:
+    """Per-second billing with a minimum: ``price * max(seconds, minimum) / 3600``."""
+    return price_per_hour * max(max(seconds, 0.0), min_billed_s) / 3600.0
+
+
+class CapacityError(ProviderError):
+    """No capacity for ``(instance_type, market)`` now (EC2
+    ``InsufficientInstanceCapacity``, spot capacity errors). The runtime marks
+    that pair depleted and re-plans."""
+
+    def __init__(self, instance_type: str, market: str, message: str):
+        super().__init__(message)
+        self.instance_type = instance_type
+        self.market = market
+
+    def as_preemption(self) -> Preemption:
+        return Preemption(self.instance_type, self.market, source="capacity", reason=str(self))
+
+
+class Provider(abc.ABC):
+    """Where machines come from. Subclasses: local processes, EC2."""
+
+    name: str = "provider"
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+
+    @abc.abstractmethod
+    def provision(self, instance_type: str, count: int, market: str = "on_demand",
+                  timeout_s: float = 600.0) -> list[Machine]:
+        """Start `count` machines and wait until they run; raise
+        `CapacityError` when the market has none, `ProviderError` on timeout
+        (after terminating what did start)."""
+
+    @abc.abstractmethod
+    def terminate(self, machines: Iterable[Machine]) -> list[Machine]:
+        """Give machines back; returns them with their termination time."""
+
+    @abc.abstractmethod
+    def machines(self) -> list[Machine]:
+        """Machines this run owns that are not terminated."""
+
+    @abc.abstractmethod
+    def price(self, instance_type: str, market: str = "on_demand") -> float:
+        """Current USD per hour of one machine."""
+
+    @abc.abstractmethod
+    def poll_interruptions(self) -> Sequence[Preemption]:
+        """Interruption events seen since the last call (never blocks long)."""
+
+    def close(self) -> None:
+        """Terminate everything this run still owns."""
+        owned = self.machines()
+        if owned:
+            self.terminate(owned)
+
+    def __enter__(self) -> "Provider":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

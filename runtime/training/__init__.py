@@ -1,0 +1,1 @@
+"""Training runtime (issue 5): run a training plan with heterogeneous batches, monitor, re-plan."""

@@ -1,0 +1,1 @@
+"""Tuning runtime (issue 6): trials, deadline-aware schedulers, executors."""
