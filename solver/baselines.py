@@ -10,7 +10,8 @@
 - `cgf`: full batch, cheapest GPU first: machines of the cheapest choice (per
   GPU-hour) at their largest batch, then the next cheapest, until the global
   batch is placed (a smaller allowed batch fills the rest).
-- `fgf`: batch 64 per GPU, fastest GPU first; if the GPUs run out, all GPUs
+- `fgf`: batch 64 per GPU, fastest GPU first (per-GPU seconds per sample at
+  that batch, or at the largest that fits in memory); if the GPUs run out, all GPUs
   are packed with the largest batch that fits.
 - `best_homogeneous`: the exact optimum among plans that use one choice only.
 - `apm_optimized`: the exact optimum under APM's predictions (linear compute,
@@ -124,7 +125,13 @@ def cgf(space: TrainingSpace) -> SearchResult:
 def fgf(space: TrainingSpace, device_batch: int = 64) -> SearchResult:
     start, sim0 = time.perf_counter(), space.simulated
     usable = [c for c in space.choices if c.batches]
-    order = sorted(usable, key=lambda c: _compute_latency(space, c, device_batch * c.itype.gpus) / c.itype.gpus)
+
+    def gpu_seconds_per_sample(c: Choice) -> float:
+        # per-GPU speed at the fixed device batch, or at the largest batch that fits when it does not
+        b = min(device_batch * c.itype.gpus, c.batches[-1])
+        return _compute_latency(space, c, b) * c.itype.gpus / b
+
+    order = sorted(usable, key=gpu_seconds_per_sample)
 
     def fixed(c: Choice) -> int | None:
         b = device_batch * c.itype.gpus

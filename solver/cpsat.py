@@ -21,8 +21,10 @@ Constraints::
     (1) sum_b u[i,b] <= 1                       one batch per choice (Srifty 4.4)
     (2) sum b x[i,b] = B                        the global batch
     (3) f[i,b] >= F[i,b][c], w[i,b] >= Bw[i,b][c]  if x[i,b] >= c,  c in K(q_i)
-    (4) grid[k] <= W < grid[k+1];  present_t -> E >= X_t[k]
-    (5) T >= max f + max w + max S u;  T >= max f + E + max S u
+    (4) grid[k] <= W < grid[k+1];  present_t -> E >= X_t[k];
+        present_t and (sum x >= 2) -> E >= Xm_t[k]
+    (5) T >= max f + max w + max S u;  T >= max f + E + max S u;
+        T >= max f + rho max w + phi E + max S u   (tail bounds, `tail_fractions`)
     (6) L + N T <= T_lim                        (if a time limit)
     (7) R = sum P_i x[i,b];  D >= L + N T, D >= m;  C = R * D <= $_lim   (if a budget)
 
@@ -94,7 +96,7 @@ class _Model:
         m.Add(sum(b * self.x[(i, b)] for i, b in co.pairs) == p.global_batch)  # (2)
         t_max = (max((max(t) for t in co.forward.values()), default=0)
                  + max((max(t) for t in co.backward.values()), default=0)
-                 + max((max(t) for t in co.exchange.values()), default=0)
+                 + max((max(t) for t in (*co.exchange.values(), *co.exchange_multi.values())), default=0)
                  + max(co.step.values(), default=0))
         fmax = m.NewIntVar(0, t_max, "fmax")
         wmax = m.NewIntVar(0, t_max, "wmax")
@@ -115,21 +117,32 @@ class _Model:
         m.Add(lo <= world)
         m.Add(world < hi)
         exch = m.NewIntVar(0, t_max, "E")
+        multi = m.NewBoolVar("two_or_more_machines")
+        machines = sum(self.x.values())
+        m.Add(machines >= 2).OnlyEnforceIf(multi)
+        m.Add(machines <= 1).OnlyEnforceIf(multi.Not())
+        present_of = {}
         for name, indices in co.types.items():
-            xt = m.NewIntVar(0, max(co.exchange[name]), f"X_{name}")
-            m.AddElement(cell, co.exchange[name], xt)
-            present = m.NewBoolVar(f"present_{name}")
             us = [self.u[k] for k in co.pairs if k[0] in indices]
             if not us:
                 continue
+            present = present_of[name] = m.NewBoolVar(f"present_{name}")
             m.AddBoolOr(us).OnlyEnforceIf(present)
             for u in us:
                 m.AddImplication(u, present)
-            m.Add(exch >= xt).OnlyEnforceIf(present)
+            for label, table, when in (("X", co.exchange[name], [present]),
+                                       ("Xm", co.exchange_multi[name], [present, multi])):
+                xt = m.NewIntVar(0, max(table), f"{label}_{name}")
+                m.AddElement(cell, table, xt)
+                m.Add(exch >= xt).OnlyEnforceIf(when)
         # (5)
         t = self.t = m.NewIntVar(0, t_max, "T")
         m.Add(t >= fmax + wmax + smax)
         m.Add(t >= fmax + exch + smax)
+        for rho, phi in co.tail:  # the exchange's tail after the gradients become ready
+            m.Add(1000 * t >= 1000 * fmax + rho * wmax + phi * exch + 1000 * smax)
+        for name in co.shared_core & present_of.keys():  # communication after the backward pass
+            m.Add(t >= fmax + wmax + exch + smax).OnlyEnforceIf(present_of[name])
         launch = int(p.overheads.launch_s * US)
         total = self.total = m.NewIntVar(0, launch + p.iterations * t_max, "total")
         m.Add(total == launch + p.iterations * t)

@@ -151,7 +151,7 @@ def _deletion_core(space: TrainingSpace, single: list[str]) -> list[str] | None:
         variant = _enforcing(space, kept - {name})
         if variant.size > CORE_CHECK_LIMIT:
             return None
-        if search_exhaustive(variant).best is None:
+        if search_exhaustive(variant, any_feasible=True).best is None:
             kept.discard(name)
     return [n for n in names if n in kept]
 

@@ -18,10 +18,15 @@ down to integers (microseconds, milli-dollars per hour):
   bytes and ``max_cap_t`` the largest cap of type ``t`` over the world sizes
   and machine counts the problem allows. It is tabulated on a grid of world
   sizes and, since it grows with ``W``, read at the grid point at or below
-  ``W``.
+  ``W``. ``Xm_t(W)`` is the same bound over two machines or more (the
+  network's cap, not one machine's interconnect), used when the plan has
+  at least two machines.
 
 Then ``t_iter >= max F + max(max Bw, max_t X_t(W)) + max S``, which the
-formulations minimize through, and the simulator verifies.
+formulations minimize through, and the simulator verifies. The CP-SAT model
+adds the tail bounds of `tail_fractions` (the exchange cannot start before
+the gradients are ready) and, on shared-core devices (a CPU worker, where
+communication waits for the backward pass), ``F + Bw + E + S``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ class Coefficients:
     types: dict[str, tuple[int, ...]]  # instance type name -> choice indices
     world_grid: list[int]  # ascending, starts at 1
     exchange: dict[str, list[int]]  # per type: lower bound at each grid point
+    exchange_multi: dict[str, list[int]]  # the same for plans of two machines or more
+    tail: tuple[tuple[int, int], ...]  # (rho, phi) in thousandths: see `tail_fractions`
+    shared_core: frozenset[str]  # types whose communication waits for the backward pass
     max_world: int
 
 
@@ -85,12 +93,54 @@ def coefficients(space: TrainingSpace) -> Coefficients:
     max_world = max(1, sum(c.quota * c.itype.gpus for c in space.choices))
     grid = world_grid(max_world)
     exchange = {name: exchange_bound_table(space, indices[0], grid, max_world) for name, indices in types.items()}
+    multi = {name: exchange_bound_table(space, indices[0], grid, max_world, multi=True)
+             for name, indices in types.items()}
+    shared = frozenset(c.itype.name for c in space.choices
+                       if c.itype.device in space.simulator.shared_core_devices)
     return Coefficients(tuple(pairs), fw, bw, step, gpus, price,
-                        {k: tuple(v) for k, v in types.items()}, grid, exchange, max_world)
+                        {k: tuple(v) for k, v in types.items()}, grid, exchange, multi,
+                        tail_fractions(space), shared, max_world)
 
 
-def exchange_bound_table(space: TrainingSpace, index: int, grid: list[int], max_world: int) -> list[int]:
-    """``X_t`` (microseconds) at each grid world size for the type of choice `index`."""
+def tail_fractions(space: TrainingSpace, points: int = 8) -> tuple[tuple[int, int], ...]:
+    """Pairs ``(rho, phi)`` (thousandths, rounded down) such that at least a
+    fraction ``phi`` of the gradient bytes becomes ready no earlier than
+    ``rho`` of the backward pass, whichever type's layers the simulator uses.
+
+    A transfer cannot start before its bytes are ready, and all transfers
+    share at most the cap, so the exchange ends no earlier than
+    ``rho * Bw + phi * X``: hence ``T >= F + rho Bw + phi E + S`` for each
+    pair, which bounds the communication tail after the backward pass that
+    ``T >= F + Bw + S`` leaves out. Up to `points` thresholds are kept, the
+    distinct ready fractions spread evenly.
+    """
+    sim = space.simulator
+    per_type = []
+    for itype in {c.itype.name: c.itype for c in space.choices}.values():
+        sizes, ready = sim.transfers(sim.compute_model(itype))
+        total = float(np.sum(sizes))
+        if total > 0:
+            per_type.append((np.asarray(sizes, float) / total, np.asarray(ready, float)))
+    if not per_type:
+        return ()
+    rhos = np.unique(np.concatenate([r for _, r in per_type]))
+    if len(rhos) > points:
+        rhos = rhos[np.linspace(0, len(rhos) - 1, points).round().astype(int)]
+    out = []
+    for rho in rhos:
+        phi = min(float(frac[ready >= rho].sum()) for frac, ready in per_type)
+        out.append((int(math.floor(rho * 1000)), int(math.floor(phi * 1000 - 1e-9))))
+    return tuple(sorted(set((r, max(f, 0)) for r, f in out if f > 0)))
+
+
+def exchange_bound_table(space: TrainingSpace, index: int, grid: list[int], max_world: int,
+                         multi: bool = False) -> list[int]:
+    """``X_t`` (microseconds) at each grid world size for the type of choice `index`.
+
+    With `multi`, the bound holds only for plans of two machines or more, so
+    the caps of one machine alone (its NVLink or PCIe, often 100x the
+    network) are left out and the bound is far tighter.
+    """
     choice = space.choices[index]
     sim = space.simulator
     cm = sim.compute_model(choice.itype)
@@ -99,7 +149,8 @@ def exchange_bound_table(space: TrainingSpace, index: int, grid: list[int], max_
     probe_worlds = sorted({w for w in grid if w >= 2} | {max_world}) if max_world >= 2 else []
     caps = []
     for w in probe_worlds[:: max(1, len(probe_worlds) // 24)] + probe_worlds[-1:]:
-        for machines in {1 if w <= g else 2, max(1, -(-w // g)), w}:
+        machine_counts = {2, max(2, -(-w // g)), w} if multi else {1 if w <= g else 2, max(1, -(-w // g)), w}
+        for machines in machine_counts:
             caps.append(sim.bandwidth.bandwidth_cap(choice.itype, w, machines))
     max_cap = max(caps) if caps else math.inf
     table = []

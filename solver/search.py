@@ -53,13 +53,16 @@ def better(a: Evaluation, b: Evaluation | None) -> bool:
     return (a.objective_value, a.candidate) < (b.objective_value, b.candidate)
 
 
-def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float | None = None) -> SearchResult:
-    """Exact optimum of the pruned space (see module docstring)."""
+def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float | None = None,
+                      any_feasible: bool = False) -> SearchResult:
+    """Exact optimum of the pruned space (see module docstring). With
+    `any_feasible`, stop at the first feasible plan: a feasibility test, whose
+    `best` is some feasible plan (not the optimum) or None (proven none)."""
     start = time.perf_counter()
     simulated0 = space.simulated
     ranked: list[tuple[float, Candidate, float]] = []
     total = 0
-    for cand in space.candidates():
+    for cand in space.candidates(within_limits=prune):
         total += 1
         if not prune:
             ranked.append((0.0, cand, 0.0))
@@ -82,6 +85,9 @@ def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float 
         ev = space.evaluate(cand)
         if ev.feasible and better(ev, best):
             best = ev
+            if any_feasible:
+                complete = False
+                break
     return SearchResult(
         method="exhaustive", best=best, bound=bound, complete=complete,
         simulated=space.simulated - simulated0, wall_s=time.perf_counter() - start,

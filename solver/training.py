@@ -217,8 +217,16 @@ class TrainingSpace:
             limits.cost_usd is None or self.cost(candidate, total) <= limits.cost_usd)
 
     # -- the space ----------------------------------------------------------------
-    def candidates(self) -> Iterator[Candidate]:
-        """Every candidate of the pruned space (Srifty 4.4)."""
+    def candidates(self, within_limits: bool = False) -> Iterator[Candidate]:
+        """Every candidate of the pruned space (Srifty 4.4).
+
+        With `within_limits`, branches whose partial lower bound already
+        breaks a limit are cut: adding machine groups only raises the slowest
+        forward, backward and step (maxima) and the hourly rate (a sum), so a
+        partial candidate's bound (`lower_bound`, `bound_feasible`) never
+        falls as it grows, and no extension of a cut branch is within the
+        limits. The candidates left out are exactly those `bound_feasible`
+        rejects."""
         choices = self.choices
         target = self.problem.global_batch
         # reach[k][r]: choices k.. can place exactly r (so dead branches are never entered)
@@ -233,14 +241,24 @@ class TrainingSpace:
                     cur[shift:] |= nxt[: target + 1 - shift]
             reach[k] = cur
 
-        def rec(k: int, remaining: int, chosen: tuple) -> Iterator[Candidate]:
+        limits = self.problem.limits
+        check = within_limits and (limits.time_s is not None or limits.cost_usd is not None)
+        n, launch, floor_s = self.iterations, self.launch_s, self.problem.overheads.min_billed_s
+
+        def breaks(fw: float, bw: float, step: float, rate: float) -> bool:
+            total = launch + n * (fw + bw + step)
+            return (limits.time_s is not None and total > limits.time_s) or (
+                limits.cost_usd is not None and rate * max(total, floor_s) / 3600.0 > limits.cost_usd)
+
+        def rec(k: int, remaining: int, chosen: tuple, fw: float, bw: float, step: float,
+                rate: float) -> Iterator[Candidate]:
             if remaining == 0:
                 if chosen:
                     yield chosen
                 return
             nxt = reach[k + 1]
             if nxt[remaining]:
-                yield from rec(k + 1, remaining, chosen)  # choice k unused
+                yield from rec(k + 1, remaining, chosen, fw, bw, step, rate)  # choice k unused
             c = choices[k]
             quota = c.quota
             for batch in c.batches:
@@ -248,11 +266,19 @@ class TrainingSpace:
                     break
                 for count in range(1, min(quota, remaining // batch) + 1):
                     left = remaining - count * batch
-                    if nxt[left]:
-                        yield from rec(k + 1, left, chosen + ((k, count, batch),))
+                    if not nxt[left]:
+                        continue
+                    if check:
+                        f, b, st = self.group_compute_bound(c, count, batch)
+                        bounds = (max(fw, f), max(bw, b), max(step, st), rate + c.price_per_hour * count)
+                        if breaks(*bounds):
+                            break  # more machines of this batch only raise the bound
+                    else:
+                        bounds = (fw, bw, step, rate)
+                    yield from rec(k + 1, left, chosen + ((k, count, batch),), *bounds)
 
         if reach[0][target]:
-            yield from rec(0, target, ())
+            yield from rec(0, target, (), 0.0, 0.0, 0.0, 0.0)
 
     @cached_property
     def size(self) -> float:
