@@ -232,6 +232,8 @@ class IterationSimulator:
         self._max_groups = max_groups
         self._cache: dict[tuple, IterationPrediction] = {}
         self._bw_cache: dict[tuple, tuple[np.ndarray, float]] = {}
+        self._tail_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._cap_cache: dict[tuple, float] = {}
         self._transfers: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._log_u = np.log(self._uniform)
         self._stats: dict[tuple[str, int], tuple[float, float, float, float, float]] = {}
@@ -261,6 +263,33 @@ class IterationSimulator:
             cap = min(self.bandwidth.bandwidth_cap(t, world, instances) for t in types)
             cached = self._bw_cache[key] = (np.maximum(bus, 1.0), float(cap))
         return cached
+
+    def exposed_lower_bound(self, types: tuple[InstanceType, ...], world: int, instances: int,
+                            slowest: ComputeModel, backward_s: float) -> float:
+        """A lower bound on the mean of ``max(t_bw, t_pe)`` of `_simulate`
+        given a lower bound `backward_s` on the mean slowest backward pass.
+
+        Transfer ``j`` cannot start before ``ready_j * mean(t_bw)`` and all
+        transfers together move at most ``cap`` bytes per second (the rates
+        of `exchange_time` never sum past it), so
+        ``t_pe >= max_j(ready_j * t_bw + sum_{k >= j} work_k / cap)``.
+        """
+        if world <= 1:
+            return backward_s
+        key = (slowest.model, slowest.device, any(t.device in self.shared_core_devices for t in types))
+        tail = self._tail_cache.get(key)
+        if tail is None:
+            sizes, ready = self.transfers(slowest)
+            if key[2]:
+                ready = np.ones_like(ready)
+            tail = self._tail_cache[key] = (np.asarray(ready, float), np.cumsum(np.asarray(sizes, float)[::-1])[::-1])
+        cap_key = (tuple(t.name for t in types), world, instances)
+        cap = self._cap_cache.get(cap_key)
+        if cap is None:
+            cap = self._cap_cache[cap_key] = min(self.bandwidth.bandwidth_cap(t, world, instances) for t in types)
+        ready, suffix = tail
+        factor = 2.0 * (world - 1) / world / cap
+        return max(backward_s, float(np.max(ready * backward_s + suffix * factor)))
 
     def expected_max_factor(self, devices: int) -> float:
         """``e(k)``: the sample mean of the max of `devices` standard normals here."""

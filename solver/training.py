@@ -24,8 +24,10 @@ objective is ``cost_usd`` (min_cost) or ``total_s`` (min_time).
 time: per group the simulator's sampled mean of the slowest device's forward
 is exactly ``mu_f + sd_f * e(k)`` (stratified sampling, see the simulator),
 the maximum over groups of a sample mean is at most the sample mean of the
-maximum, and ``t_iter >= t_fw + t_bw + t_step``. Exact searches use it to
-skip candidates that cannot beat the best one simulated.
+maximum, and ``t_iter >= t_fw + max(t_bw, t_pe) + t_step`` where the exchange
+``t_pe`` cannot end before its last bytes, ready late in the backward pass,
+have crossed the bandwidth cap. Exact searches use it to skip candidates that
+cannot beat the best one simulated.
 """
 
 from __future__ import annotations
@@ -198,12 +200,30 @@ class TrainingSpace:
         return mu_f + sd_f * e, mu_b + sd_b * e, step
 
     def lower_bound(self, candidate: Candidate) -> float:
-        """A lower bound on the simulated iteration time of `candidate`."""
+        """A lower bound on the simulated iteration time of `candidate`: the
+        slowest forward, then the larger of the slowest backward and the
+        exchange's tail (`IterationSimulator.exposed_lower_bound`), then the
+        step."""
+        sim = self.simulator
         fw = bw = step = 0.0
+        slowest, slowest_mu_b = None, -1.0
+        world = machines = 0
+        types = {}
         for i, count, batch in candidate:
-            f, b, s = self.group_compute_bound(self.choices[i], count, batch)
-            fw, bw, step = max(fw, f), max(bw, b), max(step, s)
-        return fw + bw + step
+            itype = self.choices[i].itype
+            mu_f, sd_f, mu_b, sd_b, s = sim.device_stats(itype, -(-batch // itype.gpus))
+            e = sim.expected_max_factor(count * itype.gpus)
+            fw, bw, step = max(fw, mu_f + sd_f * e), max(bw, mu_b + sd_b * e), max(step, s)
+            if mu_b > slowest_mu_b:
+                slowest, slowest_mu_b = itype, mu_b
+            world += count * itype.gpus
+            machines += count
+            types[itype.name] = itype
+        if world <= 1 or slowest is None:
+            return fw + bw + step
+        ordered = tuple(types[name] for name in sorted(types))
+        exposed = sim.exposed_lower_bound(ordered, world, machines, sim.compute_model(slowest), bw)
+        return fw + exposed + step
 
     def objective_bound(self, candidate: Candidate, iteration_s: float) -> float:
         total = self.launch_s + self.iterations * iteration_s
