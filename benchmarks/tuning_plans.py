@@ -12,7 +12,9 @@ RubberBand's greedy planner, one table per experiment:
 (d) 6.1.4 init latency: SHA(512, 4, 4096), 12 s per iteration, init latency 1, 10,
     100 s, deadlines 90..160 min;
 (e) 6.1.2 data price: SHA(64, 4, 508) with ImageNet (150 GB) and CIFAR-10
-    (0.15 GB) downloaded by every new instance, $0 .. $0.16 per GB.
+    (0.15 GB) downloaded by every new instance, $0 .. $0.16 per GB;
+(f) beyond RubberBand: the instance type chosen per stage from a list, and
+    spot instances with a preemption rate priced into expected cost and time.
 
 Targets: thrifty <= greedy everywhere; <= 0.6 x static at the 20-minute deadline
 of (a); planning <= 2 s for the largest case (d). Run:
@@ -34,7 +36,8 @@ console = Console(width=160)
 
 
 def problem(n, r, R, eta, deadline_s, model="resnet50", base=None, sd=None, billing="per_instance",
-            scale=0.0, init=0.0, data_price=0.0, dataset_gb=0.0, samples=100):
+            scale=0.0, init=0.0, data_price=0.0, dataset_gb=0.0, samples=100, instance_type="p3.8xlarge",
+            market="on_demand", preemptions_per_hour=0.0, recovery_s=0.0):
     profile = {}
     if base is not None:
         profile["base_iteration_s"] = base
@@ -42,9 +45,10 @@ def problem(n, r, R, eta, deadline_s, model="resnet50", base=None, sd=None, bill
         profile["iteration_sd_s"] = sd
     return parse_problem({
         "kind": "tuning", "experiment": {"algorithm": "sha", "trials": n, "min_iters": r, "max_iters": R, "eta": eta},
-        "model": model, "instance_type": "p3.8xlarge", "deadline_s": deadline_s, "billing": billing,
+        "model": model, "instance_type": instance_type, "deadline_s": deadline_s, "billing": billing,
+        "market": market,
         "cloud": {"scale_latency_s": scale, "init_latency_s": init, "data_usd_per_gb": data_price,
-                  "dataset_gb": dataset_gb},
+                  "dataset_gb": dataset_gb, "preemptions_per_hour": preemptions_per_hour, "recovery_s": recovery_s},
         "profile": profile, "samples": samples})
 
 
@@ -60,7 +64,11 @@ def fmt(c):
 
 
 def shape(c):
-    return "-" if c is None else " ".join(f"{a.gpus_per_trial}x{a.instances}" for a in c.plan)
+    if c is None:
+        return "-"
+    types = {a.instance_type for a in c.plan}
+    suffix = (lambda a: f"@{a.instance_type.removeprefix('p3.')}") if len(types) > 1 else (lambda a: "")
+    return " ".join(f"{a.gpus_per_trial}x{a.instances}{suffix(a)}" for a in c.plan)
 
 
 def table(title, label, rows):
@@ -123,14 +131,31 @@ def exp_e(samples):
     return table("(e) 6.1.2 data price: SHA(64, 4, 508), ResNet-50 4 s/iter, 20 min", "dataset, price", rows)
 
 
+def exp_f(samples):
+    """Beyond RubberBand: one instance type per stage from a list, and spot markets whose
+    preemptions (a Poisson rate per instance-hour, each costing a relaunch and the lost
+    iteration) are priced into the expected cost and time."""
+    types = ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"]
+    rows = []
+    for minutes in (20, 30, 40):
+        rows.append((f"3 types, {minutes} min", run(problem(32, 1, 50, 3, minutes * 60, "resnet101", scale=15, init=15,
+                                                             samples=samples, instance_type=types))))
+    for rate in (0.0, 0.5, 2.0):
+        rows.append((f"spot, {rate:g} preemptions/h", run(problem(
+            32, 1, 50, 3, 30 * 60, "resnet101", scale=15, init=15, samples=samples, market="spot",
+            preemptions_per_hour=rate, recovery_s=30))))
+    return table("(f) beyond RubberBand: SHA(32, 1, 50, 3), ResNet-101; type per stage from "
+                 "p3.2x/8x/16xlarge (on demand), or p3.8xlarge spot at 30 min", "setting", rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="a,b,c,d,e")
+    parser.add_argument("--only", default="a,b,c,d,e,f")
     parser.add_argument("--samples", type=int, default=100)
     args = parser.parse_args()
     worst = {}
     for key in args.only.split(","):
-        worst[key] = {"a": exp_a, "b": exp_b, "c": exp_c, "d": exp_d, "e": exp_e}[key](args.samples)
+        worst[key] = {"a": exp_a, "b": exp_b, "c": exp_c, "d": exp_d, "e": exp_e, "f": exp_f}[key](args.samples)
     console.print("worst thrifty / greedy cost ratio per experiment: "
                   + ", ".join(f"({k}) {v:.3f}" for k, v in worst.items()))
 
