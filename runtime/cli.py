@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "profile": "profile",
     "probe-allreduce": "probe_allreduce",
     "fit-allreduce": "fit_allreduce",
+    "catalog": "catalog",
+    "cleanup": "cleanup",
 }
 
 

@@ -1,0 +1,145 @@
+"""The cluster config file of the ``ec2`` provider (issue 7).
+
+A YAML or JSON file that says where machines are started and what runs on a
+new one::
+
+    provider: ec2
+    region: us-east-1
+    ami: ami-0123456789abcdef0        # a Deep Learning AMI, say
+    subnet: subnet-0abc1234           # optional: default VPC otherwise
+    security_groups: [sg-0abc1234]    # optional
+    key_name: thrifty                 # optional: an EC2 key pair for ssh
+    iam_instance_profile: thrifty-worker   # optional: name or ARN
+    setup_commands:                   # run once as root on every new machine
+      - pip install 'thrifty[torch]'
+
+Optional: ``ssh_user`` (default ``ubuntu``), ``tags`` (added to every
+instance), ``availability_zone`` (the zone whose spot price the run is quoted;
+default: the median over zones), ``use_public_ip`` (workers address machines
+by public IP; default private), ``spot_max_price_usd`` (per hour; default:
+AWS's cap, the on-demand price), ``launch_timeout_s`` (default 600),
+``poll_interval_s`` (how often the driver calls ``describe_instances``,
+default 5), ``imds_interval_s`` (how often a machine asks its metadata
+service for a spot notice, default 5), ``prices`` (``api``: the AWS Price
+List and spot price history, the default; ``catalog``: the thrifty catalog
+named by ``catalog``, for accounts without ``pricing:GetProducts``), and
+``retries`` (botocore's retry configuration, ``{mode: standard|adaptive,
+max_attempts: 8}``).
+
+The setup commands become the instance's user data: a bash script that
+cloud-init runs once as root on first boot (`user_data`).
+
+Every error names the JSON path of the bad field, as problem files do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from thrifty.datasets.errors import MissingDependencyError, ProblemError
+from thrifty.datasets.io import read_json
+from thrifty.datasets.validation import validate_model
+
+__all__ = ["ClusterConfig", "RetryConfig", "load_cluster_config", "parse_cluster_config", "user_data"]
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+RESERVED_TAG_PREFIXES = ("aws:", "thrifty:")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RetryConfig(_Frozen):
+    """botocore's retry configuration: throttled and transient errors are
+    retried with exponential backoff (``adaptive`` also rate-limits the
+    client). `max_attempts` counts the first try (1 = no retry), as
+    ``AWS_MAX_ATTEMPTS`` does."""
+
+    mode: Literal["standard", "adaptive", "legacy"] = "standard"
+    max_attempts: Annotated[int, Field(ge=1, le=50)] = 8
+
+
+class ClusterConfig(_Frozen):
+    provider: Literal["ec2"] = "ec2"
+    region: Annotated[str, Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$")]
+    ami: Annotated[str, Field(pattern=r"^ami-[0-9a-f]{8,17}$")]
+    subnet: Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")] | None = None
+    security_groups: list[Annotated[str, Field(pattern=r"^sg-[0-9a-f]{8,17}$")]] = []
+    key_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    iam_instance_profile: Annotated[str, Field(min_length=1)] | None = None
+    setup_commands: list[Annotated[str, Field(min_length=1)]] = []
+    ssh_user: Annotated[str, Field(min_length=1)] = "ubuntu"
+    tags: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]] = {}
+    availability_zone: Annotated[str, Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d+[a-z]$")] | None = None
+    use_public_ip: bool = False
+    spot_max_price_usd: PositiveFloat | None = None
+    launch_timeout_s: PositiveFloat = 600.0
+    poll_interval_s: PositiveFloat = 5.0
+    imds_interval_s: PositiveFloat = 5.0
+    prices: Literal["api", "catalog"] = "api"
+    catalog: str | None = None
+    retries: RetryConfig = RetryConfig()
+
+    @field_validator("tags")
+    @classmethod
+    def _own_tags_reserved(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key in tags:
+            if key.lower().startswith(RESERVED_TAG_PREFIXES):
+                raise ValueError(f"tag key '{key}' is reserved ('aws:' belongs to AWS, 'thrifty:' to thrifty)")
+        return tags
+
+    @property
+    def iam_profile_spec(self) -> dict[str, str] | None:
+        """``IamInstanceProfile`` for run_instances: an ARN or a name."""
+        if self.iam_instance_profile is None:
+            return None
+        key = "Arn" if self.iam_instance_profile.startswith("arn:") else "Name"
+        return {key: self.iam_instance_profile}
+
+
+def user_data(config: ClusterConfig) -> str | None:
+    """The setup commands as a bash script for cloud-init (run once, as root,
+    stopping at the first failing command); None when there are none."""
+    if not config.setup_commands:
+        return None
+    return "#!/bin/bash\nset -euxo pipefail\n" + "\n".join(config.setup_commands) + "\n"
+
+
+def parse_cluster_config(data: Any, source: str | None = None) -> ClusterConfig:
+    if not isinstance(data, dict):
+        raise ProblemError(f"a cluster config must be a mapping, not {type(data).__name__}", source=source)
+    return validate_model(ClusterConfig, data, source=source)
+
+
+def load_cluster_config(path: str | Path) -> ClusterConfig:
+    """Load a ``.yaml``/``.yml`` or ``.json`` cluster config file."""
+    path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        data = _read_yaml(path)
+    else:
+        data = read_json(path)
+    config = parse_cluster_config(data, source=str(path))
+    if config.catalog is not None and not Path(config.catalog).is_absolute():
+        config = config.model_copy(update={"catalog": str(path.parent / config.catalog)})
+    return config
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise MissingDependencyError("pyyaml", "aws") from None
+    try:
+        with path.open(encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except OSError as e:
+        raise ProblemError(f"cannot read file: {e.strerror}", source=str(path)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ProblemError(f"not valid YAML: {problem}{where}", source=str(path)) from None

@@ -1,0 +1,78 @@
+"""How POP and EarlyTerm reach the learning-curve predictor.
+
+A *forecaster* is any callable with the signature of
+``thrifty.perfmodels.learning_curve.forecast(epochs, values, max_epoch, *, seed)``
+returning an object with ``prob_at_least(y, epoch)`` (HyperDrive 3.1.1, Eq. 1:
+``P(y(m) >= y | y(1..n))``). Schedulers take one as a constructor parameter
+and default to the real predictor, imported only when first needed (so that
+tests can inject a small fake one and nothing heavy loads at import time).
+
+`Memoized` caches forecasts by the observed curve: a trial's curve prefix is
+the same in every replay of a trace, so trace-driven sensitivity runs over
+many configuration orders (HyperDrive 7.2.2) predict each prefix once, the way
+HyperDrive's node agents compute a prediction once per evaluation boundary
+(5.2). It also accounts the time spent predicting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["CurveForecast", "Forecaster", "default_forecaster", "Memoized"]
+
+
+class CurveForecast(Protocol):
+    def prob_at_least(self, y: float, epoch: int) -> float: ...
+
+
+Forecaster = Callable[..., CurveForecast]
+
+
+def default_forecaster() -> Forecaster:
+    """The project's learning-curve predictor (perfmodels.learning_curve.forecast)."""
+    from thrifty.perfmodels.learning_curve import forecast
+
+    return forecast
+
+
+class Memoized:
+    """A forecaster that remembers its forecasts per (curve, max_epoch) and their answers per
+    (y, epoch), and accounts the time spent predicting (`seconds`)."""
+
+    def __init__(self, forecaster: Forecaster):
+        self._forecaster = forecaster
+        self._cache: dict[tuple[Any, ...], _RememberedForecast] = {}
+        self.calls = 0
+        self.misses = 0
+        self.seconds = 0.0
+
+    def __call__(self, epochs: Sequence[int], values: Sequence[float], max_epoch: int, *,
+                 seed: int | None = 0) -> CurveForecast:
+        key = (tuple(epochs), tuple(values), max_epoch, seed)
+        self.calls += 1
+        found = self._cache.get(key)
+        if found is None:
+            self.misses += 1
+            t0 = time.perf_counter()
+            found = _RememberedForecast(self._forecaster(epochs, values, max_epoch, seed=seed), self)
+            self.seconds += time.perf_counter() - t0
+            self._cache[key] = found
+        return found
+
+
+class _RememberedForecast:
+    def __init__(self, forecast: CurveForecast, owner: Memoized):
+        self._forecast = forecast
+        self._owner = owner
+        self._answers: dict[tuple[float, int], float] = {}
+
+    def prob_at_least(self, y: float, epoch: int) -> float:
+        key = (y, epoch)
+        answer = self._answers.get(key)
+        if answer is None:
+            t0 = time.perf_counter()
+            answer = self._answers[key] = self._forecast.prob_at_least(y, epoch)
+            self._owner.seconds += time.perf_counter() - t0
+        return answer

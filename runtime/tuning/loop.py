@@ -1,0 +1,338 @@
+"""The one tuning loop: a scheduler, an executor and a search space under a clock.
+
+The loop is HyperSched's Algorithm 1 made event-driven (HyperDrive's
+"schedule-as-it-goes", 4.2): whenever atoms are free it asks the scheduler
+what to start (``choose``); it waits for the executor's next event; every
+result goes to the scheduler (``on_result``), whose answer it carries out:
+
+- CONTINUE: ask ``target_atoms``; if it differs from the trial's atoms, resize
+  (suspend with a checkpoint, relaunch on the new atoms: HyperSched 4.3), else
+  let the trial run its next iteration;
+- PAUSE: suspend with a checkpoint (the trial may resume later, anywhere);
+- STOP: terminate.
+
+A trial that reaches `max_iterations` (R) completes. A trial that crashes, or
+reports a NaN or infinite metric, is marked FAILED with the reason and the
+experiment goes on (``fail_fast=True`` raises `TrialFailedError` instead). The
+experiment ends at the deadline, when a result reaches `target` (HyperDrive's
+time-to-target experiments), or when nothing runs and the scheduler starts
+nothing more. Trials still running then are terminated.
+
+Executor interface (small on purpose; the simulated executor is in
+``executor_sim.py``, a real one launches processes):
+
+- ``clock``: the `Clock` the experiment runs on;
+- ``launch(trial, atoms)``: start the trial on `atoms` atoms, restoring
+  ``trial.checkpoint`` when it is not None; the first report after a launch
+  carries the start-up time in ``overhead_s``;
+- ``proceed(trial)``: run the next iteration (after a CONTINUE);
+- ``suspend(trial) -> checkpoint``: stop at the iteration boundary, return a
+  checkpoint reference that a later ``launch`` restores;
+- ``terminate(trial)``: stop and discard;
+- ``next_event(until) -> Report | Crash | None``: wait for the next result or
+  crash of a running trial; None if none arrives by clock time `until` (then
+  the clock reads `until`) or if nothing runs.
+
+The loop also measures the scheduler's own decision time per reported result
+(``ExperimentResult.decision_s``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from thrifty.datasets.errors import ProblemError, ThriftyError
+from thrifty.runtime.tuning.base import Decision, RunningMedian, Scheduler, Start, check_positive
+from thrifty.runtime.tuning.clock import Clock
+from thrifty.runtime.tuning.search_space import SearchSpace
+from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
+
+__all__ = ["Executor", "Experiment", "ExperimentResult", "TrialFailedError", "SchedulerError", "run_experiment"]
+
+
+class TrialFailedError(ThriftyError, RuntimeError):
+    """A trial failed and the experiment was asked to fail fast."""
+
+
+class SchedulerError(ThriftyError, RuntimeError):
+    """A scheduler answered something the loop cannot carry out (a bug in the scheduler)."""
+
+
+class Executor(Protocol):
+    clock: Clock
+
+    def launch(self, trial: Trial, atoms: int) -> None: ...
+
+    def proceed(self, trial: Trial) -> None: ...
+
+    def suspend(self, trial: Trial) -> Any: ...
+
+    def terminate(self, trial: Trial) -> None: ...
+
+    def next_event(self, until: float | None) -> Report | Crash | None: ...
+
+
+@dataclass
+class ExperimentResult:
+    """What an experiment did. Times are clock times (seconds or time units)."""
+
+    trials: list[Trial]
+    ended_at: float
+    end_reason: str                      # "deadline" | "target" | "exhausted"
+    best_trial_id: int | None
+    best_metric: float
+    time_to_target: float | None
+    results: int
+    decision_s: float                    # scheduler time spent in on_result + target_atoms
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def decision_s_per_result(self) -> float:
+        return self.decision_s / self.results if self.results else math.nan
+
+    @property
+    def best_config(self) -> dict[str, Any] | None:
+        return None if self.best_trial_id is None else self.trials[self.best_trial_id].config
+
+    def count(self, state: TrialState) -> int:
+        return sum(t.state == state for t in self.trials)
+
+
+class Experiment:
+    """The loop's state and the read-only view schedulers get (`ExperimentView`)."""
+
+    def __init__(self, scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
+                 total_atoms: int, max_iterations: int, deadline: float | None = None,
+                 target: float | None = None, fail_fast: bool = False):
+        check_positive("total_atoms", total_atoms, integer=True)
+        check_positive("max_iterations", max_iterations, integer=True)
+        if deadline is not None:
+            check_positive("deadline", deadline)
+        if target is not None and not math.isfinite(target):
+            raise ProblemError(f"`target` is {target!r}, but must be a finite number", path="target")
+        if not search_space.has_more():
+            raise ProblemError("the search space is empty: it produced no configuration", path="search_space")
+        self.scheduler = scheduler
+        self.executor = executor
+        self.search_space = search_space
+        self.total_atoms = total_atoms
+        self.max_iterations = max_iterations
+        self.clock = executor.clock
+        self.started_at = self.clock.now()
+        self.deadline = None if deadline is None else self.started_at + deadline
+        self.target = target
+        self.fail_fast = fail_fast
+        self._trials: list[Trial] = []
+        self._running: dict[int, Trial] = {}
+        self._used_atoms = 0
+        self._overheads = RunningMedian()
+        self._best: tuple[float, int] | None = None
+        self._time_to_target: float | None = None
+        self._results = 0
+        self._decision_s = 0.0
+        self._failed: dict[int, str] = {}
+
+    # --- ExperimentView -------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock.now()
+
+    def time_left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - self.clock.now()
+
+    @property
+    def free_atoms(self) -> int:
+        return self.total_atoms - self._used_atoms
+
+    @property
+    def trials(self) -> Mapping[int, Trial]:
+        return _TrialsView(self._trials)
+
+    def running_trials(self) -> Sequence[Trial]:
+        return list(self._running.values())
+
+    def has_more_configs(self) -> bool:
+        return self.search_space.has_more()
+
+    def median_overhead_s(self) -> float:
+        """Median measured start-up / resize overhead so far (HyperSched's T_o); NaN before any."""
+        return self._overheads.median()
+
+    # --- the loop -------------------------------------------------------------------
+    def run(self) -> ExperimentResult:
+        self.scheduler.bind(self)
+        try:
+            reason = self._loop()
+        finally:
+            for trial in list(self._running.values()):
+                self.executor.terminate(trial)
+                self._release(trial, TrialState.TERMINATED)
+        return self._result(reason)
+
+    def _loop(self) -> str:
+        self._fill()
+        while self._running and self._time_to_target is None:
+            event = self.executor.next_event(self.deadline)
+            if event is None:
+                if self.deadline is not None and self.clock.now() >= self.deadline:
+                    return "deadline"
+                raise SchedulerError("the executor returned no event while trials were running")
+            if isinstance(event, Crash):
+                self._fail(self._running[event.trial_id], event.message)
+            else:
+                self._on_report(event)
+            if self._time_to_target is None:
+                self._fill()
+        return "target" if self._time_to_target is not None else "exhausted"
+
+    def _fill(self) -> None:
+        """Ask the scheduler to use free atoms until it declines (HyperSched Algorithm 1, line 7-9)."""
+        while self.free_atoms > 0 and (self.deadline is None or self.clock.now() < self.deadline):
+            start = self.scheduler.choose()
+            if start is None:
+                return
+            trial = self._trial_to_start(start)
+            if trial is None:
+                return
+            self._launch(trial, start.atoms)
+
+    def _trial_to_start(self, start: Start) -> Trial | None:
+        name = type(self.scheduler).__name__
+        if not isinstance(start.atoms, int) or not 1 <= start.atoms <= self.free_atoms:
+            raise SchedulerError(f"{name} asked for {start.atoms!r} atoms, but {self.free_atoms} are free")
+        if start.trial_id is None:
+            config = self.search_space.next_config()
+            if config is None:
+                return None
+            trial = Trial(trial_id=len(self._trials), config=config, created_at=self.clock.now())
+            self._trials.append(trial)
+            return trial
+        if not 0 <= start.trial_id < len(self._trials):
+            raise SchedulerError(f"{name} asked to start trial {start.trial_id}, which does not exist")
+        trial = self._trials[start.trial_id]
+        if trial.state not in (TrialState.PAUSED, TrialState.PENDING):
+            raise SchedulerError(f"{name} asked to start trial {trial.trial_id}, which is {trial.state.value}")
+        return trial
+
+    def _launch(self, trial: Trial, atoms: int) -> None:
+        trial.state = TrialState.RUNNING
+        trial.atoms = atoms
+        trial.launches += 1
+        trial.iterations_since_launch = 0
+        self._used_atoms += atoms
+        self._running[trial.trial_id] = trial
+        self.executor.launch(trial, atoms)
+        self.scheduler.on_trial_start(trial)
+
+    def _release(self, trial: Trial, state: TrialState) -> None:
+        self._used_atoms -= trial.atoms
+        trial.atoms = 0
+        trial.state = state
+        del self._running[trial.trial_id]
+        if state != TrialState.PAUSED:
+            trial.ended_at = self.clock.now()
+            self.scheduler.on_trial_end(trial)
+
+    def _fail(self, trial: Trial, message: str) -> None:
+        trial.error = message
+        self._failed[trial.trial_id] = message
+        self.executor.terminate(trial)
+        self._release(trial, TrialState.FAILED)
+        if self.fail_fast:
+            raise TrialFailedError(f"trial {trial.trial_id} ({trial.config}) failed: {message}")
+
+    def _on_report(self, report: Report) -> None:
+        trial = self._running[report.trial_id]
+        metric = report.metric
+        if not isinstance(metric, (int, float)) or not math.isfinite(metric):
+            self._fail(trial, f"reported metric {metric!r} at iteration {report.iteration}")
+            return
+        trial.metrics.append(float(metric))
+        trial.iteration_s.append(report.iteration_s)
+        trial.iteration_atoms.append(report.atoms)
+        trial.reported_at.append(report.at)
+        trial.train_s += report.iteration_s
+        trial.iterations_since_launch += 1
+        if trial.iterations_since_launch == 1:  # the first result after a launch carries its start-up time
+            trial.overheads_s.append(report.overhead_s)
+            self._overheads.add(report.overhead_s)
+        if self._best is None or metric > self._best[0]:
+            self._best = (float(metric), trial.trial_id)
+        if self.target is not None and self._time_to_target is None and metric >= self.target:
+            self._time_to_target = report.at - self.started_at
+        self._results += 1
+
+        t0 = time.perf_counter()
+        decision = self.scheduler.on_result(trial, report)
+        atoms = self.scheduler.target_atoms(trial) if decision == Decision.CONTINUE else trial.atoms
+        self._decision_s += time.perf_counter() - t0
+
+        if trial.iteration >= self.max_iterations:
+            self.executor.terminate(trial)
+            self._release(trial, TrialState.COMPLETED)
+        elif decision == Decision.STOP:
+            self.executor.terminate(trial)
+            self._release(trial, TrialState.TERMINATED)
+        elif decision == Decision.PAUSE:
+            trial.checkpoint = self.executor.suspend(trial)
+            self._release(trial, TrialState.PAUSED)
+        elif decision == Decision.CONTINUE:
+            self._continue(trial, atoms)
+        else:
+            raise SchedulerError(f"{type(self.scheduler).__name__} answered {decision!r}; "
+                                 "expected Decision.CONTINUE, PAUSE or STOP")
+
+    def _continue(self, trial: Trial, atoms: int) -> None:
+        if not isinstance(atoms, int) or atoms < 1:
+            raise SchedulerError(f"{type(self.scheduler).__name__} wants {atoms!r} atoms for trial "
+                                 f"{trial.trial_id}; at least 1 is needed to continue")
+        atoms = min(atoms, trial.atoms + self.free_atoms)
+        if atoms == trial.atoms:
+            self.executor.proceed(trial)
+            return
+        # HyperSched 4.3: checkpoint, stop, relaunch with the new allocation, restore
+        trial.checkpoint = self.executor.suspend(trial)
+        trial.resizes += 1
+        self._used_atoms -= trial.atoms
+        del self._running[trial.trial_id]
+        self._launch(trial, atoms)
+
+    def _result(self, reason: str) -> ExperimentResult:
+        best_metric, best_id = self._best if self._best is not None else (-math.inf, None)
+        return ExperimentResult(
+            trials=list(self._trials), ended_at=self.clock.now() - self.started_at, end_reason=reason,
+            best_trial_id=best_id, best_metric=best_metric, time_to_target=self._time_to_target,
+            results=self._results, decision_s=self._decision_s, failed=dict(self._failed))
+
+
+class _TrialsView(Mapping[int, Trial]):
+    """Trials by id, read-only (ids are 0, 1, 2, ... in creation order)."""
+
+    def __init__(self, trials: list[Trial]):
+        self._trials = trials
+
+    def __getitem__(self, trial_id: int) -> Trial:
+        if not isinstance(trial_id, int) or not 0 <= trial_id < len(self._trials):
+            raise KeyError(trial_id)
+        return self._trials[trial_id]
+
+    def __iter__(self):
+        return iter(range(len(self._trials)))
+
+    def __len__(self) -> int:
+        return len(self._trials)
+
+
+def run_experiment(scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
+                   total_atoms: int, max_iterations: int, deadline: float | None = None,
+                   target: float | None = None, fail_fast: bool = False) -> ExperimentResult:
+    """Run one tuning experiment to its end (see the module docstring).
+
+    `deadline` is relative to the clock's time at the start; `target` ends
+    the experiment at the first result that reaches it.
+    """
+    return Experiment(scheduler, executor, search_space, total_atoms=total_atoms, max_iterations=max_iterations,
+                      deadline=deadline, target=target, fail_fast=fail_fast).run()

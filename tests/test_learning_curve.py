@@ -1,0 +1,184 @@
+"""The learning-curve predictor (thrifty.perfmodels.learning_curve) and the
+measured learning-curve traces (thrifty.datasets.curves)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from thrifty.datasets import curves as curves_module
+from thrifty.datasets.curves import Trace, load_traces
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.learning_curve import CurvePrior, forecast
+
+HORIZON = 50
+
+
+def _pow3(x):
+    return 0.92 - 0.55 * x**-0.9
+
+
+def _weibull(x):
+    return 0.88 - 0.7 * np.exp(-((x / 6.0) ** 1.5))
+
+
+def _mmf(x):
+    return 0.95 - 0.8 / (1.0 + (x / 4.0) ** 2.0)
+
+
+def _coverage(curve, seen_epochs: int, seeds: int, prior: CurvePrior | None = None):
+    """Noisy curves from `curve` (sd 0.01), `seen_epochs` of 50 seen: the hit
+    rate of the central 90% interval for the noisy value at epoch 50, the
+    median interval width and the mean absolute error of the predictive mean."""
+    hits, widths, errors = [], [], []
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        x = np.arange(1, seen_epochs + 1)
+        seen = np.clip(curve(x) + rng.normal(0, 0.01, x.size), 0, 1)
+        final = float(curve(np.array([HORIZON]))[0] + rng.normal(0, 0.01))
+        dist = forecast(x, seen, HORIZON, seed=seed, prior=prior)
+        lo, hi = dist.quantile(0.05, HORIZON), dist.quantile(0.95, HORIZON)
+        hits.append(lo <= final <= hi)
+        widths.append(hi - lo)
+        errors.append(abs(dist.mean(HORIZON) - final))
+    return float(np.mean(hits)), float(np.median(widths)), float(np.mean(errors))
+
+
+def test_without_discrepancy_the_interval_covers_at_the_stated_rate():
+    """Data from a family in the ensemble with independent noise is exactly the
+    model once the discrepancy is switched off: 90% intervals cover about 90%."""
+    no_discrepancy = CurvePrior(discrepancy=1e-4)
+    results = [_coverage(curve, n, 50, no_discrepancy) for curve in (_pow3, _mmf) for n in (5, 15)]
+    assert 0.82 <= np.mean([hit for hit, _, _ in results]) <= 0.97
+    assert all(width < 0.4 for _, width, _ in results)
+
+
+@pytest.mark.parametrize("curve", [_pow3, _weibull, _mmf], ids=["pow3", "weibull", "mmf"])
+def test_default_extrapolation_is_calibrated_and_useful(curve):
+    """With the default discrepancy (sized on real curves) the model is at
+    least as wide as needed on clean family curves, and still narrow and close."""
+    hit, width, error = _coverage(curve, 15, 20)
+    assert hit >= 0.85
+    assert width < 0.2
+    assert error < 0.07
+
+
+def test_probabilities_are_monotone_in_y_and_match_quantiles():
+    x = np.arange(1, 9)
+    dist = forecast(x, _pow3(x), HORIZON)
+    ys = np.linspace(-0.1, 1.1, 121)
+    probs = np.array([dist.prob_at_least(y, HORIZON) for y in ys])
+    assert np.all(np.diff(probs) <= 1e-12)
+    assert probs[0] == pytest.approx(1.0) and probs[-1] == 0.0
+    for q in (0.05, 0.5, 0.95):
+        assert dist.prob_at_least(dist.quantile(q, HORIZON), HORIZON) == pytest.approx(1 - q, abs=1e-3)
+    assert dist.quantile(0.05, HORIZON) < dist.mean(HORIZON) < dist.quantile(0.95, HORIZON)
+
+
+def test_uncertainty_grows_with_the_horizon_and_shrinks_with_data():
+    x = np.arange(1, 31)
+    y = _weibull(x)
+    few, many = forecast(x[:5], y[:5], HORIZON), forecast(x, y, HORIZON)
+
+    def width(d, epoch):
+        return d.quantile(0.95, epoch) - d.quantile(0.05, epoch)
+
+    assert width(few, 10) < width(few, HORIZON)
+    assert width(many, HORIZON) < width(few, HORIZON)
+
+
+def test_one_or_two_points_give_a_wide_honest_answer():
+    for n in (1, 2):
+        dist = forecast(np.arange(1, n + 1), [0.2, 0.35][:n], HORIZON)
+        lo, hi = dist.quantile(0.05, HORIZON), dist.quantile(0.95, HORIZON)
+        assert 0.0 <= lo < 0.4 and hi > 0.7 and hi <= 1.0
+
+
+def test_answers_stay_inside_the_bounds_and_are_reproducible():
+    x = np.arange(1, 11)
+    diverged = np.array([0.6, 0.4, 0.2, 0.1, 0.1, 0.098, 0.1, 0.1, 0.1, 0.1])
+    a, b = forecast(x, diverged, HORIZON, seed=3), forecast(x, diverged, HORIZON, seed=3)
+    assert a.mean(HORIZON) == b.mean(HORIZON)
+    assert 0.0 <= a.quantile(0.01, HORIZON) <= a.quantile(0.99, HORIZON) <= 1.0
+    assert sum(a.family_weights.values()) == pytest.approx(1.0)
+
+
+def test_unbounded_metric():
+    x = np.arange(1, 11)
+    loss = -(2.0 + 3.0 * x**-0.5)  # negative loss: higher is better, not in [0, 1]
+    dist = forecast(x, loss, 40, lower=None, upper=None)
+    assert dist.quantile(0.05, 40) < dist.mean(40) < dist.quantile(0.95, 40)
+    assert loss[-1] - 0.5 < dist.mean(40) < -2.0 + 0.5
+
+
+@pytest.mark.parametrize(
+    "epochs, values, max_epoch, message",
+    [
+        ([], [], 10, "empty"),
+        ([1, 2], [0.1, float("nan")], 10, "NaN"),
+        ([1, 2, 3], [0.1, 0.2], 10, "match"),
+        ([1, 3, 2], [0.1, 0.2, 0.3], 10, "increasing"),
+        ([0, 1], [0.1, 0.2], 10, "positive"),
+        ([1, 2, 3], [0.1, 0.2, 0.3], 2, "max_epoch"),
+        ([1, 2], [0.1, 1.2], 10, "upper"),
+        ([1, 2], [-0.1, 0.2], 10, "lower"),
+        ([1, 2], [0.1, 0.2], float("inf"), "max_epoch"),
+    ],
+)
+def test_bad_curves_are_rejected(epochs, values, max_epoch, message):
+    with pytest.raises(ValueError, match=message):
+        forecast(epochs, values, max_epoch)
+
+
+def test_bad_queries_are_rejected():
+    dist = forecast([1, 2, 3], [0.2, 0.3, 0.35], 20)
+    with pytest.raises(ValueError, match="epoch"):
+        dist.prob_at_least(0.5, 21)
+    with pytest.raises(ValueError, match="epoch"):
+        dist.mean(0)
+    with pytest.raises(ValueError, match="q"):
+        dist.quantile(1.0, 10)
+    with pytest.raises(ValueError, match="y"):
+        dist.prob_at_least(float("nan"), 10)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("discrepancy", 0.0), ("time_scale", "weekly"), ("samples", 3), ("noise_min", -1.0)]
+)
+def test_bad_prior_settings_are_rejected(field, value):
+    with pytest.raises(ValueError, match=field):
+        CurvePrior(**{field: value})
+
+
+def test_shipped_traces_are_measured_and_consistent():
+    traces = load_traces()
+    assert len(traces) >= 100
+    epochs = {t.epochs for t in traces}
+    assert len(epochs) == 1 and epochs.pop() >= 30
+    for t in traces:
+        assert isinstance(t, Trace)
+        assert t.accuracy.shape == t.epoch_s.shape
+        assert np.all((t.accuracy >= 0) & (t.accuracy <= 1)) and np.all(t.epoch_s > 0)
+        assert {"optimizer", "learning_rate", "width", "depth", "weight_decay", "batch_size"} <= set(t.config)
+    finals = np.array([t.accuracy[-1] for t in traces])
+    assert finals.max() > 0.9 and finals.min() < 0.5  # real spread: good and bad configurations
+    traces[0].config["width"] = -1  # callers get their own copies
+    assert load_traces()[0].config["width"] != -1
+
+
+def test_unknown_trace_name_suggests_the_known_one():
+    with pytest.raises(ProblemError, match="digits-mlp"):
+        load_traces("digits-mpl")
+
+
+def test_malformed_trace_file_names_the_field(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({
+        "format": "thrifty.curve_traces/1",
+        "traces": [{"config": {}, "accuracy": [0.1, 0.2], "epoch_s": [0.1]}],
+    }))
+    monkeypatch.setattr(curves_module, "curve_trace_files", lambda: {"bad": bad})
+    with pytest.raises(ProblemError, match=r"traces\[0\]\.epoch_s"):
+        load_traces("bad")
