@@ -56,6 +56,7 @@ from thrifty.perfmodels.allreduce import PROBE_COLUMNS
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 
 __all__ = [
+    "loopback_interface",
     "PROBE_COLUMNS",
     "CPU_MAX_BYTES",
     "GPU_MAX_BYTES",
@@ -425,14 +426,15 @@ def _launch_rank(plan: _WorkerPlan) -> "subprocess.Popen[bytes]":
     caller's ``__main__`` is re-imported), one thread each."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     if plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
-        lo = _loopback_interface()
+        lo = loopback_interface()
         if lo:
             env["GLOO_SOCKET_IFNAME"] = lo
     code = "import sys; from thrifty.perfmodels.probe import _worker_entry; _worker_entry(sys.argv[1])"
     return subprocess.Popen([sys.executable, "-c", code, plan.to_json()], env=env, stdin=subprocess.DEVNULL)
 
 
-def _loopback_interface() -> str | None:
+def loopback_interface() -> str | None:
+    """The name of the loopback network interface (for GLOO_SOCKET_IFNAME), or None."""
     import socket
 
     for _, name in socket.if_nameindex():

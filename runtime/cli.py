@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "fit-allreduce": "fit_allreduce",
     "catalog": "catalog",
     "cleanup": "cleanup",
+    "run": "run",
 }
 
 

@@ -14,6 +14,7 @@ machine (60 s on EC2), the same rule the solver's formulations use.
 from __future__ import annotations
 
 import abc
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -75,12 +76,27 @@ class CapacityError(ProviderError):
 
 
 class Provider(abc.ABC):
-    """Where machines come from. Subclasses: local processes, EC2."""
+    """Where machines come from. Subclasses: local processes, EC2.
+
+    The base keeps the ledger of what the run owns (`_own`, and default
+    `terminate`, `machines`, `all_machines` that only update it), with times
+    from `now()`; a provider whose machines live elsewhere (EC2) overrides
+    them."""
 
     name: str = "provider"
 
     def __init__(self, run_id: str):
         self.run_id = run_id
+        self._machines: dict[str, Machine] = {}
+        self._lock = threading.RLock()
+
+    def now(self) -> float:
+        """The time machines are billed by (Unix seconds; a virtual clock's time in simulation)."""
+        return time.time()
+
+    def _own(self, made: Iterable[Machine]) -> None:
+        with self._lock:
+            self._machines.update((m.id, m) for m in made)
 
     @abc.abstractmethod
     def provision(self, instance_type: str, count: int, market: str = "on_demand",
@@ -89,13 +105,30 @@ class Provider(abc.ABC):
         `CapacityError` when the market has none, `ProviderError` on timeout
         (after terminating what did start)."""
 
-    @abc.abstractmethod
     def terminate(self, machines: Iterable[Machine]) -> list[Machine]:
         """Give machines back; returns them with their termination time."""
+        now = self.now()
+        out = []
+        with self._lock:
+            for m in machines:
+                current = self._machines.get(m.id)
+                if current is None:
+                    raise ProviderError(f"machine {m.id} does not belong to run {self.run_id}")
+                if current.terminated_at is None:
+                    current = current.ended(now)
+                    self._machines[m.id] = current
+                out.append(current)
+        return out
 
-    @abc.abstractmethod
     def machines(self) -> list[Machine]:
         """Machines this run owns that are not terminated."""
+        with self._lock:
+            return [m for m in self._machines.values() if m.terminated_at is None]
+
+    def all_machines(self) -> list[Machine]:
+        """Every machine of this run, terminated ones included (for billing)."""
+        with self._lock:
+            return list(self._machines.values())
 
     @abc.abstractmethod
     def price(self, instance_type: str, market: str = "on_demand") -> float:

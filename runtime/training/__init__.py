@@ -1,1 +1,43 @@
-"""Training runtime (issue 5): run a training plan with heterogeneous batches, monitor, re-plan."""
+"""Training runtime (issue 5): run a training plan with heterogeneous batches,
+watch its progress, re-plan on preemption or slowdown (Srifty 4.5, 5.4).
+
+::
+
+    from thrifty.runtime.training import train, RunConfig, Hooks
+
+    result = train("plan.json", "mypkg.jobs:trainer", problem="problem.json")
+
+The names below load on first use (PEP 562), so a worker process, which
+imports ``thrifty.runtime.training.worker``, does not pay for the solver, and
+nothing here imports torch until a run starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "train": "driver", "RunConfig": "driver", "RunResult": "driver", "SegmentRecord": "driver",
+    "ProgressSnapshot": "driver",
+    "Trainer": "trainer", "load_trainer": "trainer",
+    "Hooks": "hooks", "HOOK_EVENTS": "hooks",
+    "KillWorker": "faults", "SlowWorker": "faults", "DelayStart": "faults",
+    "ProgressMonitor": "monitor", "ThroughputWindow": "monitor", "Verdict": "monitor",
+    "Replan": "replan", "Replanner": "replan",
+    "RunLog": "runlog", "read_run_log": "runlog",
+    "TrainingError": "errors", "WorldFormationError": "errors", "WorkerFailed": "errors",
+    "StallError": "errors", "ReplanInfeasible": "errors",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'thrifty.runtime.training' has no attribute '{name}'")
+    return getattr(importlib.import_module(f"thrifty.runtime.training.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -4,7 +4,10 @@ One loop (`run_experiment`) drives a `Scheduler` and an executor under a
 real or virtual `Clock`; schedulers cannot tell which. Schedulers: `FIFO`
 (HyperDrive's Default), `ASHA`, `HyperSched`, `POP`, `Bandit`, `EarlyTerm`.
 `SimulatedExecutor` runs HyperSched's synthetic workload or replays recorded
-learning curves (HyperDrive 7.1) on the virtual clock.
+learning curves (HyperDrive 7.1) on the virtual clock; `LocalExecutor` runs
+trials as torch worker processes on this host; `execute_plan` carries out a
+tuning plan from the planner stage by stage (RubberBand). Ray Tune versions of
+the schedulers: `thrifty.runtime.tuning.ray_schedulers` (the `ray` extra).
 
     from thrifty.runtime.tuning import (HyperSched, SimulatedExecutor, SyntheticWorkload,
                                         run_experiment, synthetic_search_space)
@@ -20,6 +23,9 @@ from thrifty.runtime.tuning.base import (SCALINGS, Decision, ExperimentView, Sch
                                          scaling_function)
 from thrifty.runtime.tuning.clock import Clock, RealClock, VirtualClock
 from thrifty.runtime.tuning.early_term import EarlyTerm
+from thrifty.runtime.tuning.executor_local import LocalExecutor, TunableTrainer
+from thrifty.runtime.tuning.executor_plan import (PlanExecutor, PlanResult, ProfileWorkload, StageRecord,
+                                                  VirtualProvider, execute_plan, simulated_backend)
 from thrifty.runtime.tuning.executor_sim import (SimulatedExecutor, SyntheticWorkload, TraceWorkload, Workload,
                                                  configuration_orders, record_traces, synthetic_score,
                                                  synthetic_search_space)
@@ -41,6 +47,9 @@ __all__ = [
     "Executor", "Experiment", "ExperimentResult", "run_experiment", "SchedulerError", "TrialFailedError",
     "SimulatedExecutor", "Workload", "SyntheticWorkload", "TraceWorkload", "synthetic_score",
     "synthetic_search_space", "configuration_orders", "record_traces",
+    "LocalExecutor", "TunableTrainer",
+    "PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "simulated_backend", "VirtualProvider",
+    "ProfileWorkload",
     "SearchSpace", "RandomSearch", "GridSearch", "ConfigList", "CallableSearch",
     "Uniform", "LogUniform", "IntUniform", "Choice", "Exponential",
 ]

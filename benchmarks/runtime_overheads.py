@@ -1,0 +1,324 @@
+"""Overheads of the training runtime (issue 5), and Srifty 5.4 in miniature.
+
+1. Re-plan latency, from the preemption event to the new plan (target <= 1 s;
+   Srifty gives itself 1 s): the miniature problem below, and the paper's own
+   5.4 setting (ResNet-50, global batch 1024, 400 iterations, 500 s; p3.8xlarge
+   spot x2, g3.8xlarge x8, g4dn.8xlarge x8 at the paper's prices; one p3 spot
+   machine lost at 223 s after 200 iterations, 150 s launch + 5 s detach),
+   next to the paper's answer (1 p3.8xl@512 + 8 g3.8xl@64). Each re-plan reuses
+   the run's `TrainingSpace` (built while the first workers start).
+2. Checkpoint time per save (model + optimizer + RNG states, atomic write with
+   fsync) for the three zoo models, and as measured inside the live run.
+3. Throughput of gradient reweighting against plain DDP averaging, with
+   equal local batches (2 workers x 32) on a real gloo world here: DDP copies
+   of the model in one world (plain; reweighting by loss scaling, the
+   runtime's default; reweighting by the DDP communication hook), trained in
+   turns, so the load of the host hits all alike; target overhead <= 5%.
+4. Srifty 5.4 in miniature (``datasets/examples/local-demo-srifty54.json``):
+   the plan puts two local-a spot machines to work, one is taken away without
+   notice half way (as the paper cancelled a p3 spot instance), the runtime
+   re-plans with what is left and the job must finish within its time limit
+   and budget. Printed as a timeline, drawn to ``--plot``.
+
+Everything runs on this host (2 CPU cores): timings move with the load of
+other processes, which the table reports. Run:
+``python benchmarks/runtime_overheads.py [--repeats 3] [--plot out/runtime-srifty54.png]``;
+``--profile-now`` plans the miniature with a profile measured at the start
+(for a host busier than the idle one the shipped profile was measured on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from thrifty.runtime.training import KillWorker, ReplanInfeasible, RunConfig, read_run_log, train
+from thrifty.runtime.training.replan import Replanner
+from thrifty.runtime.training.report import format_timeline, plot_run, timeline
+from thrifty.solver import solve
+from thrifty.solver.problem import load_problem, parse_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"
+SRIFTY_CATALOG = ROOT / "datasets" / "catalog" / "srifty-2022.json"
+ZOO = "thrifty.runtime.training.examples:zoo"
+console = Console(width=150)
+
+
+def load_average() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} CPUs"
+
+
+# -- 1. re-plan latency ------------------------------------------------------------------
+
+def srifty54_problem():
+    return parse_problem({
+        "kind": "training", "name": "Srifty 5.4", "model": "resnet50", "global_batch": 1024, "iterations": 400,
+        "objective": "min_cost", "limits": {"time_s": 500}, "catalog": str(SRIFTY_CATALOG),
+        "overheads": {"launch_s": 150},
+        "instances": [{"instance_type": "p3.8xlarge", "market": "spot", "quota": 2},
+                      {"instance_type": "g3.8xlarge", "market": "spot", "quota": 8},
+                      {"instance_type": "g4dn.8xlarge", "market": "spot", "quota": 8}]})
+
+
+def replan_latencies(problem, key, survivors, remaining, elapsed_s, spent_usd, launch_s, repeats):
+    """(first latency, median of the others, the re-plan) for one preemption."""
+    replanner = Replanner(problem)
+    replanner.space  # built at run start, while the workers start: not part of the latency
+    times, replan = [], None
+    for _ in range(repeats):
+        replanner.depleted.clear()
+        replanner.deplete(key)
+        event_at = time.time()
+        replan = replanner.replan("preemption", old_plan=None, remaining_iterations=remaining, elapsed_s=elapsed_s,
+                                  spent_usd=spent_usd, survivors=survivors, launch_s=launch_s, event_at=event_at)
+        times.append(replan.latency_s)
+    return times[0], statistics.median(times[1:] or times), replan
+
+
+def section_replan(repeats: int) -> list[tuple[str, str, str]]:
+    rows = []
+    paper = srifty54_problem()
+    initial = solve(paper)
+    first, median, r = replan_latencies(paper, ("p3.8xlarge", "spot"), {("p3.8xlarge", "spot"): 1}, 200, 223.0,
+                                        initial.predicted.cost_usd * 0.5, 155.0, repeats)
+    console.print(f"Srifty 5.4 at paper scale: initial plan {initial.config} (paper: 2xp3.8xlarge@512), "
+                  f"predicted {initial.predicted.total_s:.0f} s; after losing one p3 spot machine at 223 s: "
+                  f"{r.new_config} (paper: 1xp3.8xlarge@512+8xg3.8xlarge@64), predicted "
+                  f"{r.new_plan.predicted.total_s:.0f} s of the {r.problem.limits.time_s:.0f} s left")
+    rows.append(("re-plan latency, Srifty 5.4 at paper scale (first / median)",
+                 f"{first * 1e3:.0f} ms / {median * 1e3:.0f} ms", "<= 1 s"))
+    demo = load_problem(DEMO)
+    first, median, r = replan_latencies(demo, ("local-a", "spot"), {("local-a", "spot"): 1}, 300, 14.0, 0.01, 5.0,
+                                        repeats)
+    rows.append(("re-plan latency, miniature (first / median)", f"{first * 1e3:.0f} ms / {median * 1e3:.0f} ms",
+                 "<= 1 s"))
+    return rows
+
+
+# -- 2. checkpoints ----------------------------------------------------------------------
+
+def section_checkpoints(repeats: int) -> list[tuple[str, str, str]]:
+    import torch
+
+    from thrifty.perfmodels.zoo import FACTORIES
+    from thrifty.runtime.training.checkpoint import capture_rng, save_checkpoint
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, factory in FACTORIES.items():
+            model = factory(seed=0).model
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+            x, y = factory(seed=0).make_batch(8)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()  # momentum buffers exist, as in a run
+            times, size = [], 0
+            for _ in range(max(repeats, 5)):
+                seconds, size = save_checkpoint(Path(folder) / f"{name}.pt", {
+                    "iteration": 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "rng": {"batches": [32, 32], "states": [capture_rng(), capture_rng()]}})
+                times.append(seconds)
+            rows.append((f"checkpoint save, {name} ({size / 1e6:.1f} MB)",
+                         f"{statistics.median(times) * 1e3:.1f} ms (median of {len(times)})", "-"))
+    return rows
+
+
+# -- 3. reweighting hook against plain DDP -----------------------------------------------
+
+VARIANTS = ("plain", "batch", "hook")
+
+
+def ab_worker(rank: int, port: int, model: str, iterations: int, out: str) -> None:
+    """One rank of the A/B world: three DDP copies of the model on one
+    process group (plain averaging; reweighting by loss scaling, the runtime's
+    default; reweighting by the communication hook), trained in turns whose
+    order flips every iteration, on equal batches, so that load drifts on the
+    host hit all alike. Rank 0 writes the per-iteration times."""
+    import functools
+    import json
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from thrifty.perfmodels.zoo import FACTORIES
+    from thrifty.runtime.training.reweight import loss_scale, register_reweighting
+    from thrifty.runtime.training.worker import _scaled_loss, train_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=300))
+    copies = {name: FACTORIES[model](seed=0) for name in VARIANTS}
+    ddp = {name: DistributedDataParallel(w.model) for name, w in copies.items()}
+    register_reweighting(ddp["hook"], 32, 64)
+    losses = {name: w.loss_fn for name, w in copies.items()}
+    losses["batch"] = functools.partial(_scaled_loss, copies["batch"].loss_fn, loss_scale(32, 64, 2))
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for name, m in ddp.items()}
+    batches = [copies["plain"].make_batch(32) for _ in range(4)]
+    warmup, times = 5, {name: [] for name in VARIANTS}
+    for i in range(warmup + iterations):
+        for name in (VARIANTS if i % 2 == 0 else VARIANTS[::-1]):
+            x, y = batches[i % 4]
+            start = time.perf_counter()
+            train_step(ddp[name], optimizers[name], losses[name], x, y)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def ab_times(model: str, iterations: int) -> dict[str, list[float]]:
+    import json
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as folder:
+        out = str(Path(folder) / "times.json")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, __file__, "--ab-worker", str(rank), str(port), model,
+                                   str(iterations), out], env=env) for rank in range(2)]
+        try:
+            for proc in procs:
+                if proc.wait(timeout=600) != 0:
+                    raise RuntimeError(f"A/B worker exited with {proc.returncode}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return json.loads(Path(out).read_text())
+
+
+def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
+    rows = []
+    for model in ("tiny-transformer", "small-cnn", "mlp"):
+        times = ab_times(model, iterations)
+        median = {name: statistics.median(values) for name, values in times.items()}
+        for name, label, target in (("batch", "loss scaling (default)", "<= 5%"), ("hook", "DDP comm hook", "-")):
+            rows.append((f"reweighting, {label}, vs plain DDP: {model}, 2 workers x 32",
+                         f"{1 / median[name]:.1f} vs {1 / median['plain']:.1f} it/s: "
+                         f"{(median[name] / median['plain'] - 1) * 100:+.1f}% time (medians of {len(times['plain'])}, "
+                         "interleaved)", target))
+    return rows
+
+
+# -- 4. Srifty 5.4 in miniature -----------------------------------------------------------
+
+def profile_now(folder: str) -> str:
+    """The tiny transformer's compute profile measured now, on this host, as
+    loaded as it is (the shipped one was measured on an idle machine)."""
+    from thrifty.perfmodels.profiler import profile_workload
+    from thrifty.perfmodels.zoo import tiny_transformer
+    from thrifty.perfmodels.profile import save_profile
+
+    profile = profile_workload(tiny_transformer(), model_name="tiny-transformer", batches=[8, 16, 32, 64],
+                               repeats=12, warmup=2, rounds=3, threads=1, device="cpu", progress=False,
+                               command="benchmarks/runtime_overheads.py --profile-now")
+    path = str(Path(folder) / "tiny-transformer__cpu.json")
+    save_profile(profile, path)
+    return path
+
+
+def section_miniature(plot: Path | None, kill_at: int, fresh_profile: bool) -> list[tuple[str, str, str]]:
+    problem = load_problem(DEMO)
+    keep = tempfile.TemporaryDirectory()
+    if fresh_profile:
+        problem = problem.model_copy(update={"model": profile_now(keep.name)})
+        console.print("miniature: planned with a compute profile measured just now on this host")
+    plan = solve(problem)
+    config = RunConfig(checkpoint_every=25, checkpoint_every_s=None, window_s=5.0, window_bins=10, poll_s=0.02)
+    failure = None
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            train(plan, ZOO, problem=problem, run_dir=folder, config=config, faults=[KillWorker(1, at_iteration=kill_at)])
+        except ReplanInfeasible as e:  # reported below: the run log tells what happened
+            failure = e
+        events = read_run_log(Path(folder) / "run.jsonl")
+    console.print(f"\n[bold]Srifty 5.4 in miniature[/bold]: {problem.name}")
+    console.print(format_timeline(timeline(events)), markup=False, highlight=False)
+    if plot is not None:
+        plot_run(events, plot, title="Srifty 5.4 in miniature: one spot machine lost without notice")
+        console.print(f"plot: {plot}")
+    keep.cleanup()
+    return miniature_rows(events, problem, plan, failure)
+
+
+def miniature_rows(events: list[dict], problem, plan, failure: Exception | None) -> list[tuple[str, str, str]]:
+    """The miniature's figures, from its run log (complete or not)."""
+    ends = [e for e in events if e["event"] == "segment_end"]
+    replans = [e for e in events if e["event"] == "replan"]
+    finish = next((e for e in events if e["event"] == "finish"), None)
+    saves = [e["save_s"] for e in events if e["event"] == "checkpoint"]
+    configs = [plan.config] + [e["new_config"] for e in replans]
+    rows = [("miniature: plans", " -> ".join(configs), "re-planned after the loss")]
+    rows += [("miniature: re-plan latency in the run", f"{e['latency_s'] * 1e3:.0f} ms ({e['reason']})", "<= 1 s")
+             for e in replans]
+    done = ends[-1]["committed_iteration"] if ends else 0
+    rows.append(("miniature: iterations done / lost to the preemption",
+                 f"{done} / {sum(e['lost_iterations'] for e in ends)}", f"{problem.iterations} / < 25"))
+    if finish is not None:
+        rows += [
+            ("miniature: elapsed (plan predicted)", f"{finish['elapsed_s']:.1f} s ({plan.predicted.total_s:.1f} s)",
+             f"<= {problem.limits.time_s:g} s"),
+            ("miniature: cost (plan predicted)", f"${finish['cost_usd']:.4f} (${plan.predicted.cost_usd:.4f})",
+             f"<= ${problem.limits.cost_usd:g}"),
+            ("miniature: within limits", "yes" if finish["within_limits"] else "NO", "yes"),
+        ]
+    else:
+        rows.append(("miniature: within limits", f"NO: {failure}", "yes"))
+    if saves:
+        rows.append(("checkpoint save in the run, tiny-transformer (median)",
+                     f"{statistics.median(saves) * 1e3:.1f} ms over {len(saves)} saves", "-"))
+    launches = [e["launch_s"] for e in ends if e["launch_s"] is not None]
+    rows.append(("launch to first iteration in the run (first world, relaunches)",
+                 " / ".join(f"{x:.2f} s" for x in launches), "-"))
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--ab-worker":
+        rank, port, model, iterations, out = sys.argv[2:7]
+        ab_worker(int(rank), int(port), model, int(iterations), out)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="A/B repeats and re-plan repeats")
+    parser.add_argument("--iterations", type=int, default=200, help="A/B iterations per model")
+    parser.add_argument("--kill-at", type=int, default=210, help="miniature: iteration of the preemption")
+    parser.add_argument("--plot", type=Path, default=Path("out/runtime-srifty54.png"))
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--profile-now", action="store_true",
+                        help="miniature: plan with a profile measured now instead of the shipped one (a busy host)")
+    args = parser.parse_args()
+    console.print(f"host: {load_average()}")
+    rows = section_replan(max(args.repeats, 3))
+    rows += section_checkpoints(args.repeats)
+    rows += section_miniature(args.plot, args.kill_at, args.profile_now)
+    if not args.skip_throughput:
+        rows += section_reweighting(args.iterations)
+    table = Table(title="training runtime overheads (this host)")
+    for column in ("figure", "measured", "target"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"host after the runs: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,610 @@
+"""`train(plan, trainer)`: carry out a training plan, watch it, re-plan (Srifty 4.5, 5.4).
+
+The driver gets the plan's machines from a provider (`LocalProvider` by
+default), starts one world of workers on them (`launcher.Segment`), and polls:
+worker reports, the provider's interruption notices, the fault injector and
+the progress monitor. What it does on each event:
+
+- **preemption** (any source: a spot notice with time left, a worker gone
+  without notice, a capacity failure at launch): mark the (instance type,
+  market) depleted, re-solve for the remaining iterations, time and budget
+  with the switching overhead (`replan.Replanner`), and switch: with time
+  left the workers checkpoint and stop; without, they are killed and the run
+  restarts from its last checkpoint. Surviving machines are kept when the new
+  plan uses them; the others are given back.
+- **slowdown**: the monitor says the limits will be missed with high
+  certainty; re-solve with what is left and switch only if the answer is a
+  different configuration.
+- **finished**: all iterations done and checkpointed; every machine is given
+  back.
+
+Each is logged to the run log (JSON lines) and announced to the hooks. Every
+wait has a timeout (`RunConfig`); a failure stops every process, gives every
+machine back and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.catalog import Catalog, load_catalog
+from thrifty.datasets.errors import ProblemError
+from thrifty.runtime.events import Preemption
+from thrifty.runtime.providers.base import CapacityError, Machine, Provider
+from thrifty.runtime.training.errors import ReplanInfeasible, TrainingError
+from thrifty.runtime.training.faults import Fault, FaultInjector
+from thrifty.runtime.training.hooks import Hooks
+from thrifty.runtime.training.job import JobSpec
+from thrifty.runtime.training.launcher import RankSlot, Segment, SegmentPoll
+from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, spent_cost
+from thrifty.runtime.training.plans import as_plan, check_plan
+from thrifty.runtime.training.replan import Replan, Replanner
+from thrifty.runtime.training.runlog import RunLog
+from thrifty.runtime.training.sharding import split_batch
+from thrifty.runtime.training.trainer import load_trainer, trainer_spec
+from thrifty.solver.plan import Plan
+from thrifty.solver.problem import TrainingProblem
+from thrifty.solver.solve import as_problem
+
+__all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "train", "rank_slots"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a run behaves. Times in seconds.
+
+    `window_s` is Srifty's K (5 minutes) and `window_bins` the bins its
+    throughput standard deviation is taken over. `replan_time_limit_s` is the
+    solver's time limit on a re-plan (Srifty gives itself 1 s). `weighting`:
+    ``batch`` (gradient reweighting by loss scaling, the default), ``hook``
+    (the same as a DDP communication hook) or ``mean`` (plain DDP averaging,
+    equal batches only); see `thrifty.runtime.training.reweight`.
+    """
+
+    checkpoint_every: int | None = 100
+    checkpoint_every_s: float | None = 60.0
+    window_s: float = 300.0
+    window_bins: int = 10
+    replan_on_slowdown: bool = True
+    poll_s: float = 0.05
+    world_timeout_s: float = 120.0
+    stall_timeout_s: float = 600.0
+    stop_timeout_s: float = 120.0
+    collective_timeout_s: float = 600.0
+    provision_timeout_s: float = 600.0
+    threads: int = 1
+    seed: int = 0
+    backend: str = "auto"
+    weighting: str = "batch"
+    solver_method: str = "auto"
+    replan_time_limit_s: float | None = 1.0
+    max_replans: int = 16
+    log_every_s: float | None = None  # throughput log period; default window_s / window_bins
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "poll_s", "world_timeout_s", "stall_timeout_s", "stop_timeout_s",
+                     "collective_timeout_s", "provision_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ProblemError(f"is {getattr(self, name)}, but must be positive", path=name)
+        if self.window_bins < 2:
+            raise ProblemError(f"is {self.window_bins}, but must be at least 2", path="window_bins")
+        if self.threads < 1:
+            raise ProblemError(f"is {self.threads}, but must be at least 1", path="threads")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ProblemError(f"is {self.checkpoint_every}, but must be at least 1", path="checkpoint_every")
+
+    @property
+    def throughput_log_s(self) -> float:
+        return self.log_every_s if self.log_every_s is not None else self.window_s / self.window_bins
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    """One world of workers: from which iteration, to where, and how it ended."""
+
+    index: int
+    config: str
+    batches: tuple[int, ...]
+    start_iteration: int
+    reached_iteration: int  # the last iteration the workers reported
+    committed_iteration: int  # the last checkpoint: where the next world starts
+    ended: str  # "finished", "stopped", "killed", "lost"
+    launch_s: float | None  # from asking for machines to the first iteration done
+    checkpoint_s: tuple[float, ...]  # seconds per save
+    throughput: float | None  # iterations per second in steady state, from the workers' clock
+
+    @property
+    def lost_iterations(self) -> int:
+        return self.reached_iteration - self.committed_iteration
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "batches": list(self.batches), "checkpoint_s": list(self.checkpoint_s),
+                "lost_iterations": self.lost_iterations}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    run_dir: Path
+    iterations: int
+    total_iterations: int
+    elapsed_s: float
+    cost_usd: float
+    time_limit_s: float | None
+    cost_limit_usd: float | None
+    plans: tuple[Plan, ...]
+    replans: tuple[Replan, ...]
+    preemptions: tuple[Preemption, ...]
+    segments: tuple[SegmentRecord, ...]
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "run.jsonl"
+
+    @property
+    def within_limits(self) -> bool:
+        return ((self.time_limit_s is None or self.elapsed_s <= self.time_limit_s)
+                and (self.cost_limit_usd is None or self.cost_usd <= self.cost_limit_usd))
+
+    def to_dict(self) -> dict:
+        return {
+            "run_id": self.run_id, "run_dir": str(self.run_dir), "iterations": self.iterations,
+            "total_iterations": self.total_iterations, "elapsed_s": self.elapsed_s, "cost_usd": self.cost_usd,
+            "time_limit_s": self.time_limit_s, "cost_limit_usd": self.cost_limit_usd,
+            "within_limits": self.within_limits, "configs": [p.config for p in self.plans],
+            "replans": [r.to_dict() for r in self.replans], "preemptions": [p.to_dict() for p in self.preemptions],
+            "segments": [s.to_dict() for s in self.segments],
+        }
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """What `thrifty run`'s progress bar shows: predicted against actual."""
+
+    state: str  # "launching", "training", "stopping"
+    config: str
+    iterations: int
+    total_iterations: int
+    elapsed_s: float
+    spent_usd: float
+    predicted_total_s: float | None  # when the current plan says the job ends (since the start)
+    predicted_cost_usd: float | None
+    projected_total_s: float | None  # when the measured throughput says it ends
+    projected_cost_usd: float | None
+    window: ThroughputWindow | None
+    time_limit_s: float | None
+    cost_limit_usd: float | None
+
+
+def rank_slots(plan: Plan, machines: Sequence[Sequence[Machine]], catalog: Catalog) -> list[RankSlot]:
+    """The workers of a plan: for each allocation (in order) and each of its
+    machines, one worker per device, the machine's batch split over them."""
+    slots: list[RankSlot] = []
+    index = 0
+    for alloc, group in zip(plan.allocation, machines):
+        gpus = catalog.get(alloc.instance_type).gpus
+        for machine in group:
+            batches = split_batch(alloc.batch_per_instance, gpus)
+            for local_rank, batch in enumerate(batches):
+                slots.append(RankSlot(len(slots), machine.id, machine.instance_type, machine.market, machine.host,
+                                      index, local_rank, gpus, batch))
+            index += 1
+    return slots
+
+
+def train(plan: Plan | dict | str | Path, trainer: str | Callable[..., Any], *,
+          problem: TrainingProblem | dict | str | Path, provider: Provider | None = None,
+          hooks: Hooks | None = None, config: RunConfig | None = None, faults: Iterable[Fault] = (),
+          run_dir: str | Path | None = None, trainer_args: Mapping[str, Any] | None = None, resume: bool = False,
+          on_progress: Callable[[ProgressSnapshot], None] | None = None, run_id: str | None = None) -> RunResult:
+    """Run `plan` for `problem` with `trainer` (``MODULE:FACTORY`` or an
+    importable factory) until all the problem's iterations are done.
+
+    `run_dir` holds the checkpoint, the run log (``run.jsonl``) and the
+    workers' logs (default ``./thrifty-runs/<run id>``); `resume` continues
+    from its checkpoint. Without a `provider`, machines are local worker
+    slots priced from the problem's catalog. Raises `ProblemError` for bad
+    input (before anything starts), `ReplanInfeasible` when a preemption
+    leaves no plan that meets the limits, `TrainingError` subclasses for
+    failures; the last checkpoint survives all of them.
+    """
+    problem = as_problem(problem)
+    if not isinstance(problem, TrainingProblem):
+        raise ProblemError(f"is '{problem.kind}', but the training runtime runs 'training' problems", path="kind")
+    plan = as_plan(plan)
+    catalog = load_catalog(problem.catalog)
+    check_plan(plan, problem, catalog)
+    spec = trainer_spec(trainer)
+    load_trainer(spec, trainer_args)  # a factory that raises is bad input, before any process starts
+    run_id = run_id or uuid.uuid4().hex[:8]
+    folder = Path(run_dir) if run_dir is not None else Path.cwd() / "thrifty-runs" / run_id
+    checkpoint = folder / "checkpoint.pt"
+    if checkpoint.exists() and not resume:
+        raise ProblemError(f"already holds a checkpoint ({checkpoint}); resume it or choose another folder",
+                           path="run_dir")
+    if resume and not checkpoint.exists():
+        raise ProblemError(f"has no checkpoint to resume ({checkpoint})", path="run_dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    own_provider = provider is None
+    if provider is None:
+        from thrifty.runtime.providers.local import LocalProvider
+
+        provider = LocalProvider(run_id, catalog)
+    driver = _Driver(plan, problem, catalog, spec, dict(trainer_args or {}), provider, hooks or Hooks(),
+                     config or RunConfig(), FaultInjector(faults), folder, run_id, on_progress)
+    try:
+        return driver.run(resume)
+    finally:
+        driver.release(close_provider=own_provider)
+
+
+class _Driver:
+    def __init__(self, plan: Plan, problem: TrainingProblem, catalog: Catalog, spec: str,
+                 trainer_args: dict[str, Any], provider: Provider, hooks: Hooks, config: RunConfig,
+                 injector: FaultInjector, folder: Path, run_id: str,
+                 on_progress: Callable[[ProgressSnapshot], None] | None):
+        self.plan, self.problem, self.catalog = plan, problem, catalog
+        self.spec, self.trainer_args, self.provider, self.hooks = spec, trainer_args, provider, hooks
+        self.config, self.injector, self.folder, self.run_id = config, injector, folder, run_id
+        self.on_progress = on_progress
+        self.start = time.time()
+        self.log = RunLog(folder / "run.jsonl", start=self.start)
+        self.replanner = Replanner(problem, method=config.solver_method, time_limit_s=config.replan_time_limit_s)
+        limits = problem.limits
+        self.monitor = ProgressMonitor(problem.iterations, limits.time_s, limits.cost_usd, self.start,
+                                       config.window_s, config.window_bins, problem.overheads.min_billed_s)
+        self.machines: dict[str, Machine] = {}  # every machine of the run, by id (billing)
+        self.plans: list[Plan] = [plan]
+        self.replans: list[Replan] = []
+        self.preemptions: list[Preemption] = []
+        self.segments: list[SegmentRecord] = []
+        self.done = 0
+        self.launch_s = problem.overheads.launch_s
+        # the current plan's own prediction, as elapsed time and cost of the whole run
+        self.predicted_total_s = plan.predicted.total_s if plan.predicted else None
+        self.predicted_cost_usd = plan.predicted.cost_usd if plan.predicted else None
+
+    # -- machines ---------------------------------------------------------------------------
+    def _update(self, machines: Iterable[Machine]) -> None:
+        self.machines.update((m.id, m) for m in machines)
+
+    def _held(self) -> list[Machine]:
+        return [m for m in self.machines.values() if m.terminated_at is None]
+
+    def _give_back(self, machines: Sequence[Machine]) -> None:
+        if machines:
+            self._update(self.provider.terminate(machines))
+            self.log.write("terminate", machines=[m.id for m in machines])
+
+    def _spent(self, now: float | None = None) -> float:
+        return spent_cost(self.machines.values(), time.time() if now is None else now,
+                          self.problem.overheads.min_billed_s)
+
+    def _acquire(self, plan: Plan) -> list[list[Machine]]:
+        """The plan's machines: survivors first, then new ones; the rest given back."""
+        pool: dict[tuple[str, str], list[Machine]] = {}
+        for m in self._held():
+            pool.setdefault((m.instance_type, m.market), []).append(m)
+        groups: list[list[Machine]] = []
+        for alloc in plan.allocation:
+            key = (alloc.instance_type, alloc.market)
+            have = pool.get(key, [])[: alloc.count]
+            pool[key] = pool.get(key, [])[alloc.count:]
+            groups.append(have)
+        self._give_back([m for rest in pool.values() for m in rest])
+        for alloc, group in zip(plan.allocation, groups):
+            need = alloc.count - len(group)
+            if need > 0:
+                new = self.provider.provision(alloc.instance_type, need, alloc.market, self.config.provision_timeout_s)
+                self._update(new)
+                group.extend(new)
+                self.log.write("provision", instance_type=alloc.instance_type, market=alloc.market,
+                               machines=[m.id for m in new])
+        return groups
+
+    def release(self, close_provider: bool) -> None:
+        try:
+            if close_provider:
+                self.provider.close()
+                self._update(getattr(self.provider, "all_machines", lambda: [])())
+            else:
+                self._give_back(self._held())
+        finally:
+            self.log.close()
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self, resume: bool) -> RunResult:
+        if resume:
+            from thrifty.runtime.training.checkpoint import load_checkpoint
+
+            self.done = int(load_checkpoint(self.folder / "checkpoint.pt")["iteration"])
+        self.log.write("start", run_id=self.run_id, trainer=self.spec, trainer_args=self.trainer_args,
+                       plan=self.plan.to_dict(), iterations=self.problem.iterations, start_iteration=self.done,
+                       global_batch=self.problem.global_batch, limits=self.problem.limits.model_dump(),
+                       config=self.config.__dict__)
+        plan = self.plan
+        try:
+            while self.done < self.problem.iterations:
+                if len(self.replans) > self.config.max_replans:
+                    raise TrainingError(f"re-planned {len(self.replans)} times, more than max_replans "
+                                        f"{self.config.max_replans}; the last checkpoint is kept")
+                acquire_at = time.time()
+                try:
+                    groups = self._acquire(plan)
+                except CapacityError as e:
+                    plan = self._on_capacity(e, plan)
+                    continue
+                plan = self._run_segment(plan, groups, acquire_at)
+        except BaseException as e:
+            self.log.write("error", error=f"{type(e).__name__}: {e}", iteration=self.done)
+            raise
+        now = time.time()
+        result = RunResult(self.run_id, self.folder, self.done, self.problem.iterations, now - self.start,
+                           self._spent(now), self.problem.limits.time_s, self.problem.limits.cost_usd,
+                           tuple(self.plans), tuple(self.replans), tuple(self.preemptions), tuple(self.segments))
+        predicted = self.plan.predicted
+        self.log.write("finish", at=now, iterations=self.done, cost_usd=result.cost_usd,
+                       within_limits=result.within_limits, time_limit_s=result.time_limit_s,
+                       cost_limit_usd=result.cost_limit_usd, configs=[p.config for p in self.plans],
+                       predicted_total_s=predicted.total_s if predicted else None,
+                       predicted_cost_usd=predicted.cost_usd if predicted else None)
+        self.hooks.emit("finished", result)
+        return result
+
+    def _on_capacity(self, error: CapacityError, plan: Plan) -> Plan:
+        event = error.as_preemption()
+        self._announce(event)
+        return self._commit(self._solve("capacity", plan, self.problem.iterations - self.done, event))
+
+    def _announce(self, event: Preemption, **extra: Any) -> None:
+        self.preemptions.append(event)
+        self.replanner.deplete(event.key)
+        self.log.write("preemption", **event.to_dict(), **extra)
+        self.hooks.emit("preemption", event)
+
+    def _solve(self, reason: str, plan: Plan, remaining: int, event: Preemption | None = None,
+               event_at: float | None = None, gone: Iterable[str] = ()) -> Replan:
+        """Re-solve for what is left; machines in `gone` are not survivors."""
+        now = time.time()
+        gone = set(gone)
+        survivors = Counter((m.instance_type, m.market) for m in self._held() if m.id not in gone)
+        return self.replanner.replan(
+            reason, old_plan=plan, remaining_iterations=remaining, elapsed_s=now - self.start,
+            spent_usd=self._spent(now), survivors=survivors, launch_s=self.launch_s,
+            event_at=event_at if event_at is not None else (event.at if event is not None else now), event=event)
+
+    def _commit(self, replan: Replan) -> Plan:
+        now = time.time()
+        self.replans.append(replan)
+        self.plans.append(replan.new_plan)
+        predicted = replan.new_plan.predicted
+        self.predicted_total_s = now - self.start + predicted.total_s
+        self.predicted_cost_usd = self._spent(now) + predicted.cost_usd
+        self.log.write("replan", **replan.to_dict())
+        self.hooks.emit("replanned", replan)
+        return replan.new_plan
+
+    def _run_segment(self, plan: Plan, groups: list[list[Machine]], acquire_at: float) -> Plan:
+        """Run one world until it finishes or stops; returns the plan to go on with."""
+        index = len(self.segments)
+        slots = rank_slots(plan, groups, self.catalog)
+        cfg = self.config
+        backend = cfg.backend
+        if backend == "auto":  # local pseudo machines are CPU workers even on a host with GPUs
+            devices = {self.catalog.get(s.instance_type).device for s in slots}
+            backend = "gloo" if devices == {"cpu"} else "auto"
+        job = JobSpec(trainer=self.spec, trainer_args=self.trainer_args, global_batch=self.problem.global_batch,
+                      iterations=self.problem.iterations, batches=tuple(s.batch for s in slots),
+                      checkpoint_path=str(self.folder / "checkpoint.pt"), checkpoint_every=cfg.checkpoint_every,
+                      checkpoint_every_s=cfg.checkpoint_every_s, seed=cfg.seed, threads=cfg.threads,
+                      backend=backend, timeout_s=cfg.collective_timeout_s, weighting=cfg.weighting,
+                      faults=self.injector.worker_faults(index, slots, self.done),
+                      machine_ids=tuple(s.machine_id for s in slots))
+        watch = _SegmentWatch(self, plan, slots, index, acquire_at)
+        self.monitor.reset(self.done)
+        self.log.write("launch", segment=index, config=plan.config, world_size=len(slots), batches=list(job.batches),
+                       start_iteration=self.done, machines=[s.machine_id for s in slots])
+        with Segment(job, slots, self.folder, index, world_timeout_s=cfg.world_timeout_s,
+                     stall_timeout_s=cfg.stall_timeout_s, stop_timeout_s=cfg.stop_timeout_s) as segment:
+            watch.segment = segment
+            segment.start()
+            ended = watch.follow()
+        return watch.finish(ended)
+
+
+class _SegmentWatch:
+    """The driver's side of one segment: reacts to each poll."""
+
+    def __init__(self, driver: _Driver, plan: Plan, slots: list[RankSlot], index: int, acquire_at: float):
+        self.d, self.plan, self.slots, self.index, self.acquire_at = driver, plan, slots, index, acquire_at
+        self.segment: Segment = None  # type: ignore[assignment]
+        self.next_plan: Plan | None = None
+        self.failure: BaseException | None = None
+        self.handled: set[str] = set()  # machines already preempted
+        self.kill_at: dict[str, float] = {}  # machine id -> when its warning runs out
+        self.start = self.reached = driver.done
+        self.first_progress_at: float | None = None
+        self.last_throughput_log = 0.0
+        self.timing: dict | None = None
+
+    def machine_of(self, machine_id: str) -> Machine:
+        return self.d.machines[machine_id]
+
+    def follow(self) -> str:
+        d, seg = self.d, self.segment
+        while True:
+            poll = seg.poll()
+            now = time.time()
+            self._worker_events(poll)
+            if poll.iteration is not None and poll.iteration_at is not None:
+                if self.first_progress_at is None and poll.iteration > d.done:
+                    self.first_progress_at = poll.iteration_at
+                    d.launch_s = max(d.launch_s, poll.iteration_at - self.acquire_at)
+                self.reached = max(self.reached, poll.iteration)
+                d.monitor.observe(poll.iteration_at, poll.iteration)
+            if poll.lost:
+                self._lost(poll.lost)
+                return "lost"
+            if poll.ended:
+                return poll.ended
+            ours = {s.machine_id for s in self.slots}
+            notices = []
+            for e in d.provider.poll_interruptions():
+                if e.machine_id is None:  # a market gone (capacity): no new machines of it, none stops
+                    d._announce(e, segment=self.index)
+                elif e.machine_id in ours:
+                    notices.append(e)
+            for action in d.injector.due(now - d.start, 1 + max(s.machine_index for s in self.slots)):
+                machine_id = next(s.machine_id for s in self.slots if s.machine_index == action.machine)
+                if action.warning_s is None:
+                    seg.kill(seg.ranks_of(machine_id), as_loss=True)
+                else:
+                    m = self.machine_of(machine_id)
+                    notices.append(Preemption(m.instance_type, m.market, "injector", machine_id, action.warning_s,
+                                              "fault injector: spot notice"))
+            if notices:
+                self._preempted(notices)
+            for machine_id, deadline in list(self.kill_at.items()):
+                if now >= deadline:  # the warning ran out: the machine goes, stopped or not
+                    seg.kill(seg.ranks_of(machine_id), as_loss=True)
+                    del self.kill_at[machine_id]
+            if poll.formed and seg.stop_requested_at is None:
+                self._check_progress(now)
+            self._report(now, "stopping" if seg.stop_requested_at is not None else
+                         "training" if poll.formed else "launching")
+            time.sleep(d.config.poll_s)
+
+    def _worker_events(self, poll: SegmentPoll) -> None:
+        d = self.d
+        for e in poll.events:
+            kind = e["event"]
+            if kind == "checkpoint":
+                d.log.write("checkpoint", at=e["at"], segment=self.index, iteration=e["iteration"],
+                            save_s=e["save_s"], bytes=e["bytes"])
+            elif kind == "ready" and e["rank"] == 0:
+                d.log.write("world_formed", at=e["at"], segment=self.index, start_iteration=e["start_iteration"],
+                            rng=e["rng"], since_launch_s=e["at"] - self.acquire_at)
+                if e["start_iteration"] != self.start:
+                    self._found_checkpoint(e["start_iteration"])
+            elif kind == "notice":
+                self.reached = max(self.reached, e["iteration"])
+                m = self.machine_of(e["machine_id"])
+                self._preempted([Preemption(m.instance_type, m.market, "injector", m.id, e["time_left_s"],
+                                            "fault injector: spot notice", at=e["at"])])
+            elif kind in ("done", "stopped"):
+                self.timing = e.get("timing")
+
+    def _found_checkpoint(self, iteration: int) -> None:
+        """The workers started from a later checkpoint than the driver knew of:
+        the last world saved it and was killed before it could say so."""
+        d = self.d
+        if iteration < self.start or not d.segments:
+            raise TrainingError(f"segment {self.index} started at iteration {iteration}, but the driver "
+                                f"expected {self.start}")
+        d.log.write("checkpoint_found", segment=self.index - 1, iteration=iteration, expected=self.start)
+        d.segments[-1] = replace(d.segments[-1], committed_iteration=iteration)
+        self.start = self.reached = d.done = iteration
+        d.monitor.reset(iteration)
+
+    def _preempted(self, events: Sequence[Preemption]) -> None:
+        """Machines of this world are being taken away (or a market is gone):
+        deplete, stop (gracefully while there is time left), re-plan."""
+        fresh = [e for e in events if e.machine_id is None or e.machine_id not in self.handled]
+        if not fresh:
+            return
+        d, seg = self.d, self.segment
+        graceful = all(e.machine_id is not None and e.time_left_s is not None and e.time_left_s > 0 for e in fresh)
+        self.handled.update(e.machine_id for e in fresh if e.machine_id is not None)
+        # with time left the workers stop after their current iteration (at least `reached`: the plan
+        # is for at most what is left); without, the run restarts from its last checkpoint
+        restart = self.reached if graceful else (seg.last_checkpoint if seg.last_checkpoint is not None else self.start)
+        for e in fresh:
+            d._announce(e, segment=self.index, iteration=self.reached, plan_from_iteration=restart)
+        if graceful:
+            seg.request_stop()
+            for e in fresh:
+                self.kill_at[e.machine_id] = e.at + e.time_left_s
+        else:
+            seg.kill()
+        try:
+            self.next_plan = d._commit(d._solve("preemption", self.plan, d.problem.iterations - restart, fresh[0],
+                                                gone=self.handled))
+        except ReplanInfeasible as e:
+            self.failure = e
+            seg.request_stop()
+
+    def _lost(self, lost: list[tuple[int, int]]) -> None:
+        """Workers gone without notice: their machines are lost."""
+        self.segment.kill()
+        events = {}
+        for rank, code in lost:
+            slot = self.slots[rank]
+            events.setdefault(slot.machine_id, Preemption(
+                slot.instance_type, slot.market, "worker-exit", slot.machine_id, 0.0,
+                f"rank {rank} exited with code {code} without notice"))
+        self._preempted(list(events.values()))
+
+    def _check_progress(self, now: float) -> None:
+        d = self.d
+        verdict = d.monitor.check(now, d.machines.values())
+        if now - self.last_throughput_log >= d.config.throughput_log_s:
+            self.last_throughput_log = now
+            d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
+        if not verdict.replan or not d.config.replan_on_slowdown:
+            return
+        d.monitor.reset(d.monitor.iterations)  # judge again only on a fresh window
+        d.log.write("slowdown", at=now, segment=self.index, **verdict.to_dict())
+        d.hooks.emit("slowdown", verdict)
+        try:
+            replan = d._solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
+        except ReplanInfeasible as e:
+            d.log.write("replan_infeasible", reason="slowdown", error=str(e))
+            return
+        if replan.new_config == self.plan.config:  # the same machines: switching would only cost
+            d.log.write("replan_kept", config=self.plan.config, latency_s=replan.latency_s)
+            return
+        self.next_plan = d._commit(replan)
+        self.segment.request_stop()
+
+    def _report(self, now: float, state: str) -> None:
+        d = self.d
+        if d.on_progress is None:
+            return
+        verdict = d.monitor.check(now, d.machines.values())
+        d.on_progress(ProgressSnapshot(
+            state, self.plan.config, d.monitor.iterations, d.problem.iterations, now - d.start, verdict.spent_usd,
+            d.predicted_total_s, d.predicted_cost_usd, verdict.projected_total_s, verdict.projected_cost_usd,
+            verdict.window, d.problem.limits.time_s, d.problem.limits.cost_usd))
+
+    def finish(self, ended: str) -> Plan:
+        d, seg = self.d, self.segment
+        committed = seg.last_checkpoint if seg.last_checkpoint is not None else self.start
+        throughput = None
+        if self.timing and self.timing["seconds"] > 0:
+            throughput = (self.timing["to_iteration"] - self.timing["from_iteration"]) / self.timing["seconds"]
+        record = SegmentRecord(self.index, self.plan.config, tuple(s.batch for s in self.slots), self.start,
+                               self.reached, committed, ended,
+                               None if self.first_progress_at is None else self.first_progress_at - self.acquire_at,
+                               tuple(c["save_s"] for c in seg.checkpoints), throughput)
+        d.segments.append(record)
+        d.log.write("segment_end", **record.to_dict())
+        d.injector.reached(self.reached)
+        d.done = committed
+        d._give_back([d.machines[m] for m in self.handled if d.machines[m].terminated_at is None])
+        if self.failure is not None:
+            raise self.failure
+        if ended == "finished":
+            return self.plan
+        if self.next_plan is None:  # stopped or killed without a new plan (stop timeout): same plan again
+            return self.plan
+        return self.next_plan

@@ -1,0 +1,96 @@
+"""Example trainers (``thrifty run PLAN.json --trainer thrifty.runtime.training.examples:zoo``).
+
+- `tiny_mlp`: a two-layer perceptron on a small synthetic classification set,
+  float64 by default; the tests use it to check gradient reweighting and exact
+  resumption to 1e-6 and bit for bit.
+- `zoo`: one of the profiled zoo models (`thrifty.perfmodels.zoo`: ``mlp``,
+  ``small-cnn``, ``tiny-transformer``) on a fixed synthetic dataset drawn from
+  that model's own input stream and teacher labels. A problem that names the
+  same model (``"model": "tiny-transformer"``) is planned with that model's
+  measured CPU profile, so the plan predicts the work these workers do.
+
+This module does not import torch; the factories' parts do when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thrifty.runtime.training.trainer import Trainer
+
+__all__ = ["tiny_mlp", "zoo"]
+
+_DTYPES = ("float32", "float64")
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    if name not in _DTYPES:
+        raise ValueError(f"dtype is '{name}', but must be one of {', '.join(_DTYPES)}")
+    return getattr(torch, name)
+
+
+def _sgd(lr: float, momentum: float):
+    def make(parameters: Any) -> Any:
+        import torch
+
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+
+    return make
+
+
+def _cross_entropy(outputs: Any, targets: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(outputs, targets)
+
+
+def tiny_mlp(features: int = 8, hidden: int = 16, classes: int = 4, samples: int = 240, dtype: str = "float64",
+             lr: float = 0.1, momentum: float = 0.9, seed: int = 0) -> Trainer:
+    """``Linear(features, hidden) -> Tanh -> Linear(hidden, classes)`` on
+    `samples` Gaussian points labelled by a fixed random linear teacher."""
+    torch_dtype = _dtype(dtype)
+
+    def model() -> Any:
+        import torch
+        from torch import nn
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, classes)).to(torch_dtype)
+
+    def dataset() -> Any:
+        import torch
+        from torch.utils.data import TensorDataset
+
+        generator = torch.Generator().manual_seed(seed + 1)
+        inputs = torch.randn(samples, features, generator=generator, dtype=torch_dtype)
+        teacher = torch.randn(features, classes, generator=generator, dtype=torch_dtype)
+        return TensorDataset(inputs, (inputs @ teacher).argmax(dim=1))
+
+    return Trainer(model=model, optimizer=_sgd(lr, momentum), dataset=dataset, loss=_cross_entropy)
+
+
+def zoo(model: str = "tiny-transformer", samples: int = 4096, lr: float = 1e-3, momentum: float = 0.9,
+        seed: int = 0) -> Trainer:
+    """A profiled zoo model (``mlp``, ``small-cnn``, ``tiny-transformer``) on
+    `samples` synthetic examples from its own stream."""
+    from thrifty.perfmodels.zoo import FACTORIES
+
+    if model not in FACTORIES:
+        raise ValueError(f"model is '{model}', but must be one of {', '.join(FACTORIES)}")
+
+    def workload() -> Any:
+        return FACTORIES[model](seed=seed)
+
+    def make_model() -> Any:
+        return workload().model
+
+    def dataset() -> Any:
+        from torch.utils.data import TensorDataset
+
+        inputs, targets = workload().make_batch(samples)
+        return TensorDataset(inputs, targets)
+
+    return Trainer(model=make_model, optimizer=_sgd(lr, momentum), dataset=dataset, loss=_cross_entropy)

@@ -1,0 +1,280 @@
+"""One world of worker processes on this host, from start to end: a `Segment`.
+
+The driver hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
+127.0.0.1, so no port can be raced for) and starts one worker process per rank
+(forked by `zygote`, which has torch imported; the same code as
+``python -m thrifty.runtime.training.worker``) with the torchrun environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` and
+``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun's agent sets them). The
+workers report through the same store (`worker.Control`); `Segment.poll` reads
+it without blocking and turns what it sees into a `SegmentPoll`, or into an
+exception when waiting longer would be a hang:
+
+- the world does not form within ``world_timeout_s``: `WorldFormationError`;
+- a worker raises: `WorkerFailed` with its message (traceback in its log);
+- no progress for ``stall_timeout_s``: `StallError`;
+- a stop that takes longer than ``stop_timeout_s``: the workers are killed
+  and the segment ends ``killed`` (the run restarts from its last checkpoint).
+
+A worker that exits with a non-zero code and no error report is *lost* (a
+machine taken away without notice); the driver decides what that means.
+Every process is killed and reaped when the segment closes, and each one dies
+with the zygote, which dies with the driver (``PR_SET_PDEATHSIG`` on Linux),
+so nothing outlives a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.probe import loopback_interface
+from thrifty.runtime.training.errors import StallError, WorkerFailed, WorldFormationError
+from thrifty.runtime.training.job import JobSpec
+from thrifty.runtime.training.zygote import WorkerProcess, zygote
+
+__all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS"]
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+# the worker's store keys (kept equal to thrifty.runtime.training.worker's, which imports torch)
+KEY_EVENTS, KEY_PROGRESS, KEY_STOP = "thrifty/events", "thrifty/progress", "thrifty/stop"
+ERROR_GRACE_S = 0.5  # after an error report, how long to look for a rank lost without one
+EXIT_GRACE_S = 5.0  # after the workers said they are done, how long they may take to exit
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """One worker process: its rank, the machine it runs on and its batch."""
+
+    rank: int
+    machine_id: str
+    instance_type: str
+    market: str
+    host: str
+    machine_index: int
+    local_rank: int
+    local_world_size: int
+    batch: int
+
+
+@dataclass
+class SegmentPoll:
+    iteration: int | None = None  # iterations done, from rank 0's last report
+    iteration_at: float | None = None  # unix time of that report
+    events: list[dict[str, Any]] = field(default_factory=list)  # new worker events
+    formed: bool = False
+    lost: list[tuple[int, int]] = field(default_factory=list)  # (rank, exit code) gone without a report
+    ended: Literal["finished", "stopped", "killed"] | None = None
+
+
+class Segment:
+    """The processes of one world, watched by polling (never blocking)."""
+
+    def __init__(self, job: JobSpec, slots: Sequence[RankSlot], folder: str | Path, index: int = 0, *,
+                 world_timeout_s: float = 120.0, stall_timeout_s: float = 600.0, stop_timeout_s: float = 120.0,
+                 env: dict[str, str] | None = None):
+        if len(slots) != len(job.batches):
+            raise ProblemError(f"{len(slots)} rank slots for {len(job.batches)} local batches")
+        remote = sorted({s.host for s in slots if s.host not in LOCAL_HOSTS})
+        if remote:
+            raise ProblemError(f"the local launcher starts workers on this host only, but machines run on "
+                               f"{', '.join(remote)}: start the worker entry there with torchrun "
+                               "(python -m thrifty.runtime.training.worker --help)")
+        self.job, self.slots, self.index = job, list(slots), index
+        self.folder = Path(folder)
+        self.world_timeout_s, self.stall_timeout_s, self.stop_timeout_s = world_timeout_s, stall_timeout_s, stop_timeout_s
+        self.extra_env = dict(env or {})
+        self.procs: list[WorkerProcess] = []
+        self.store: Any = None
+        self.started_at = self.formed_at = self.stop_requested_at = None
+        self.start_iteration: int | None = None
+        self.last_checkpoint: int | None = None
+        self.end_event: dict[str, Any] | None = None
+        self.checkpoints: list[dict[str, Any]] = []
+        self._consumed = 0
+        self._joining: set[int] = set()
+        self._ready: set[int] = set()
+        self._errors: dict[int, dict[str, Any]] = {}
+        self._progress: tuple[int, float] | None = None
+        self._last_change = 0.0
+        self._error_seen_at: float | None = None
+        self._end_seen_at: float | None = None
+        self._killed = False
+        self._expected: set[int] = set()  # ranks the driver killed on purpose
+        self._closed = False
+
+    # -- life cycle -----------------------------------------------------------------------
+    def log_path(self, rank: int) -> Path:
+        return self.folder / "logs" / f"segment{self.index}-rank{rank}.log"
+
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=max(self.world_timeout_s, self.job.timeout_s))
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout, wait_for_workers=False)
+        self.store.set(KEY_EVENTS, "")
+        self.store.set(KEY_PROGRESS, "")
+        job_path = self.folder / f"job-segment{self.index}.json"
+        self.job.write(job_path)
+        (self.folder / "logs").mkdir(parents=True, exist_ok=True)
+        lo = loopback_interface()
+        self.started_at = self._last_change = time.monotonic()
+        forks = zygote()
+        for slot in self.slots:
+            env = dict(self.extra_env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.store.port), RANK=str(slot.rank),
+                       WORLD_SIZE=str(len(self.slots)), LOCAL_RANK=str(slot.local_rank),
+                       LOCAL_WORLD_SIZE=str(slot.local_world_size), GROUP_RANK=str(slot.machine_index),
+                       TORCHELASTIC_USE_AGENT_STORE="True", THRIFTY_CONTROL="1",
+                       OMP_NUM_THREADS=str(self.job.threads), MKL_NUM_THREADS=str(self.job.threads))
+            if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+                env["GLOO_SOCKET_IFNAME"] = lo
+            self.procs.append(forks.launch(["--job", str(job_path)], env, str(self.log_path(slot.rank))))
+
+    def request_stop(self) -> None:
+        """Ask the workers to checkpoint after their current iteration and exit."""
+        if self.stop_requested_at is None and not self._closed:
+            self.store.set(KEY_STOP, "1")
+            self.stop_requested_at = time.monotonic()
+
+    def kill(self, ranks: Sequence[int] | None = None, as_loss: bool = False) -> None:
+        """SIGKILL the given ranks (default: all) that still run. Ranks the
+        driver kills are not reported as lost, unless `as_loss` (the fault
+        injector taking a machine away, which must look like the real thing)."""
+        if self._closed:
+            return
+        for rank, proc in enumerate(self.procs):
+            if (ranks is None or rank in ranks) and proc.exitcode is None:
+                proc.kill()
+                if not as_loss:
+                    self._expected.add(rank)
+        if ranks is None and not as_loss:
+            self._killed = True
+
+    def close(self) -> None:
+        """Kill whatever still runs, reap every process, stop the store."""
+        if self._closed:
+            return
+        self.kill()
+        for proc in self.procs:
+            proc.join(timeout=10.0)
+        self._closed = True
+        self.store = None
+
+    def __enter__(self) -> "Segment":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ranks_of(self, machine_id: str) -> list[int]:
+        return [s.rank for s in self.slots if s.machine_id == machine_id]
+
+    # -- watching -------------------------------------------------------------------------
+    def _new_events(self) -> list[dict[str, Any]]:
+        text = self.store.get(KEY_EVENTS).decode("utf-8", errors="replace")
+        fresh, self._consumed = text[self._consumed:], len(text)
+        events = [json.loads(line) for line in fresh.splitlines() if line.strip()]
+        for e in events:
+            kind = e.get("event")
+            if kind == "joining":
+                self._joining.add(e["rank"])
+            elif kind == "ready":
+                self._ready.add(e["rank"])
+                self.start_iteration = e["start_iteration"]
+                self._last_change = time.monotonic()  # the stall clock starts when the world has formed
+            elif kind == "checkpoint":
+                self.last_checkpoint = e["iteration"]
+                self.checkpoints.append(e)
+                self._last_change = time.monotonic()
+            elif kind in ("done", "stopped"):
+                self.end_event = e
+            elif kind == "error":
+                self._errors.setdefault(e["rank"], e)
+        return events
+
+    def _read_progress(self) -> None:
+        text = self.store.get(KEY_PROGRESS).decode()
+        if text:
+            done, at = text.split()
+            progress = (int(done), float(at))
+            if progress != self._progress:
+                self._progress = progress
+                self._last_change = time.monotonic()
+
+    def poll(self) -> SegmentPoll:
+        """What happened since the last poll; raises when waiting on would hang."""
+        now = time.monotonic()
+        events = self._new_events()
+        self._read_progress()
+        codes = [p.exitcode for p in self.procs]
+        if any(c not in (None, 0) for c in codes):
+            events += self._new_events()  # an error report may have landed just before the exit
+        out = SegmentPoll(events=events, formed=len(self._ready) == len(self.slots))
+        if self._progress is not None:
+            out.iteration, out.iteration_at = self._progress
+        if out.formed and self.formed_at is None:
+            self.formed_at = now
+        out.lost = [(r, c) for r, c in enumerate(codes)
+                    if c not in (None, 0) and r not in self._errors and r not in self._expected]
+        if out.lost:
+            return out
+        if self._killed:
+            out.ended = "killed"
+            return out
+        if self._errors:
+            self._error_seen_at = self._error_seen_at or now
+            if now - self._error_seen_at >= ERROR_GRACE_S or all(c is not None for c in codes):
+                self._raise_error()
+            return out
+        if all(c == 0 for c in codes):
+            if self.end_event is None:
+                self.close()
+                raise WorkerFailed(f"the workers of segment {self.index} exited without finishing or stopping; "
+                                   f"logs: {self.log_path(0).parent}")
+            out.ended = "finished" if self.end_event["event"] == "done" else "stopped"
+            return out
+        if any(c is None for c in codes) and not all(p.server_alive for p in self.procs):
+            self.close()
+            raise WorkerFailed("the worker fork server exited while workers ran; the last checkpoint is kept")
+        if self.end_event is not None:  # the work is checkpointed: give the exits a grace, then end them
+            self._end_seen_at = self._end_seen_at or now
+            if now - self._end_seen_at > EXIT_GRACE_S:
+                self.kill()
+                out.ended = "finished" if self.end_event["event"] == "done" else "stopped"
+                return out
+        self._check_timeouts(now, out.formed)
+        if self._killed:
+            out.ended = "killed"
+        return out
+
+    def _raise_error(self) -> None:
+        rank = min(self._errors)
+        error = self._errors[rank]
+        self.close()
+        raise WorkerFailed(f"rank {rank} failed: {error['message']} (log: {self.log_path(rank)})",
+                           rank=rank, details=error.get("traceback", ""))
+
+    def _check_timeouts(self, now: float, formed: bool) -> None:
+        if not formed and now - self.started_at > self.world_timeout_s:
+            missing = sorted(set(range(len(self.slots))) - self._joining)
+            why = (f"ranks {', '.join(map(str, missing))} never joined" if missing
+                   else "every rank joined, but the process group did not form")
+            self.close()
+            raise WorldFormationError(f"the world of {len(self.slots)} workers did not form within "
+                                      f"{self.world_timeout_s:g} s ({why}); logs: {self.log_path(0).parent}")
+        if self.stop_requested_at is not None:
+            if now - self.stop_requested_at > self.stop_timeout_s:
+                self.kill()  # the run restarts from its last checkpoint
+            return
+        if formed and now - self._last_change > self.stall_timeout_s:
+            done = self._progress[0] if self._progress else self.start_iteration
+            self.close()
+            raise StallError(f"no progress for {self.stall_timeout_s:g} s (at iteration {done}); stopped the "
+                             f"workers; the last checkpoint is kept; logs: {self.log_path(0).parent}")

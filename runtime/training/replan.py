@@ -1,0 +1,167 @@
+"""Re-solving a running job with what is left (Srifty 4.5, 5.4).
+
+When a spot machine is preempted (or a launch fails for capacity) its
+(instance type, market) is *depleted*: no new machine of it is chosen again.
+The re-plan problem is the original one with
+
+    iterations  = N - n           (n: where the run restarts)
+    time_s      = T_lim - t       (t: elapsed since the run started)
+    cost_usd    = $_lim - c       (c: spent so far, per-second billing)
+    launch_s    = the switching overhead (at least the problem's own)
+    instances   = the depleted choices limited to the machines of them that
+                  still run (removed when none does); the others unchanged.
+
+Keeping the survivors of a depleted market follows Srifty 5.4, where the
+surviving p3.8xlarge spot machine went on with 8 new g3.8xlarge
+(1024 = 512 + 8 x 64); new machines of that market are never asked for.
+The solver's launch overhead is charged to the whole plan, survivors
+included, which makes the re-plan slightly conservative.
+
+The problem is solved with the original `TrainingSpace`'s simulator and
+caches (`TrainingSpace.derive`), under a solver time limit (Srifty gives
+itself 1 s); the latency from the event to the new plan is measured.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from thrifty.runtime.events import Preemption
+from thrifty.runtime.training.errors import ReplanInfeasible
+from thrifty.solver.plan import Plan
+from thrifty.solver.problem import Limits, Overheads, TrainingProblem
+from thrifty.solver.solve import solve
+from thrifty.solver.training import TrainingSpace
+
+__all__ = ["Replan", "replan_changes", "Replanner"]
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Replan:
+    """One re-plan: why, what ran before, what runs now, how long it took."""
+
+    reason: str  # "preemption", "capacity" or "slowdown"
+    old_plan: Plan | None
+    new_plan: Plan
+    problem: TrainingProblem
+    latency_s: float  # from the event to the new plan
+    solve_s: float
+    event: Preemption | None = None
+    depleted: tuple[Key, ...] = field(default_factory=tuple)
+
+    @property
+    def old_config(self) -> str:
+        return self.old_plan.config if self.old_plan is not None else ""
+
+    @property
+    def new_config(self) -> str:
+        return self.new_plan.config
+
+    def to_dict(self) -> dict:
+        return {
+            "reason": self.reason, "old_config": self.old_config, "new_config": self.new_config,
+            "latency_s": self.latency_s, "solve_s": self.solve_s,
+            "trigger": self.event.to_dict() if self.event else None,
+            "depleted": [list(k) for k in self.depleted],
+            "problem": {"iterations": self.problem.iterations, "limits": self.problem.limits.model_dump(),
+                        "launch_s": self.problem.overheads.launch_s,
+                        "instances": [c.model_dump() for c in self.problem.instances]},
+            "plan": self.new_plan.to_dict(),
+        }
+
+
+def replan_changes(problem: TrainingProblem, *, remaining_iterations: int, elapsed_s: float, spent_usd: float,
+                   depleted: set[Key], survivors: Mapping[Key, int], launch_s: float) -> dict:
+    """The fields of the re-plan problem (for ``model_copy(update=...)``);
+    raises `ReplanInfeasible` when nothing is left to plan with."""
+    if remaining_iterations < 1:
+        raise ValueError(f"remaining_iterations is {remaining_iterations}: the job is done, nothing to re-plan")
+    limits = problem.limits
+    time_left = None if limits.time_s is None else limits.time_s - elapsed_s
+    cost_left = None if limits.cost_usd is None else limits.cost_usd - spent_usd
+    if time_left is not None and time_left <= 0:
+        raise ReplanInfeasible(f"the time limit {limits.time_s:g} s has passed ({elapsed_s:.1f} s elapsed)")
+    if cost_left is not None and cost_left <= 0:
+        raise ReplanInfeasible(f"the budget ${limits.cost_usd:g} is spent (${spent_usd:.4f})")
+    instances = []
+    for choice in problem.instances:
+        key = (choice.instance_type, choice.market)
+        quota = min(choice.quota, survivors.get(key, 0)) if key in depleted else choice.quota
+        if quota > 0:
+            instances.append(choice.model_copy(update={"quota": quota}))
+    if not instances:
+        gone = ", ".join(f"{t} ({m})" for t, m in sorted(depleted))
+        raise ReplanInfeasible(f"no machine choice is left: depleted {gone}")
+    return {
+        "iterations": remaining_iterations,
+        "limits": Limits(time_s=time_left, cost_usd=cost_left),
+        "instances": instances,
+        "overheads": Overheads(launch_s=max(launch_s, problem.overheads.launch_s),
+                               min_billed_s=problem.overheads.min_billed_s),
+    }
+
+
+class Replanner:
+    """Re-solves a job as it runs, remembering the depleted markets."""
+
+    def __init__(self, problem: TrainingProblem, space: TrainingSpace | None = None, method: str = "auto",
+                 time_limit_s: float | None = 1.0):
+        self.problem = problem
+        self.method, self.time_limit_s = method, time_limit_s
+        self.depleted: set[Key] = set()
+        self._space, self._error = space, None
+        self._building: threading.Thread | None = None
+        if space is None:  # loading models takes seconds: do it while the workers start
+            self._building = threading.Thread(target=self._build, name="thrifty-replan-space", daemon=True)
+            self._building.start()
+
+    def _build(self) -> None:
+        try:
+            self._space = TrainingSpace(self.problem)
+        except BaseException as e:  # noqa: BLE001 - raised where the space is needed
+            self._error = e
+
+    @property
+    def space(self) -> TrainingSpace:
+        if self._building is not None:
+            self._building.join()
+            self._building = None
+        if self._error is not None:
+            raise self._error
+        return self._space
+
+    def deplete(self, key: Key) -> None:
+        self.depleted.add(key)
+
+    def replan(self, reason: str, *, old_plan: Plan | None, remaining_iterations: int, elapsed_s: float,
+               spent_usd: float, survivors: Mapping[Key, int], launch_s: float, event_at: float,
+               event: Preemption | None = None) -> Replan:
+        """Solve the re-plan problem; `event_at` (unix seconds) is when the
+        event that asked for it was seen. Raises `ReplanInfeasible` with the
+        solver's reason when no plan meets what is left of the limits."""
+        start = time.perf_counter()
+        changes = replan_changes(self.problem, remaining_iterations=remaining_iterations, elapsed_s=elapsed_s,
+                                 spent_usd=spent_usd, depleted=self.depleted, survivors=survivors, launch_s=launch_s)
+        space = self.space.derive(**changes)
+        plan = solve(space.problem, method=self.method, time_limit_s=self.time_limit_s, space=space)
+        solve_s = time.perf_counter() - start
+        if not plan.feasible:
+            why = plan.infeasibility.reason if plan.infeasibility else plan.status
+            raise ReplanInfeasible(f"no plan meets what is left after the {reason} ({remaining_iterations} "
+                                   f"iterations, {_limits_text(space.problem.limits)}): {why}", plan=plan)
+        return Replan(reason, old_plan, plan, space.problem, time.time() - event_at, solve_s, event,
+                      tuple(sorted(self.depleted)))
+
+
+def _limits_text(limits: Limits) -> str:
+    parts = []
+    if limits.time_s is not None:
+        parts.append(f"{limits.time_s:.1f} s left")
+    if limits.cost_usd is not None:
+        parts.append(f"${limits.cost_usd:.4f} left")
+    return ", ".join(parts) or "no limits"

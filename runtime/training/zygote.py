@@ -1,0 +1,254 @@
+"""A fork server for worker processes: torch is imported once, workers are forked.
+
+Starting a worker as a fresh interpreter costs an interpreter start and a
+torch import per rank (1.5-2 s of CPU each; several seconds per world on a
+busy 2-core host), and every re-plan pays it again as switching overhead. The
+driver instead starts one *zygote* (``python -m thrifty.runtime.training.zygote``,
+a subprocess) that imports the worker module and then forks a worker for each
+launch request. Unlike multiprocessing's forkserver it never imports the
+driver's ``__main__`` in the workers, so a user's script needs no
+``if __name__ == "__main__"`` guard.
+
+Protocol, one JSON object per line. The driver writes
+``{"launch": id, "env": {...}, "argv": [...], "log": path, "sys_path": [...]}``;
+the zygote answers ``{"launched": id, "pid": pid}`` and, when a worker ends,
+``{"exit": pid, "code": code}`` (negative: killed by that signal, as
+``subprocess`` reports it). The driver kills workers by pid. When the driver
+exits, however it exits, the zygote's stdin closes and it kills its workers
+and leaves; each worker also dies with the zygote (``PR_SET_PDEATHSIG``), so
+nothing outlives a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["Zygote", "WorkerProcess", "zygote", "die_with_parent"]
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux; a no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the parent still kills its children on exit
+        pass
+
+
+def _exit_code(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+# -- the zygote process -----------------------------------------------------------------
+
+def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in a forked worker
+    try:
+        die_with_parent()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.environ.update(request["env"])
+        sys.path[:] = request["sys_path"]  # the driver's, so its trainer modules import here too
+        from thrifty.runtime.training.worker import main
+
+        main(request["argv"])  # ends with os._exit
+    finally:
+        os._exit(70)
+
+
+def _send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def serve() -> None:  # pragma: no cover - runs in the zygote
+    # No PR_SET_PDEATHSIG here: it fires when the parent *thread* exits, and the
+    # driver may start the zygote from a thread that ends before the run does.
+    # The zygote leaves when its stdin closes, which happens when the driver
+    # process exits, however it exits.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops everything
+    # imported once, inherited by every fork: the worker and what it loads at start (DDP's
+    # constructor imports torch._dynamo, some 800 modules and 1.5 s)
+    import torch._dynamo  # noqa: F401
+    import thrifty.perfmodels.probe  # noqa: F401
+    import thrifty.perfmodels.profiler  # noqa: F401
+    import thrifty.runtime.training.examples  # noqa: F401
+    import thrifty.runtime.training.worker  # noqa: F401
+
+    children: set[int] = set()
+    _send({"ready": os.getpid()})
+    buffer = b""
+    stdin = sys.stdin.fileno()
+    while True:
+        readable, _, _ = select.select([stdin], [], [], 0.02)
+        if readable:
+            chunk = os.read(stdin, 65536)
+            if not chunk:  # the driver is gone or done: so are the workers
+                for pid in children:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                for pid in children:
+                    os.waitpid(pid, 0)
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(request)
+                children.add(pid)
+                _send({"launched": request["launch"], "pid": pid})
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            _send({"exit": pid, "code": _exit_code(status)})
+
+
+# -- the driver's side --------------------------------------------------------------------
+
+class WorkerProcess:
+    """A worker forked by the zygote: `exitcode` is None while it runs."""
+
+    def __init__(self, owner: "Zygote", pid: int):
+        self.owner, self.pid = owner, pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.owner.exit_codes.get(self.pid)
+
+    @property
+    def server_alive(self) -> bool:
+        """False once the zygote is gone: no exit code will come any more."""
+        return self.owner.alive
+
+    def kill(self) -> None:
+        if self.exitcode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.owner.changed:
+            while self.exitcode is None and self.owner.alive:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.owner.changed.wait(left)
+
+
+class Zygote:
+    """The driver's handle on one zygote process."""
+
+    def __init__(self, start_timeout_s: float = 120.0):
+        from thrifty.runtime.training.errors import TrainingError
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "thrifty.runtime.training.zygote"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=None, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.exit_codes: dict[int, int] = {}
+        self.launched: dict[int, int] = {}
+        self.changed = threading.Condition()
+        self.alive = True
+        self._ids = 0
+        self._lock = threading.Lock()
+        ready = self._readline(start_timeout_s)
+        if ready is None or "ready" not in ready:
+            self.close()
+            raise TrainingError(f"the worker fork server did not start within {start_timeout_s:g} s")
+        self._reader = threading.Thread(target=self._read, name="thrifty-zygote-reader", daemon=True)
+        self._reader.start()
+
+    def _readline(self, timeout_s: float) -> dict[str, Any] | None:
+        readable, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not readable:
+            return None
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else None
+
+    def _read(self) -> None:
+        try:
+            for line in self.proc.stdout:
+                try:
+                    message = json.loads(line)
+                except ValueError:  # not ours (a library printing): skip it
+                    continue
+                with self.changed:
+                    if "exit" in message:
+                        self.exit_codes[message["exit"]] = message["code"]
+                    elif "launched" in message:
+                        self.exit_codes.pop(message["pid"], None)  # a reused pid is a new process
+                        self.launched[message["launched"]] = message["pid"]
+                    self.changed.notify_all()
+        finally:
+            with self.changed:
+                self.alive = False
+                self.changed.notify_all()
+
+    def launch(self, argv: list[str], env: dict[str, str], log_path: str, timeout_s: float = 30.0) -> WorkerProcess:
+        from thrifty.runtime.training.errors import TrainingError
+
+        with self._lock:
+            self._ids += 1
+            request_id = self._ids
+            request = {"launch": request_id, "argv": argv, "env": env, "log": log_path, "sys_path": sys.path}
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        with self.changed:
+            while request_id not in self.launched:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.alive:
+                    raise TrainingError("the worker fork server did not start a worker "
+                                        f"({'it exited' if not self.alive else f'no answer in {timeout_s:g} s'})")
+                self.changed.wait(left)
+            return WorkerProcess(self, self.launched.pop(request_id))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # the zygote kills its workers and exits
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10.0)
+
+
+_shared: Zygote | None = None
+_shared_lock = threading.Lock()
+
+
+def zygote() -> Zygote:
+    """This process's zygote, started on first use (and again if it died)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.proc.poll() is not None or not _shared.alive:
+            import atexit
+
+            _shared = Zygote()
+            atexit.register(_shared.close)
+        return _shared
+
+
+if __name__ == "__main__":
+    serve()

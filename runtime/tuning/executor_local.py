@@ -1,0 +1,542 @@
+"""Local executor: tuning trials as real torch training processes on this host.
+
+Implements the loop's executor interface (`thrifty.runtime.tuning.loop`) with
+one *world* of worker processes per launched trial: ``atoms`` ranks of
+synchronous data-parallel training (DDP, gloo on 127.0.0.1), the same pieces
+the training runtime uses (`thrifty.runtime.training`: trainer factories,
+atomic checkpoints, batch-weighted gradients, sharded data stream, forkserver
+worker processes that die with their parent). What HyperSched (4.3) and
+HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
+
+- *launch* (start or resume): start ``atoms`` processes; rank 0 restores the
+  trial's checkpoint when it has one (model, optimizer, data position);
+  every rank trains one iteration and rank 0 reports the metric;
+- *iteration*: ``steps_per_iteration`` optimizer steps on the global batch
+  (one epoch by default), then rank 0 evaluates the trainer's metric
+  (validation accuracy, higher is better) and reports it; the world then waits
+  for the loop's decision;
+- *proceed*: the next iteration; *suspend* (pause, or the first half of a
+  resize): rank 0 writes an atomic checkpoint and the world exits; *terminate*:
+  the world exits without one (or is killed);
+- *resize*: suspend, then launch with another number of ranks. The global
+  batch is the trainer's `batch_size` whatever the ranks (split by
+  `sharding.split_batch`, gradients batch-weighted by `reweight`), so a
+  resized trial trains the same model on the same data, only faster or slower
+  (strong scaling); the data position is the step count, so any world resumes
+  any checkpoint.
+
+Overheads are measured, not assumed: the first report after a launch carries
+in ``overhead_s`` the wall time from the launch to the start of its first
+iteration (processes, process group, restore) plus the time the worker took
+to write the checkpoint it restored (0 for a fresh trial), which is what a
+pause/resume or a resize cost the trial (HyperSched's T_o). `launches`
+records each launch's parts.
+
+Every wait has a timeout: a world that does not start within
+`start_timeout_s`, an iteration that does not report within
+`iteration_timeout_s`, a checkpoint not written within `save_timeout_s`, and
+workers waiting on a decision for longer than `decision_timeout_s` (they exit
+by themselves). A worker that raises or dies is a `Crash` (the loop marks the
+trial failed and goes on); every process is reaped when its world ends and in
+`close()`.
+
+Deviations, stated: after a restore each rank re-seeds from ``(seed, step,
+rank)`` (`training.checkpoint.rank_seed`) instead of restoring random
+states, because a resized world has other ranks; and the metric is computed
+by rank 0 alone, on the whole validation set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.probe import loopback_interface
+from thrifty.runtime.training.zygote import die_with_parent
+from thrifty.runtime.training.trainer import Trainer, load_trainer, trainer_spec
+from thrifty.runtime.tuning.clock import Clock, RealClock
+from thrifty.runtime.tuning.trial import Crash, Report, Trial
+
+__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "accuracy", "example_trainer"]
+
+KEY_EVENTS = "tune/events"   # JSON lines appended by the workers
+COMMAND = "tune/command/{}"  # the loop's decision after iteration n: go | save | stop
+POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class TunableTrainer(Trainer):
+    """A training-runtime `Trainer` plus what tuning needs: `metric(model) ->
+    float` (validation accuracy or any higher-is-better score, computed on the
+    unwrapped model in eval mode without gradients), the global `batch_size`
+    and the optimizer steps of one iteration (None: one pass over the dataset).
+
+    The factory (``MODULE:FACTORY``) is called with the trial's configuration
+    as keyword arguments, in every worker process."""
+
+    metric: Callable[[Any], float]
+    batch_size: int = 32
+    steps_per_iteration: int | None = None
+
+
+def accuracy(model: Any, inputs: Any, targets: Any) -> float:
+    """Top-1 accuracy of a classifier on one batch of validation data."""
+    return float((model(inputs).argmax(dim=1) == targets).float().mean())
+
+
+def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, features: int = 8, classes: int = 4,
+                    samples: int = 512, batch_size: int = 32, label_noise: float = 0.1,
+                    steps_per_iteration: int | None = None, seed: int = 0) -> TunableTrainer:
+    """``Linear(features, hidden) -> Tanh -> Linear(hidden, classes)`` on Gaussian
+    points labelled by a fixed random linear teacher (a fraction `label_noise`
+    relabelled at random), `samples` for training and as many for validation;
+    the metric is validation accuracy. Its hyperparameters (lr, hidden,
+    momentum, batch size) change the learning curve, which is what a tuning
+    test needs. ``thrifty.runtime.tuning.executor_local:example_trainer``."""
+
+    def data(split: int) -> tuple[Any, Any]:
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        teacher = torch.randn(features, classes, generator=generator)
+        generator.manual_seed(seed + 1 + split)
+        inputs = torch.randn(samples, features, generator=generator)
+        targets = (inputs @ teacher).argmax(dim=1)
+        noisy = torch.rand(samples, generator=generator) < label_noise
+        targets[noisy] = torch.randint(0, classes, (int(noisy.sum()),), generator=generator)
+        return inputs, targets
+
+    def model() -> Any:
+        import torch
+        from torch import nn
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+
+    def optimizer(parameters: Any) -> Any:
+        import torch
+
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+
+    def dataset() -> Any:
+        from torch.utils.data import TensorDataset
+
+        return TensorDataset(*data(0))
+
+    def loss(outputs: Any, targets: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs, targets)
+
+    validation = data(1)
+    return TunableTrainer(model=model, optimizer=optimizer, dataset=dataset, loss=loss,
+                          metric=lambda m: accuracy(m, *validation), batch_size=batch_size,
+                          steps_per_iteration=steps_per_iteration)
+
+
+def load_tunable_trainer(spec: str, config: dict[str, Any]) -> TunableTrainer:
+    made = load_trainer(spec, config)
+    if not isinstance(made, TunableTrainer):
+        raise ProblemError(f"trainer '{spec}' returned a {type(made).__name__}, but the tuning runtime needs a "
+                           "thrifty.runtime.tuning.TunableTrainer (a Trainer with metric=... for validation)")
+    if not callable(made.metric):
+        raise ProblemError(f"trainer '{spec}': metric is a {type(made.metric).__name__}, but must be callable")
+    if not isinstance(made.batch_size, int) or made.batch_size < 1:
+        raise ProblemError(f"trainer '{spec}': batch_size is {made.batch_size!r}, but must be a positive integer")
+    steps = made.steps_per_iteration
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ProblemError(f"trainer '{spec}': steps_per_iteration is {steps!r}, but must be a positive integer "
+                           "or None")
+    return made
+
+
+# --- the worker side (runs in the trial's processes; imports torch) --------------------------
+
+def _forkserver() -> Any:
+    """Worker processes are forked by multiprocessing's fork server, which has
+    torch and the worker code imported once (a launch then costs a fork, not an
+    interpreter start and a torch import per rank). As with any multiprocessing
+    start method but fork, a user's script that creates the executor needs an
+    ``if __name__ == "__main__":`` guard."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # DDP's first construction imports torch.distributed.tensor.parallel (and dynamo): 1-2 s per process
+    context.set_forkserver_preload(["thrifty.runtime.training.worker", "thrifty.runtime.tuning.executor_local",
+                                    "torch.distributed.tensor.parallel.ddp", "torch._dynamo"])
+    return context
+
+
+def _worker_process(env: dict[str, str], spec: dict[str, Any], log_path: str) -> None:  # pragma: no cover - a child
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    die_with_parent()
+    os.environ.update(env)
+    code = 0
+    store = None
+    rank = int(env["RANK"])
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False,
+                              timedelta(seconds=spec["decision_timeout_s"]))
+        _run_rank(spec, rank, int(env["WORLD_SIZE"]), store)
+    except BaseException as e:  # noqa: BLE001 - every failure is reported; the executor decides
+        import traceback
+
+        code = 1
+        text = traceback.format_exc()
+        print(text, flush=True)
+        if store is not None:
+            try:
+                _post(store, "error", rank=rank, message=f"{type(e).__name__}: {e}")
+            except Exception:  # noqa: BLE001 - the exit code still tells
+                pass
+    finally:
+        os._exit(code)  # gloo may abort in interpreter teardown
+
+
+def _post(store: Any, event: str, **data: Any) -> None:
+    store.append(KEY_EVENTS, json.dumps({"event": event, "at": time.time(), **data}) + "\n")
+
+
+def _run_rank(spec: dict[str, Any], rank: int, world_size: int, store: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from thrifty.runtime.training.checkpoint import load_checkpoint, rank_seed, save_checkpoint, seed_everything
+    from thrifty.runtime.training.reweight import register_reweighting
+    from thrifty.runtime.training.sharding import ShardedStream, rank_offsets, split_batch
+    from thrifty.runtime.training.worker import fetch_batch, train_step
+
+    torch.set_num_threads(spec["threads"])
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=spec["decision_timeout_s"]))
+    trainer = load_tunable_trainer(spec["trainer"], spec["config"])
+    seed = spec["seed"]
+    seed_everything(seed)
+    model = trainer.model()
+    if not isinstance(model, torch.nn.Module):
+        raise ProblemError(f"trainer '{spec['trainer']}': model() returned a {type(model).__name__}, "
+                           "but must return a torch.nn.Module")
+    restore_started = time.perf_counter()
+    state = load_checkpoint(spec["checkpoint"]) if spec["restore"] else None
+    if spec["restore"] and state is None:
+        raise ProblemError("the trial's checkpoint is missing", source=spec["checkpoint"])
+    if state is not None:
+        if state["config"] != spec["config"] or state["trainer"] != spec["trainer"]:
+            raise ProblemError(f"was written for {state['trainer']} {state['config']}, not this trial",
+                               source=spec["checkpoint"])
+        model.load_state_dict(state["model"])
+    ddp = DistributedDataParallel(model)
+    batches = split_batch(trainer.batch_size, world_size)
+    register_reweighting(ddp, batches[rank], trainer.batch_size)
+    optimizer = trainer.optimizer(ddp.parameters())
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    restore_s = time.perf_counter() - restore_started if state is not None else 0.0
+    dataset = trainer.dataset()
+    steps = trainer.steps_per_iteration or math.ceil(len(dataset) / trainer.batch_size)
+    stream = ShardedStream(len(dataset), trainer.batch_size, rank_offsets(batches)[rank], batches[rank], seed)
+    iteration = int(state["iteration"]) if state is not None else 0
+    step = int(state["step"]) if state is not None else 0
+    seed_everything(rank_seed(seed, step, rank))
+
+    first = True
+    while True:
+        started_at = time.time()
+        t0 = time.perf_counter()
+        ddp.train()
+        for _ in range(steps):
+            train_step(ddp, optimizer, trainer.loss, *fetch_batch(dataset, stream.indices(step), torch.device("cpu")))
+            step += 1
+        iteration += 1
+        if rank == 0:
+            model.eval()
+            with torch.no_grad():
+                metric = float(trainer.metric(model))
+            extra = {"started_at": started_at, "restore_s": restore_s} if first else {}
+            _post(store, "result", iteration=iteration, metric=metric, iteration_s=time.perf_counter() - t0, **extra)
+        first = False
+        key = COMMAND.format(iteration)
+        store.wait([key], timedelta(seconds=spec["decision_timeout_s"]))
+        command = store.get(key).decode()
+        if command == "save":
+            if rank == 0:
+                seconds, size = save_checkpoint(spec["checkpoint"], {
+                    "iteration": iteration, "step": step, "trainer": spec["trainer"], "config": spec["config"],
+                    "seed": seed, "model": model.state_dict(), "optimizer": optimizer.state_dict()})
+                _post(store, "saved", iteration=iteration, save_s=seconds, bytes=size)
+            break
+        if command != "go":
+            break
+    dist.destroy_process_group()
+
+
+# --- the executor side ------------------------------------------------------------------------
+
+@dataclass
+class LaunchRecord:
+    """One launch of a trial: its ranks, the iteration it resumed from, and
+    what it cost before its first iteration started (seconds)."""
+
+    trial_id: int
+    atoms: int
+    from_iteration: int
+    startup_s: float | None = None   # launch -> first iteration started (processes, group, restore)
+    restore_s: float | None = None   # the restore alone (rank 0)
+    save_s: float = 0.0              # writing the checkpoint it restored
+    ended: str | None = None         # suspended | terminated | crashed
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def overhead_s(self) -> float | None:
+        return None if self.startup_s is None else self.startup_s + self.save_s
+
+
+@dataclass
+class _World:
+    trial_id: int
+    procs: list[Any]
+    store: Any
+    record: LaunchRecord
+    launched_at: float             # unix time
+    waiting_since: float           # monotonic: since the launch or the last "go"
+    iteration: int                 # last iteration reported
+    consumed: int = 0
+    reported: bool = False
+    idle: bool = False             # reported and waiting for the loop's decision
+    saved: dict[str, Any] | None = None
+    error: str | None = None
+    error_seen_at: float | None = None
+    pending: deque = field(default_factory=deque)
+
+
+class LocalExecutor:
+    """Trials as worker processes on this host (see the module docstring).
+
+    `trainer` is ``MODULE:FACTORY`` (or a module-level function) returning a
+    `TunableTrainer` when called with a trial's configuration; `workdir`
+    holds each trial's checkpoint and worker logs. Use it as a context
+    manager, or call `close()`: it kills and reaps whatever still runs.
+    """
+
+    def __init__(self, trainer: str | Callable[..., Any], workdir: str | Path, *, clock: Clock | None = None,
+                 seed: int = 0, threads: int = 1, start_timeout_s: float = 120.0,
+                 iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
+                 decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0):
+        if not isinstance(threads, int) or threads < 1:
+            raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
+        for name, value in (("start_timeout_s", start_timeout_s), ("iteration_timeout_s", iteration_timeout_s),
+                            ("save_timeout_s", save_timeout_s), ("decision_timeout_s", decision_timeout_s),
+                            ("stop_grace_s", stop_grace_s)):
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ProblemError(f"`{name}` is {value!r}, but must be a positive number of seconds", path=name)
+        self.trainer = trainer_spec(trainer)
+        self.workdir = Path(workdir)
+        self.clock = clock if clock is not None else RealClock()
+        self.seed, self.threads = seed, threads
+        self.start_timeout_s, self.iteration_timeout_s = start_timeout_s, iteration_timeout_s
+        self.save_timeout_s, self.decision_timeout_s, self.stop_grace_s = save_timeout_s, decision_timeout_s, stop_grace_s
+        self.launches: list[LaunchRecord] = []
+        self._worlds: dict[int, _World] = {}
+        self._ready: deque[Report | Crash] = deque()
+
+    # --- the executor interface ---------------------------------------------------------------
+    def launch(self, trial: Trial, atoms: int) -> None:
+        checkpoint = trial.checkpoint
+        record = LaunchRecord(trial.trial_id, atoms, 0 if checkpoint is None else int(checkpoint["iteration"]),
+                              save_s=0.0 if checkpoint is None else float(checkpoint.get("save_s", 0.0)))
+        self.launches.append(record)
+        folder = self.workdir / f"trial-{trial.trial_id}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if checkpoint is not None and checkpoint.get("error"):
+            record.ended = "crashed"
+            self._ready.append(Crash(trial.trial_id, f"cannot resume: {checkpoint['error']}", self.clock.now()))
+            return
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=self.decision_timeout_s),
+                              wait_for_workers=False)
+        store.set(KEY_EVENTS, "")
+        spec = {"trainer": self.trainer, "config": dict(trial.config), "seed": self.seed, "threads": self.threads,
+                "checkpoint": str(folder / "checkpoint.pt"), "restore": checkpoint is not None,
+                "decision_timeout_s": self.decision_timeout_s}
+        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(atoms),
+                "LOCAL_WORLD_SIZE": str(atoms), "GROUP_RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        loopback = loopback_interface()
+        if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+            base["GLOO_SOCKET_IFNAME"] = loopback
+        context = _forkserver()
+        world = _World(trial.trial_id, [], store, record, time.time(), time.monotonic(), record.from_iteration)
+        self._worlds[trial.trial_id] = world
+        for rank in range(atoms):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            proc = context.Process(target=_worker_process, args=(env, spec, str(folder / f"rank{rank}.log")),
+                                   name=f"thrifty-trial-{trial.trial_id}-{rank}", daemon=False)
+            proc.start()
+            world.procs.append(proc)
+            record.pids.append(proc.pid)
+
+    def proceed(self, trial: Trial) -> None:
+        world = self._worlds[trial.trial_id]
+        world.store.set(COMMAND.format(world.iteration), "go")
+        world.idle = False
+        world.waiting_since = time.monotonic()
+
+    def suspend(self, trial: Trial) -> dict[str, Any]:
+        """Checkpoint and stop; the reference carries an `error` (and the trial
+        fails at its next launch) if the checkpoint could not be written."""
+        world = self._worlds.pop(trial.trial_id)
+        reference: dict[str, Any] = {"path": str(self.workdir / f"trial-{trial.trial_id}" / "checkpoint.pt"),
+                                     "iteration": world.iteration}
+        if world.error is None and world.procs:
+            world.store.set(COMMAND.format(world.iteration), "save")
+            limit = time.monotonic() + self.save_timeout_s
+            while world.saved is None and world.error is None and time.monotonic() < limit:
+                self._read_events(world)
+                if world.saved is None and all(p.exitcode is not None for p in world.procs):
+                    self._read_events(world)
+                    break
+                time.sleep(POLL_S)
+        if world.saved is not None:
+            reference.update(save_s=float(world.saved["save_s"]), bytes=int(world.saved["bytes"]))
+        else:
+            reference["error"] = world.error or f"no checkpoint written within {self.save_timeout_s:g} s"
+        world.record.ended = "suspended"
+        self._end(world, graceful=world.saved is not None)
+        return reference
+
+    def terminate(self, trial: Trial) -> None:
+        world = self._worlds.pop(trial.trial_id, None)
+        self._ready = deque(e for e in self._ready if e.trial_id != trial.trial_id)
+        if world is None:
+            return
+        world.record.ended = world.record.ended or "terminated"
+        if world.idle:  # waiting for a decision: let it exit cleanly
+            world.store.set(COMMAND.format(world.iteration), "stop")
+        self._end(world, graceful=world.idle)
+
+    def next_event(self, until: float | None) -> Report | Crash | None:
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            if not self._worlds:
+                return None
+            for world in list(self._worlds.values()):
+                self._check(world)
+            if self._ready:
+                continue
+            now = self.clock.now()
+            if until is not None and now >= until:
+                return None
+            self.clock.sleep_until(now + POLL_S if until is None else min(until, now + POLL_S))
+
+    def close(self) -> None:
+        """Stop every world (no checkpoints) and reap its processes."""
+        for world in list(self._worlds.values()):
+            world.record.ended = world.record.ended or "terminated"
+            self._end(world, graceful=False)
+        self._worlds.clear()
+        self._ready.clear()
+
+    def __enter__(self) -> "LocalExecutor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- watching worlds ----------------------------------------------------------------------
+    def _read_events(self, world: _World) -> None:
+        text = world.store.get(KEY_EVENTS).decode("utf-8", errors="replace")
+        fresh, world.consumed = text[world.consumed:], len(text)
+        for line in fresh.splitlines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind = event["event"]
+            if kind == "result":
+                world.pending.append(event)
+            elif kind == "saved":
+                world.saved = event
+            elif kind == "error" and world.error is None:
+                world.error = f"rank {event['rank']}: {event['message']}"
+
+    def _check(self, world: _World) -> None:
+        """Turn what a world did since the last look into events."""
+        self._read_events(world)
+        if world.pending:
+            while world.pending:
+                self._ready.append(self._report(world, world.pending.popleft()))
+            return
+        tid = world.trial_id
+        codes = [p.exitcode for p in world.procs]
+        now = time.monotonic()
+        if world.error is not None:
+            world.error_seen_at = world.error_seen_at or now
+            if all(c is not None for c in codes) or now - world.error_seen_at > 1.0:
+                self._crash(world, world.error)
+            return
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            self._read_events(world)  # an error report may have landed just before the exit
+            rank, code = failed[0]
+            self._crash(world, world.error or f"rank {rank} of trial {tid} exited with code {code} without a "
+                                              f"report (log: {self.workdir / f'trial-{tid}' / f'rank{rank}.log'})")
+            return
+        if all(c == 0 for c in codes):
+            self._crash(world, f"the workers of trial {tid} exited without being asked to")
+            return
+        if world.idle:
+            return
+        waited = now - world.waiting_since
+        if not world.reported and waited > self.start_timeout_s:
+            self._crash(world, f"trial {tid} did not start within {self.start_timeout_s:g} s")
+        elif world.reported and waited > self.iteration_timeout_s:
+            self._crash(world, f"trial {tid} reported no result within {self.iteration_timeout_s:g} s")
+
+    def _report(self, world: _World, event: dict[str, Any]) -> Report:
+        overhead = 0.0
+        if not world.reported:
+            world.record.startup_s = max(0.0, float(event["started_at"]) - world.launched_at)
+            world.record.restore_s = float(event["restore_s"])
+            overhead = world.record.overhead_s
+        world.reported = True
+        world.iteration = int(event["iteration"])
+        world.idle = True
+        return Report(world.trial_id, world.iteration, float(event["metric"]), float(event["iteration_s"]),
+                      len(world.procs), self.clock.now(), overhead)
+
+    def _crash(self, world: _World, message: str) -> None:
+        world.record.ended = "crashed"
+        self._worlds.pop(world.trial_id, None)
+        self._ready.append(Crash(world.trial_id, message, self.clock.now()))
+        self._end(world, graceful=False)
+
+    def _end(self, world: _World, graceful: bool = True) -> None:
+        """Let the processes exit (when they were told to) or kill them; reap them."""
+        if graceful:
+            limit = time.monotonic() + self.stop_grace_s
+            for proc in world.procs:
+                proc.join(timeout=max(0.0, limit - time.monotonic()))
+        for proc in world.procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in world.procs:
+            proc.join(timeout=10.0)
+        world.store = None

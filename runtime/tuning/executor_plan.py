@@ -1,0 +1,568 @@
+"""Plan executor: run a tuning plan from the planner stage by stage (RubberBand 4.2-4.4).
+
+A tuning plan (`thrifty.solver.tuning_plan.TuningPlan`, or its JSON) gives
+each stage of a successive-halving / Hyperband job its trials, iterations per
+trial, instance type, instances and GPUs per trial. `PlanExecutor` carries it
+out on any executor of the loop's interface (simulated, or real processes with
+`LocalExecutor`) and any `Provider`:
+
+1. *Trials.* A stage with more trials than the one before starts a new
+   bracket: new configurations from the search space (the first stage too).
+   Otherwise the stage keeps the best ``trials`` of the previous stage by
+   their last metric (SHA's top 1/eta: the planner's stage sizes are
+   ``floor(n / eta^k)``, `perfmodels.experiment`); the others are terminated.
+2. *Scaling.* The provider's machines are scaled to the stage's instances as
+   the planner's simulator assumes (`perfmodels.jobsim`): a new instance type
+   replaces the fleet; fewer instances release the newest first; more
+   instances are provisioned (blocking, with a timeout) before the stage
+   trains.
+3. *Placement.* Trials are placed with the placement controller
+   (`thrifty.runtime.placement.place`, RubberBand 4.4) on the machines'
+   GPUs (atoms), keeping the previous placement where it still holds; trials
+   that do not fit queue and are placed as others finish (trial j after
+   trial j - P, as the simulator's DAG chains them). Each placement is
+   recorded and checked: no machine holds more atoms than it has.
+4. *Training.* A trial launches on ``gpus_per_trial`` atoms, restoring its
+   checkpoint; after ``iters_per_trial`` more iterations it is suspended with a
+   checkpoint (the SHA barrier). A trial whose GPUs per trial changed between
+   stages is thereby resized (checkpoint, relaunch on other atoms, restore). A
+   trial that crashes or reports a non-finite metric fails; the stage goes on.
+5. *Accounting.* Per stage: the actual duration (scale-up to the last trial's
+   checkpoint) against the plan's ``end_s - start_s``; the actual cost from the
+   machines' launch and termination times with per-second billing (the held
+   machines' time within the stage, as the plan's per-stage cost counts it, or
+   the busy GPU-seconds under per-function billing); in total, the billed cost
+   of every machine with the minimum billed duration (`Machine.cost_usd`)
+   against the plan's predicted cost and JCT.
+
+`VirtualProvider` and `simulated_backend` give the simulated side: machines on
+the experiment's virtual clock whose SCALE and INIT latencies are drawn from
+the problem's cloud variables, and trials whose iteration times are drawn
+from the problem's scaling profile (`ProfileWorkload`), so a realistic plan
+(32 trials of ResNet-101 on p3.8xlarge) runs in milliseconds.
+
+Deviations, stated: Hyperband brackets are told apart by stage sizes, as the
+plan JSON does not mark them; instances that a stage does not use are
+released at the stage's start, never in the middle of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from thrifty.datasets.catalog import Catalog, load_catalog
+from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.runtime.events import Preemption
+from thrifty.runtime.placement import place
+from thrifty.runtime.providers.base import Machine, Provider
+from thrifty.runtime.tuning.clock import Clock, VirtualClock
+from thrifty.runtime.tuning.executor_sim import SimulatedExecutor, SyntheticWorkload, Workload
+from thrifty.runtime.tuning.loop import Executor
+from thrifty.runtime.tuning.search_space import SearchSpace
+from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
+
+__all__ = ["PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "VirtualProvider", "ProfileWorkload",
+           "SimulatedBackend", "simulated_backend", "plan_stages", "stage_trials", "record_result"]
+
+MIN_FRACTION = 0.05  # truncation of a drawn iteration time, as the planner's simulator does
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+STAGE_KEYS = ("trials", "iters_per_trial", "gpus_per_trial", "instances")
+
+
+def plan_stages(plan: Any, instance_type: str | None = None) -> list[dict[str, Any]]:
+    """The stages of a `TuningPlan` (or its dict), checked; `instance_type`
+    fills in stages that do not name one."""
+    data = plan.to_dict() if hasattr(plan, "to_dict") else plan
+    if not isinstance(data, Mapping):
+        raise ProblemError(f"the plan is a {type(plan).__name__}, but must be a TuningPlan or its JSON object")
+    if data.get("status") not in (None, "optimal", "feasible"):
+        raise ProblemError(f"is '{data.get('status')}': an infeasible plan has nothing to run", path="status")
+    stages = data.get("stages")
+    if not isinstance(stages, list) or not stages:
+        raise ProblemError("must list at least one stage", path="stages")
+    out = []
+    for k, stage in enumerate(stages):
+        for key in STAGE_KEYS:
+            value = stage.get(key) if isinstance(stage, Mapping) else None
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ProblemError(f"is {value!r}, but must be a positive integer", path=f"stages[{k}].{key}")
+        itype = stage.get("instance_type") or instance_type
+        if not itype:
+            raise ProblemError("names no instance type; give PlanExecutor(instance_type=...)",
+                               path=f"stages[{k}].instance_type")
+        out.append({**stage, "instance_type": itype})
+    return out
+
+
+def stage_trials(stages: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """For each stage: does it start a bracket (new trials)? The first stage
+    does, and so does any stage with more trials than the one before."""
+    return [k == 0 or stages[k]["trials"] > stages[k - 1]["trials"] for k in range(len(stages))]
+
+
+# --- records -----------------------------------------------------------------------------------
+
+@dataclass
+class StageRecord:
+    """What one stage did, with the plan's prediction beside it. Times are
+    clock times (seconds; virtual under simulation), costs USD."""
+
+    index: int
+    instance_type: str
+    instances: int
+    gpus_per_trial: int
+    iters_per_trial: int
+    new_bracket: bool
+    trial_ids: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)        # previous-stage trials not kept
+    resized: list[int] = field(default_factory=list)        # kept trials whose GPUs changed
+    machines: list[str] = field(default_factory=list)
+    provisioned: int = 0
+    released: int = 0
+    placements: list[dict[str, dict[str, int]]] = field(default_factory=list)
+    queued: int = 0                                           # trials that waited for a slot
+    busy_gpu_s: float = 0.0                                   # atoms x (start-up + training) of its trials
+    started_at: float = 0.0
+    scaled_at: float = 0.0
+    ended_at: float = 0.0
+    cost_usd: float = 0.0
+    predicted_s: float | None = None
+    predicted_cost_usd: float | None = None
+
+    @property
+    def actual_s(self) -> float:
+        return self.ended_at - self.started_at
+
+    @property
+    def scale_up_s(self) -> float:
+        return self.scaled_at - self.started_at
+
+
+@dataclass
+class PlanResult:
+    stages: list[StageRecord]
+    trials: list[Trial]
+    machines: list[Machine]                 # every machine the run held, with its termination time
+    jct_s: float
+    cost_usd: float                          # billed: per second, with the minimum per machine
+    predicted_jct_s: float | None
+    predicted_cost_usd: float | None
+    deadline_s: float | None
+    best_trial_id: int | None
+    failed: dict[int, str]
+
+    @property
+    def best_metric(self) -> float:
+        return -math.inf if self.best_trial_id is None else self.trials[self.best_trial_id].last_metric
+
+    @property
+    def met_deadline(self) -> bool | None:
+        return None if self.deadline_s is None else self.jct_s <= self.deadline_s
+
+    def table(self) -> str:
+        """Actual against predicted, one row per stage and a total."""
+        rows = [f"{'stage':>5} {'trials':>6} {'type':>12} {'inst':>4} {'gpu/t':>5} {'iters':>5} "
+                f"{'actual s':>9} {'plan s':>9} {'actual $':>9} {'plan $':>9}"]
+        for s in self.stages:
+            rows.append(f"{s.index:>5} {len(s.trial_ids):>6} {s.instance_type:>12} {s.instances:>4} "
+                        f"{s.gpus_per_trial:>5} {s.iters_per_trial:>5} {s.actual_s:>9.1f} {_num(s.predicted_s, 1)} "
+                        f"{s.cost_usd:>9.4f} {_num(s.predicted_cost_usd, 4)}")
+        rows.append(f"{'total':>5} {len(self.trials):>6} {'':>12} {'':>4} {'':>5} {'':>5} {self.jct_s:>9.1f} "
+                    f"{_num(self.predicted_jct_s, 1)} {self.cost_usd:>9.4f} {_num(self.predicted_cost_usd, 4)}")
+        return "\n".join(rows)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return f"{'-':>9}" if value is None else f"{value:>9.{digits}f}"
+
+
+# --- the executor --------------------------------------------------------------------------------
+
+class PlanExecutor:
+    """Runs a tuning plan on `executor` (the loop's executor interface) with
+    machines from `provider` (see the module docstring).
+
+    `catalog` gives GPUs per instance (default: the provider's catalog, else
+    the shipped one); `stage_hook(stage)` is called before each stage trains
+    (the simulated backend uses it to time iterations on the stage's type).
+    """
+
+    def __init__(self, plan: Any, executor: Executor, provider: Provider, search_space: SearchSpace, *,
+                 market: str = "on_demand", catalog: Catalog | None = None, instance_type: str | None = None,
+                 min_billed_s: float = 60.0, provision_timeout_s: float = 600.0,
+                 stage_hook: Callable[[Mapping[str, Any]], None] | None = None):
+        self.stages = plan_stages(plan, instance_type)
+        data = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
+        predicted = data.get("predicted") or {}
+        self.predicted_jct_s = predicted.get("jct_s")
+        self.predicted_cost_usd = predicted.get("cost_usd")
+        self.deadline_s = data.get("deadline_s") or None
+        self.billing = data.get("billing", "per_instance")
+        self.executor = executor
+        self.clock: Clock = executor.clock
+        self.provider = provider
+        self.search_space = search_space
+        self.market = market
+        self.catalog = catalog or getattr(provider, "catalog", None) or load_catalog()
+        self.min_billed_s = min_billed_s
+        self.provision_timeout_s = provision_timeout_s
+        self.stage_hook = stage_hook
+        self.trials: list[Trial] = []
+        self.records: list[StageRecord] = []
+        self._held: list[Machine] = []       # in launch order
+        self._released: list[Machine] = []
+        self._billing_now: Callable[[], float] = getattr(provider, "now", time.time)
+
+    # --- the whole plan -----------------------------------------------------------------------
+    def run(self) -> PlanResult:
+        started = self.clock.now()
+        running: dict[int, Trial] = {}
+        try:
+            previous: list[Trial] = []
+            for k, stage in enumerate(self.stages):
+                previous = self._run_stage(k, stage, previous, running)
+        finally:
+            for trial in list(running.values()):
+                self.executor.terminate(trial)
+                trial.state = TrialState.TERMINATED
+            self._release(list(self._held))
+        survivors = {t.trial_id for t in previous}
+        for trial in self.trials:
+            if trial.state == TrialState.PAUSED:
+                trial.state = TrialState.COMPLETED if trial.trial_id in survivors else TrialState.TERMINATED
+                trial.ended_at = trial.ended_at or self.clock.now()
+        done = [t for t in self.trials if t.state != TrialState.FAILED and t.metrics]
+        best = max(done, key=lambda t: (t.iteration, t.last_metric, -t.trial_id), default=None)
+        machines = list(self._released)
+        return PlanResult(self.records, list(self.trials), machines, self.clock.now() - started,
+                          sum(m.cost_usd(min_billed_s=self.min_billed_s) for m in machines),
+                          self.predicted_jct_s, self.predicted_cost_usd, self.deadline_s,
+                          None if best is None else best.trial_id,
+                          {t.trial_id: t.error for t in self.trials if t.state == TrialState.FAILED})
+
+    def _run_stage(self, k: int, stage: Mapping[str, Any], previous: list[Trial],
+                   running: dict[int, Trial]) -> list[Trial]:
+        new_bracket = stage_trials(self.stages)[k]
+        record = StageRecord(k, stage["instance_type"], stage["instances"], stage["gpus_per_trial"],
+                             stage["iters_per_trial"], new_bracket, started_at=self.clock.now())
+        if "start_s" in stage and "end_s" in stage:
+            record.predicted_s = float(stage["end_s"]) - float(stage["start_s"])
+        record.predicted_cost_usd = stage.get("cost_usd")
+        billing_start = self._billing_now()
+        self.records.append(record)
+
+        trials = self._stage_trials(stage, new_bracket, previous, record)
+        before = {m.id for m in self._held}
+        self._scale(stage["instance_type"], stage["instances"], record)
+        record.machines = [m.id for m in self._held]
+        record.provisioned = len(set(record.machines) - before)
+        record.scaled_at = self.clock.now()
+        if self.stage_hook is not None:
+            self.stage_hook(stage)
+        gpus = self.catalog.get(stage["instance_type"]).gpus
+        nodes = {m.id: gpus for m in self._held}
+        self._train(trials, stage, nodes, record, running)
+        record.ended_at = self.clock.now()
+        record.cost_usd = self._stage_cost(record, billing_start, self._billing_now())
+        return [t for t in trials if t.state != TrialState.FAILED]
+
+    def _stage_trials(self, stage: Mapping[str, Any], new_bracket: bool, previous: list[Trial],
+                      record: StageRecord) -> list[Trial]:
+        for trial in previous:
+            if new_bracket:  # the last stage of a bracket: its survivors are done
+                trial.state, trial.ended_at = TrialState.COMPLETED, self.clock.now()
+        if new_bracket:
+            trials = []
+            for _ in range(stage["trials"]):
+                config = self.search_space.next_config()
+                if config is None:
+                    break
+                trial = Trial(trial_id=len(self.trials), config=config, created_at=self.clock.now())
+                self.trials.append(trial)
+                trials.append(trial)
+            if not trials:
+                raise ProblemError("the search space produced no configuration", path="search_space")
+        else:
+            ranked = sorted(previous, key=lambda t: (-t.last_metric, t.trial_id))
+            trials = ranked[: stage["trials"]]
+            for trial in ranked[stage["trials"]:]:
+                trial.state, trial.ended_at = TrialState.TERMINATED, self.clock.now()
+                record.dropped.append(trial.trial_id)
+            record.resized = [t.trial_id for t in trials if t.iteration_atoms and
+                              t.iteration_atoms[-1] != stage["gpus_per_trial"]]
+        record.trial_ids = [t.trial_id for t in trials]
+        return trials
+
+    # --- machines -----------------------------------------------------------------------------
+    def _scale(self, instance_type: str, instances: int, record: StageRecord) -> None:
+        if any(m.instance_type != instance_type for m in self._held):
+            record.released += len(self._held)
+            self._release(list(self._held))
+        extra = len(self._held) - instances
+        if extra > 0:  # the newest go first
+            record.released += extra
+            self._release(self._held[-extra:])
+        missing = instances - len(self._held)
+        if missing > 0:
+            made = self.provider.provision(instance_type, missing, self.market, timeout_s=self.provision_timeout_s)
+            if len(made) != missing:
+                self._release(made)
+                raise ProviderError(f"asked for {missing} {instance_type}, got {len(made)}")
+            self._held.extend(made)
+
+    def _release(self, machines: Sequence[Machine]) -> None:
+        if not machines:
+            return
+        ids = {m.id for m in machines}
+        ended = self.provider.terminate(machines)
+        self._held = [m for m in self._held if m.id not in ids]
+        self._released.extend(ended)
+
+    def _stage_cost(self, record: StageRecord, start: float, end: float) -> float:
+        if self.billing == "per_function":  # only the busy GPU-seconds of the stage's trials pay
+            usd_per_hour = self.provider.price(record.instance_type, self.market)
+            return record.busy_gpu_s * usd_per_hour / 3600.0 / self.catalog.get(record.instance_type).gpus
+        cost = 0.0
+        for m in itertools.chain(self._held, self._released):
+            if m.id not in record.machines:
+                continue
+            stop = m.terminated_at if m.terminated_at is not None else end
+            seconds = min(stop, end) - max(m.launched_at, start)
+            cost += max(seconds, 0.0) * m.price_per_hour / 3600.0
+        return cost
+
+    # --- training within a stage -------------------------------------------------------------------
+    def _train(self, trials: list[Trial], stage: Mapping[str, Any], nodes: dict[str, int], record: StageRecord,
+               running: dict[int, Trial]) -> None:
+        g, iters = stage["gpus_per_trial"], stage["iters_per_trial"]
+        queue = list(trials)
+        target = {t.trial_id: t.iteration + iters for t in trials}
+        placement: dict[str, dict[str, int]] = {}
+        full = False  # once a trial did not fit, the ones placed later had to wait
+        while queue or running:
+            while queue:  # place the next queued trial beside the running ones, if it fits
+                name = str(queue[0].trial_id)
+                attempt = place({**{str(tid): g for tid in running}, name: g}, placement, nodes)
+                if attempt.unplaced:
+                    if not running:
+                        raise ProblemError(f"stage {record.index}: {len(nodes)} x {record.instance_type} cannot "
+                                           f"hold one trial of {g} GPUs", path=f"stages[{record.index}]")
+                    full = True
+                    break
+                placement = attempt.assignment
+                _check_capacity(placement, nodes, record.index)
+                record.placements.append({t: dict(where) for t, where in placement.items()})
+                record.queued += int(full)
+                self._launch(queue.pop(0), g, running)
+            event = self.executor.next_event(None)
+            if event is None:
+                raise ProviderError(f"stage {record.index}: the executor returned no event while "
+                                    f"{len(running)} trials run")
+            trial = running[event.trial_id]
+            if isinstance(event, Crash) or not math.isfinite(event.metric):
+                reason = event.message if isinstance(event, Crash) else (
+                    f"reported metric {event.metric!r} at iteration {event.iteration}")
+                self.executor.terminate(trial)
+                self._end(trial, TrialState.FAILED, running, placement)
+                trial.error = reason
+                continue
+            record_result(trial, event)
+            record.busy_gpu_s += (event.iteration_s + event.overhead_s) * event.atoms
+            if trial.iteration >= target[trial.trial_id]:
+                trial.checkpoint = self.executor.suspend(trial)
+                self._end(trial, TrialState.PAUSED, running, placement)
+            else:
+                self.executor.proceed(trial)
+
+    def _launch(self, trial: Trial, atoms: int, running: dict[int, Trial]) -> None:
+        trial.state, trial.atoms = TrialState.RUNNING, atoms
+        if trial.launches and trial.iteration_atoms and trial.iteration_atoms[-1] != atoms:
+            trial.resizes += 1
+        trial.launches += 1
+        trial.iterations_since_launch = 0
+        running[trial.trial_id] = trial
+        self.executor.launch(trial, atoms)
+
+    def _end(self, trial: Trial, state: TrialState, running: dict[int, Trial],
+             placement: dict[str, dict[str, int]]) -> None:
+        del running[trial.trial_id]
+        placement.pop(str(trial.trial_id), None)
+        trial.state, trial.atoms = state, 0
+        if state == TrialState.FAILED:
+            trial.ended_at = self.clock.now()
+
+
+def record_result(trial: Trial, report: Report) -> None:
+    """One result into the trial's history, as the loop records it (for drivers
+    other than the loop: the plan executor, the Ray Tune adapter)."""
+    trial.metrics.append(float(report.metric))
+    trial.iteration_s.append(report.iteration_s)
+    trial.iteration_atoms.append(report.atoms)
+    trial.reported_at.append(report.at)
+    trial.train_s += report.iteration_s
+    trial.iterations_since_launch += 1
+    if trial.iterations_since_launch == 1:
+        trial.overheads_s.append(report.overhead_s)
+
+
+def _check_capacity(placement: Mapping[str, Mapping[str, int]], nodes: Mapping[str, int], stage: int) -> None:
+    used: dict[str, int] = {}
+    for where in placement.values():
+        for node, gpus in where.items():
+            used[node] = used.get(node, 0) + gpus
+    over = [n for n, u in used.items() if n not in nodes or u > nodes[n]]
+    if over:
+        raise RuntimeError(f"stage {stage}: the placement overfills {', '.join(over)}")
+
+
+def execute_plan(plan: Any, executor: Executor, provider: Provider, search_space: SearchSpace,
+                 **options: Any) -> PlanResult:
+    """Run `plan` to its end (see `PlanExecutor`)."""
+    return PlanExecutor(plan, executor, provider, search_space, **options).run()
+
+
+# --- the simulated backend ---------------------------------------------------------------------
+
+class VirtualProvider(Provider):
+    """Machines on a `Clock` (virtual under simulation): provisioning takes a
+    SCALE latency plus the slowest of the new machines' INIT latencies, each
+    drawn from N(mean, sd) (truncated at 0) as the planner's simulator draws
+    them; billing starts when SCALE ends (RubberBand 4.2). Prices and GPUs
+    come from a catalog. Times (`launched_at`, `terminated_at`, `now()`) are
+    clock times."""
+
+    name = "virtual"
+
+    def __init__(self, run_id: str, clock: Clock, catalog: Catalog | str | None = None, *,
+                 scale_latency_s: float = 0.0, scale_latency_sd_s: float = 0.0, init_latency_s: float = 0.0,
+                 init_latency_sd_s: float = 0.0, seed: int = 0):
+        super().__init__(run_id)
+        for name, value in (("scale_latency_s", scale_latency_s), ("scale_latency_sd_s", scale_latency_sd_s),
+                            ("init_latency_s", init_latency_s), ("init_latency_sd_s", init_latency_sd_s)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ProblemError(f"`{name}` is {value!r}, but must be >= 0", path=name)
+        self.clock = clock
+        self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
+        self.scale = (float(scale_latency_s), float(scale_latency_sd_s))
+        self.init = (float(init_latency_s), float(init_latency_sd_s))
+        self._rng = np.random.default_rng(seed)
+        self._ids = itertools.count()
+        self._notices: list[Preemption] = []
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def provision(self, instance_type: str, count: int, market: str = "on_demand",
+                  timeout_s: float = 600.0) -> list[Machine]:
+        if count < 1:
+            raise ProblemError(f"count is {count}, but must be at least 1")
+        price = self.price(instance_type, market)
+        scale = max(0.0, self.scale[0] + self.scale[1] * self._rng.standard_normal())
+        init = max(0.0, float((self.init[0] + self.init[1] * self._rng.standard_normal(count)).max()))
+        if scale + init > timeout_s:
+            raise ProviderError(f"{count} x {instance_type} would take {scale + init:.1f} s to start, longer than "
+                                f"the timeout {timeout_s:g} s")
+        start = self.clock.now()
+        made = [Machine(f"virtual-{self.run_id}-{next(self._ids)}", instance_type, market, "127.0.0.1",
+                        start + scale, price, tags={"thrifty-run": self.run_id}) for _ in range(count)]
+        self.clock.sleep_until(start + scale + init)
+        self._own(made)
+        return made
+
+    def price(self, instance_type: str, market: str = "on_demand") -> float:
+        return self.catalog.get(instance_type).price(market)
+
+    def poll_interruptions(self) -> Sequence[Preemption]:
+        out, self._notices = self._notices, []
+        return out
+
+
+class ProfileWorkload:
+    """Iteration times drawn from scaling profiles (`perfmodels.scaling`), as
+    the planner's simulator draws them: X ~ N(mean(g), sd(g)) on g atoms of the
+    current instance type, truncated at 5% of the mean, one draw per trial and
+    stage (a straggler stays slow for the whole stage, RubberBand 6.1.1);
+    seeded. Metrics come from `metrics` (a workload such as
+    `SyntheticWorkload`). `use(instance_type)` starts a stage on that type,
+    which the plan executor does before each stage trains."""
+
+    def __init__(self, profiles: Mapping[str, Any], metrics: Workload | None = None, seed: int = 0):
+        if not profiles:
+            raise ProblemError("no scaling profile to draw iteration times from", path="profiles")
+        self.profiles = dict(profiles)
+        self.metrics = metrics or SyntheticWorkload()
+        self.instance_type = next(iter(self.profiles))
+        self._rng = np.random.default_rng(seed)
+        self._draws: dict[tuple[str, int], float] = {}  # (trial's configuration, atoms) -> z
+
+    def use(self, instance_type: str) -> None:
+        if instance_type not in self.profiles:
+            raise ProblemError(f"no scaling profile for {instance_type}; have {', '.join(self.profiles)}",
+                               path="instance_type")
+        self.instance_type = instance_type
+        self._draws.clear()
+
+    def metric(self, config: dict[str, Any], iteration: int) -> float:
+        return self.metrics.metric(config, iteration)
+
+    def iteration_s(self, config: dict[str, Any], iteration: int, atoms: int) -> float:
+        mean, sd = self.profiles[self.instance_type].iteration(atoms)
+        key = (json.dumps(config, sort_keys=True, default=str), atoms)
+        if key not in self._draws:
+            self._draws[key] = float(self._rng.standard_normal())
+        return max(mean + sd * self._draws[key], MIN_FRACTION * mean)
+
+
+@dataclass
+class SimulatedBackend:
+    """A virtual clock, machines on it and trials simulated on it, for `PlanExecutor`."""
+
+    clock: VirtualClock
+    provider: VirtualProvider
+    workload: ProfileWorkload
+    executor: SimulatedExecutor
+    min_billed_s: float
+
+    def stage_hook(self, stage: Mapping[str, Any]) -> None:
+        self.workload.use(stage["instance_type"])
+        self.executor.startup_s = self.workload.profiles[stage["instance_type"]].startup_s
+
+    def execute(self, plan: Any, search_space: SearchSpace, **options: Any) -> PlanResult:
+        options.setdefault("min_billed_s", self.min_billed_s)
+        return execute_plan(plan, self.executor, self.provider, search_space, stage_hook=self.stage_hook,
+                            catalog=self.provider.catalog, **options)
+
+
+def simulated_backend(problem: Any, *, seed: int = 0, metrics: Workload | None = None) -> SimulatedBackend:
+    """The simulated side of a `TuningProblem` (or its JSON): its scaling
+    profiles (with the problem's overrides), cloud latencies, catalog prices
+    and billing minimum, all on one virtual clock. Each launch pays the stage's
+    profile `startup_s`, as the planner charges it per trial and stage."""
+    from thrifty.solver.problem import TuningProblem
+    from thrifty.solver.solve import as_problem
+    from thrifty.solver.tuning import TuningSpace
+
+    problem = as_problem(problem) if not isinstance(problem, TuningProblem) else problem
+    if not isinstance(problem, TuningProblem):
+        raise ProblemError(f"is a {type(problem).__name__}, but the plan executor needs a tuning problem", path="kind")
+    space = TuningSpace(problem)
+    clock = VirtualClock()
+    cloud = problem.cloud
+    provider = VirtualProvider(problem.name or "simulated", clock, problem.catalog,
+                               scale_latency_s=cloud.scale_latency_s, scale_latency_sd_s=cloud.scale_latency_sd_s,
+                               init_latency_s=cloud.init_latency_s, init_latency_sd_s=cloud.init_latency_sd_s,
+                               seed=seed)
+    workload = ProfileWorkload(space.profiles, metrics, seed=seed)
+    executor = SimulatedExecutor(workload, clock=clock)
+    return SimulatedBackend(clock, provider, workload, executor, cloud.min_billed_s)

@@ -1,0 +1,127 @@
+"""HyperSched and POP as Ray Tune schedulers, in a small local Ray Tune run
+(2 CPUs, HyperSched's synthetic workload as a function trainable that
+checkpoints every step). Skipped when Ray is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray Tune is not installed; `pip install 'thrifty[ray]'` runs these tests")
+tune = pytest.importorskip("ray.tune", reason="Ray Tune is not installed; `pip install 'thrifty[ray]'` runs these")
+
+from thrifty.datasets.errors import ProblemError  # noqa: E402
+from thrifty.runtime.tuning import TrialState, synthetic_score  # noqa: E402
+from thrifty.runtime.tuning.ray_schedulers import HyperSchedScheduler, POPScheduler, TuneScheduler  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    # Ray's workers import the trainable from this module by name
+    path = os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+def synthetic_trainable(config):
+    """HyperSched 6's Score(k); one step takes step_s / atoms seconds (LINEAR
+    scaling on the CPUs Ray gives the trial); a checkpoint at every step."""
+    checkpoint = tune.get_checkpoint()
+    step = 0
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            with open(os.path.join(folder, "state.json")) as f:
+                step = json.load(f)["step"]
+    atoms = tune.get_context().get_trial_resources().required_resources.get("CPU", 1)
+    while True:
+        time.sleep(config["step_s"] / atoms)
+        step += 1
+        b = config["b"]
+        score = synthetic_score(step, b["b0"], b["b1"], b["b2"])
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "state.json"), "w") as f:
+                json.dump({"step": step}, f)
+            tune.report({"score": score, "step": step, "atoms": atoms},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
+
+
+def run(scheduler, configs, tmp_path, step_s=0.05):
+    """One Ray Tune experiment: each configuration of `configs` once, one CPU per atom."""
+    tuner = tune.Tuner(
+        tune.with_resources(synthetic_trainable, {"cpu": 1}),
+        param_space={"step_s": step_s, "b": tune.grid_search(configs)},
+        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="run", verbose=0),
+    )
+    return tuner.fit()
+
+
+GOOD = {"b0": 2.0, "b1": 0.9, "b2": 0.1}
+MEDIUM = {"b0": 0.5, "b1": 0.5, "b2": 0.5}
+POOR = {"b0": 0.01, "b1": 0.0, "b2": 0.9}
+
+
+def test_hypersched_runs_in_ray_tune(local_ray, tmp_path):
+    scheduler = HyperSchedScheduler(metric="score", mode="max", total_atoms=2, max_iterations=12, deadline_s=60,
+                                    min_iterations=1, eta=2, cooldown=1)
+    results = run(scheduler, [GOOD, POOR], tmp_path, step_s=0.15)
+    assert not results.errors
+    ours = scheduler.trials
+    assert len(ours) == 2 and scheduler.ended == "exhausted"
+    good = next(t for t in ours if t.config["b"] == GOOD)
+    poor = next(t for t in ours if t.config["b"] == POOR)
+    assert good.state == TrialState.COMPLETED and good.iteration == 12
+    # speculative evaluation paused the poor trial (at its first result after the good one reached
+    # the first rung); it stayed paused until Ray ended it with the experiment
+    assert poor.iteration < good.iteration and poor.state == TrialState.TERMINATED and poor.launches == 1
+    # then the good trial ran alone and grew to both atoms (HyperSched 4.3): Ray paused it,
+    # gave it two CPUs and it resumed from its checkpoint
+    assert good.resizes == 1 and good.launches == 2 and good.iteration_atoms[0] == 1
+    assert good.iteration_atoms[-1] == 2
+    for result in results:
+        mine = next(t for t in ours if t.config == result.config)
+        assert result.metrics["step"] == mine.iteration  # resumed, not restarted
+    assert results.get_best_result(metric="score", mode="max").metrics["atoms"] == 2
+    # measured start-up overheads reached the scheduler
+    assert len(good.overheads_s) == 2 and all(o > 0 for o in good.overheads_s)
+    assert scheduler.scheduler.overhead_s() > 0
+
+
+def test_pop_runs_in_ray_tune(local_ray, tmp_path):
+    scheduler = POPScheduler(0.45, metric="score", mode="max", total_atoms=2, max_iterations=20, deadline_s=60,
+                             boundary=2, kill_threshold=0.1, max_time=30.0)
+    results = run(scheduler, [POOR, GOOD, MEDIUM], tmp_path)
+    assert not results.errors
+    ours = scheduler.trials
+    poor = next(t for t in ours if t.config["b"] == POOR)
+    # poor by domain knowledge: below the kill threshold at the first evaluation boundary
+    assert poor.state == TrialState.TERMINATED and poor.iteration == 2
+    assert "kill threshold" in scheduler.scheduler.killed[poor.trial_id]
+    # the good trial is promising (its predicted curve reaches the target) and runs to the end;
+    # the medium one is terminated once its confidence falls below p = 0.05
+    good = next(t for t in ours if t.config["b"] == GOOD)
+    assert good.state == TrialState.COMPLETED and good.iteration == 20 and good.last_metric >= 0.45
+    medium = next(t for t in ours if t.config["b"] == MEDIUM)
+    assert medium.state == TrialState.TERMINATED and "confidence" in scheduler.scheduler.killed[medium.trial_id]
+    assert scheduler.ended == "exhausted"
+
+
+def test_bad_settings_are_named():
+    from thrifty.runtime.tuning import ASHA
+
+    with pytest.raises(ProblemError, match="mode"):
+        TuneScheduler(ASHA(), metric="score", mode="maximum", max_iterations=5)
+    with pytest.raises(ProblemError, match="max_iterations"):
+        TuneScheduler(ASHA(), metric="score", mode="max", max_iterations=0)
+    with pytest.raises(ProblemError, match="scheduler"):
+        TuneScheduler("asha", metric="score", mode="max", max_iterations=5)
+    with pytest.raises(ProblemError, match="mode"):
+        POPScheduler(0.9, metric="score", max_iterations=5)
+    with pytest.raises(ProblemError, match="resources_per_atom"):
+        TuneScheduler(ASHA(), metric="score", mode="max", max_iterations=5, resources_per_atom={"CPU": 0})
