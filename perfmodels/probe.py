@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError
 from thrifty.datasets.io import atomic_write_text
@@ -57,6 +57,13 @@ from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 
 __all__ = [
     "loopback_interface",
+    "launch_worker",
+    "run_world",
+    "serve_rank",
+    "join_world",
+    "world_barrier",
+    "report_progress",
+    "report_result",
     "PROBE_COLUMNS",
     "CPU_MAX_BYTES",
     "GPU_MAX_BYTES",
@@ -238,25 +245,33 @@ class _WorkerPlan:
 
 
 def _worker_entry(plan_json: str) -> None:
-    """Entry point of one rank (``python -c``; see `_launch_rank`). Rank 0
-    adds 1 to the progress counter after each cell and stores the result;
-    any rank that fails stores its traceback. Ends with ``os._exit``."""
+    """Entry point of one probe rank (``python -c``; see `launch_worker`).
+    Rank 0 adds 1 to the progress counter after each cell and stores the
+    result."""
     plan = _WorkerPlan.from_json(plan_json)
+    serve_rank(plan.rank, plan.port, plan.op_timeout_s, lambda store: _measure(plan, store))
+
+
+def serve_rank(rank: int, port: int, op_timeout_s: float, body: Callable[[Any], None]) -> NoReturn:
+    """Run one rank of a world started by `run_world`: connect to the
+    parent's store on `port`, call ``body(store)``, and end the process with
+    ``os._exit`` (0, or 1 when `body` raised, after storing the traceback
+    where the parent looks for it, so the world fails at once). Never returns."""
     code = 0
     store = None
     try:
         import torch.distributed as dist
 
-        timeout = timedelta(seconds=plan.op_timeout_s)
-        store = dist.TCPStore(_LOOPBACK, plan.port, None, False, timeout)
-        _measure(plan, store)
+        timeout = timedelta(seconds=op_timeout_s)
+        store = dist.TCPStore(_LOOPBACK, port, None, False, timeout)
+        body(store)
     except BaseException:  # noqa: BLE001 - report anything; the parent decides
         code = 1
         text = traceback.format_exc()
         sys.stderr.write(text)
         if store is not None:
             try:
-                store.set(_KEY_ERROR + str(plan.rank), text)
+                store.set(_KEY_ERROR + str(rank), text)
             except Exception:  # noqa: BLE001 - the parent also sees the exit code
                 pass
     finally:
@@ -267,32 +282,56 @@ def _worker_entry(plan_json: str) -> None:
         os._exit(code)
 
 
+def join_world(store: Any, rank: int, world_size: int, backend: str, op_timeout_s: float) -> Any:
+    """Join the process group of a `run_world` world through the parent's
+    `store`, every collective bounded by `op_timeout_s`; return this rank's
+    torch device (``cuda:rank`` under NCCL, one GPU per rank, else the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    gpu = backend == "nccl"
+    if gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=op_timeout_s)
+    )
+    return torch.device("cuda", rank) if gpu else torch.device("cpu")
+
+
+def world_barrier(device: Any) -> None:
+    """A barrier of the whole world (NCCL needs to be told this rank's GPU)."""
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def report_progress(store: Any) -> None:
+    """Add 1 to the world's progress counter: the parent's stall clock restarts."""
+    store.add(_KEY_PROGRESS, 1)
+
+
+def report_result(store: Any, result: Any) -> None:
+    """Store the world's result (any JSON value) for `run_world` to return."""
+    store.set(_KEY_RESULT, json.dumps(result))
+
+
 def _measure(plan: _WorkerPlan, store: Any) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    gpu = plan.backend == "nccl"
-    if gpu:
-        torch.cuda.set_device(plan.rank)
-    device = torch.device("cuda", plan.rank) if gpu else torch.device("cpu")
-    dist.init_process_group(
-        plan.backend,
-        store=store,
-        rank=plan.rank,
-        world_size=plan.world_size,
-        timeout=timedelta(seconds=plan.op_timeout_s),
-    )
+    device = join_world(store, plan.rank, plan.world_size, plan.backend, plan.op_timeout_s)
+    gpu = device.type == "cuda"
 
     def sync() -> None:
         if gpu:
             torch.cuda.synchronize(device)
 
     def barrier() -> None:
-        if gpu:
-            dist.barrier(device_ids=[plan.rank])
-        else:
-            dist.barrier()
+        world_barrier(device)
 
     load = _compute_load(torch, device, plan.load_ms / 1e3, sync)
     times: list[float] = []
@@ -314,13 +353,13 @@ def _measure(plan: _WorkerPlan, store: Any) -> None:
                 stamps.append(time.time())
         del buffers
         if plan.rank == 0:
-            store.add(_KEY_PROGRESS, 1)
+            report_progress(store)
 
     # the batch is done when its slowest rank is: keep the max over ranks
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if plan.rank == 0:
-        store.set(_KEY_RESULT, json.dumps({"times": slowest.cpu().tolist(), "stamps": stamps}))
+        report_result(store, {"times": slowest.cpu().tolist(), "stamps": stamps})
     barrier()
     dist.destroy_process_group()
 
@@ -395,42 +434,81 @@ def _run_world(
 ) -> tuple[list[float], list[float]]:
     """Start the ranks of one world, follow them through the store, and
     return the (max over ranks) batch times and rank 0's timestamps."""
+
+    def plan_json(rank: int, port: int) -> str:
+        plan = _WorkerPlan(
+            rank=rank,
+            world_size=world_size,
+            port=port,
+            backend=backend,
+            cells=tuple(cells),
+            repeats=config.repeats,
+            warmup=config.warmup,
+            op_timeout_s=config.op_timeout_s,
+            load_ms=config.load_ms,
+        )
+        return plan.to_json()
+
+    result = run_world(
+        world_size,
+        backend,
+        "thrifty.perfmodels.probe:_worker_entry",
+        plan_json,
+        op_timeout_s=config.op_timeout_s,
+        stall_timeout_s=config.stall_timeout_s,
+        progress=progress,
+        where=f"allreduce probe with world size {world_size}",
+    )
+    return result["times"], result["stamps"]
+
+
+def run_world(
+    world_size: int,
+    backend: str,
+    entry: str,
+    argument: Callable[[int, int], str],
+    *,
+    op_timeout_s: float,
+    stall_timeout_s: float,
+    progress: Callable[[int], None],
+    where: str,
+) -> Any:
+    """Run one world of `world_size` ranks on this host and return the JSON
+    value its rank 0 stored with `report_result`.
+
+    The parent owns the rendezvous store on an ephemeral port (no port is
+    guessed). Rank ``r`` is a fresh interpreter (`launch_worker`) that calls
+    `entry` (``"module:function"``, which should hand its work to
+    `serve_rank`) with the one string ``argument(r, port)``. ``progress(done)``
+    is called whenever the ranks' progress counter (`report_progress`) moves.
+    Raises `ProbeFailed`, naming `where`, when a rank reports a failure, dies,
+    exits without a result, or shows no progress for `stall_timeout_s`; the
+    workers are always reaped (killed if still running)."""
     import torch.distributed as dist
 
-    # the parent owns the rendezvous server on an ephemeral port: no port race
-    store = dist.TCPStore(
-        _LOOPBACK, 0, None, True, timedelta(seconds=config.op_timeout_s), wait_for_workers=False
-    )
+    store = dist.TCPStore(_LOOPBACK, 0, None, True, timedelta(seconds=op_timeout_s), wait_for_workers=False)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(world_size):
-            plan = _WorkerPlan(
-                rank=rank,
-                world_size=world_size,
-                port=store.port,
-                backend=backend,
-                cells=tuple(cells),
-                repeats=config.repeats,
-                warmup=config.warmup,
-                op_timeout_s=config.op_timeout_s,
-                load_ms=config.load_ms,
-            )
-            procs.append(_launch_rank(plan))
-        return _follow_world(procs, store, world_size, config.stall_timeout_s, progress)
+            procs.append(launch_worker(entry, argument(rank, store.port), backend))
+        return _follow_world(procs, store, world_size, stall_timeout_s, progress, where)
     finally:
         _stop(procs)
 
 
-def _launch_rank(plan: _WorkerPlan) -> "subprocess.Popen[bytes]":
-    """A fresh interpreter per rank (not multiprocessing: nothing of the
-    caller's ``__main__`` is re-imported), one thread each."""
+def launch_worker(entry: str, argument: str, backend: str) -> "subprocess.Popen[bytes]":
+    """Start ``entry(argument)`` (`entry` is ``"module:function"``) in a fresh
+    interpreter (not multiprocessing: nothing of the caller's ``__main__`` is
+    re-imported), with one OpenMP/MKL thread and, under gloo, the loopback
+    interface as gloo's socket interface."""
+    module, function = entry.split(":")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    if plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
         lo = loopback_interface()
         if lo:
             env["GLOO_SOCKET_IFNAME"] = lo
-    code = "import sys; from thrifty.perfmodels.probe import _worker_entry; _worker_entry(sys.argv[1])"
-    return subprocess.Popen([sys.executable, "-c", code, plan.to_json()], env=env, stdin=subprocess.DEVNULL)
+    code = f"import sys; from {module} import {function}; {function}(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, argument], env=env, stdin=subprocess.DEVNULL)
 
 
 def loopback_interface() -> str | None:
@@ -449,8 +527,8 @@ def _follow_world(
     world_size: int,
     stall_timeout_s: float,
     progress: Callable[[int], None],
-) -> tuple[list[float], list[float]]:
-    where = f"allreduce probe with world size {world_size}"
+    where: str,
+) -> Any:
     done, last_sign = 0, time.monotonic()
     while True:
         for rank in range(world_size):
@@ -469,8 +547,7 @@ def _follow_world(
         if all(c == 0 for c in codes):
             if not store.check([_KEY_RESULT]):
                 raise ProbeFailed(f"{where}: the workers exited without a result")
-            result = json.loads(store.get(_KEY_RESULT))
-            return result["times"], result["stamps"]
+            return json.loads(store.get(_KEY_RESULT))
         if time.monotonic() - last_sign > stall_timeout_s:
             raise ProbeFailed(f"{where}: no progress for {stall_timeout_s:g} s; stopped the workers")
         time.sleep(0.1)

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "schema": "schema",
     "simulate": "simulate",
     "profile": "profile",
+    "profile-scaling": "profile_scaling",
     "probe-allreduce": "probe_allreduce",
     "fit-allreduce": "fit_allreduce",
     "catalog": "catalog",

@@ -1,0 +1,122 @@
+"""``thrifty profile-scaling MODULE:FACTORY --world-sizes 1,2,4 --batch 64
+--out PROFILE.json``: measure a RubberBand scaling profile (4.1) of a
+workload on this host, one real ``torch.distributed`` world per world size,
+and write it atomically as ``thrifty.scaling_profile/1``.
+
+The provenance of the written file records this command with every setting
+spelled out, so re-running that line reproduces the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+
+from thrifty.runtime.commands._args import int_at_least, positive_float
+
+HELP = "measure how one trial's iteration latency scales with its workers (a RubberBand scaling profile) here"
+
+__all__ = ["HELP", "add_arguments", "run", "parse_world_sizes", "command_line"]
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``; anything but integers separated by commas is a `ProblemError`."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ProblemError(f"--world-sizes is '{text}', but must be integers >= 1 separated by commas") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("factory", metavar="MODULE:FACTORY", help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
+    parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
+    parser.add_argument("--batch", required=True, type=int, metavar="N", help="the trial's batch, split evenly over the workers")
+    parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the scaling profile")
+    parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
+    parser.add_argument("--instance-type", default="local", help="the instance type the profile describes (default local)")
+    parser.add_argument("--iterations", type=int_at_least(1), default=20, help="timed iterations per world size (default 20)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed iterations before them (default 3)")
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per worker (default 1)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run (default auto)")
+    parser.add_argument(
+        "--timeout", type=positive_float, default=300.0, metavar="S",
+        help="bound on every collective, and on a world that finishes no iteration for S seconds (default 300)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+
+
+def command_line(args: argparse.Namespace, sizes: list[int], name: str) -> str:
+    """The command that reproduces this measurement, every data setting spelled out."""
+    words = ["thrifty", "profile-scaling", args.factory, "--world-sizes", ",".join(map(str, sizes))]
+    words += ["--batch", str(args.batch), "--out", args.out, "--name", name, "--instance-type", args.instance_type]
+    words += ["--iterations", str(args.iterations), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    words += ["--device", args.device, "--timeout", f"{args.timeout:g}"]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    from thrifty.datasets.io import write_json
+    from thrifty.perfmodels.scaling import parse_scaling_profile
+    from thrifty.perfmodels.scaling_profiler import check_world_sizes, default_model_name, profile_scaling
+
+    sizes = check_world_sizes(
+        parse_world_sizes(args.world_sizes), args.batch, sizes_name="--world-sizes", batch_name="--batch"
+    )
+    name = args.name or default_model_name(args.factory)
+
+    def measure(on_progress: Any) -> dict[str, Any]:
+        return profile_scaling(
+            args.factory,
+            sizes,
+            args.batch,
+            iterations=args.iterations,
+            warmup=args.warmup,
+            device=args.device,
+            threads=args.threads,
+            timeout_s=args.timeout,
+            model_name=name,
+            instance_type=args.instance_type,
+            command=command_line(args, sizes, name),
+            on_progress=on_progress,
+        )
+
+    document = measure(None) if args.no_progress else _with_bar(measure)
+    parse_scaling_profile(document, args.out)  # never write a file that does not load
+    write_json(args.out, document)
+    _print_summary(document, args.out)
+    return 0
+
+
+def _with_bar(measure: Any) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task("scaling profile", total=None)
+
+        def update(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"scaling profile, {label}")
+
+        return measure(update)
+
+
+def _print_summary(document: dict[str, Any], out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{document['model']}, batch {document['batch']}, on {document['instance_type']}")
+    for column in ("workers", "iteration ms", "sd ms", "speed-up"):
+        table.add_column(column, justify="right")
+    base = document["points"][0]["iteration_s"]
+    for p in document["points"]:
+        table.add_row(
+            str(p["gpus"]), f"{p['iteration_s'] * 1e3:.3f}", f"{p['iteration_sd_s'] * 1e3:.3f}",
+            f"{base / p['iteration_s']:.2f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"start-up {document['startup_s']:.2f} s; wrote {out}")
