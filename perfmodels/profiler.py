@@ -56,6 +56,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from thrifty.perfmodels.zoo import Workload
 
 __all__ = [
+    "make_trainer",
+    "timed_without_gc",
     "DEFAULT_REPEATS",
     "DEFAULT_WARMUP",
     "DEFAULT_ROUNDS",
@@ -602,7 +604,7 @@ def profile_workload(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        trainer = _make_trainer(torch, workload, resolved, make_optimizer)
+        trainer = make_trainer(torch, workload, resolved, make_optimizer)
         with _progress(progress) as bar:
             sweep, top, top_source = _plan_sweep(trainer, batches, max_batch, memory_limit_bytes, bar)
             ready_at = ready_batch if ready_batch is not None else _nearest_batch(sweep, READY_BATCH_TARGET)
@@ -617,7 +619,7 @@ def profile_workload(
 
             samples = _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
             tick = report(f"gradient-ready trace at batch {ready_at}")
-            ready, hooked_backward = _timed(lambda: _measure_readiness(trainer, ready_at, ready_repeats, tick))
+            ready, hooked_backward = timed_without_gc(lambda: _measure_readiness(trainer, ready_at, ready_repeats, tick))
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -676,7 +678,7 @@ def _measure_sweep(
     for round_index, round_repeats in enumerate(_split(repeats, rounds)):
         for batch in sweep:
             tick = report(f"batch {batch}, pass {round_index + 1} of {rounds}")
-            measured = _timed(lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))
+            measured = timed_without_gc(lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))
             samples[batch].forward_s.extend(measured.forward_s)
             samples[batch].backward_s.extend(measured.backward_s)
             samples[batch].step_s.extend(measured.step_s)
@@ -713,7 +715,9 @@ def _check_settings(
             raise ProblemError(f"{name} is {value!r}, but must be an integer of at least {least}")
 
 
-def _make_trainer(torch: Any, workload: "Workload", device: str, make_optimizer: Callable[[Any], Any] | None) -> _Trainer:
+def make_trainer(torch: Any, workload: "Workload", device: str, make_optimizer: Callable[[Any], Any] | None) -> _Trainer:
+    """A timed training step for `workload` on `device` (a copy of its model; SGD unless
+    `make_optimizer` is given), shared by `thrifty profile` and `thrifty profile-scaling`."""
     try:
         model = copy.deepcopy(workload.model)
         loss_fn = copy.deepcopy(workload.loss_fn) if isinstance(workload.loss_fn, torch.nn.Module) else workload.loss_fn
@@ -780,7 +784,7 @@ def _first_iterations(trainer: _Trainer, batch: int, count: int = 2) -> None:
         trainer.iteration(inputs, targets)
 
 
-def _timed(measure: Callable[[], Any]) -> Any:
+def timed_without_gc(measure: Callable[[], Any]) -> Any:
     """Run `measure` with the garbage collector paused, so that a collection
     does not land inside a timed iteration."""
     gc.collect()

@@ -137,13 +137,13 @@ def _train(plan: _RankPlan, store: Any) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from thrifty.perfmodels.probe import join_world, report_progress, report_result, world_barrier
-    from thrifty.perfmodels.profiler import _make_trainer, _timed, load_workload
+    from thrifty.perfmodels.profiler import make_trainer, timed_without_gc, load_workload
 
     torch.set_num_threads(plan.threads)
     device = join_world(store, plan.rank, plan.world_size, plan.backend, plan.timeout_s)
     # the profiler's trainer (a copy of the model, SGD as `thrifty profile`
     # uses, a clock that syncs the GPU), with the model wrapped in DDP
-    trainer = _make_trainer(torch, load_workload(plan.spec), device.type, None)
+    trainer = make_trainer(torch, load_workload(plan.spec), device.type, None)
     gpu_ids = [device.index] if device.type == "cuda" else None
     trainer = replace(trainer, model=DistributedDataParallel(trainer.model, device_ids=gpu_ids))
     inputs, targets = trainer.batch(plan.rank_batch)
@@ -160,7 +160,7 @@ def _train(plan: _RankPlan, store: Any) -> None:
                 report_progress(store)
         return times, first_started
 
-    times, first_started = _timed(iterate)
+    times, first_started = timed_without_gc(iterate)
     # a synchronous iteration is done when its slowest rank is
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

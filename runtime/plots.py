@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["plot_training_plan", "plot_tuning_plan"]
+__all__ = ["plot_training_plan", "plot_tuning_plan", "pyplot", "save_png"]
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,7 +17,7 @@ def _pyplot():
     return plt
 
 
-def _save_png(plt, fig, path: str | Path) -> None:
+def save_png(plt, fig, path: str | Path) -> None:
     """Lay out `fig`, write it to `path` as PNG atomically, and close it."""
     import io
 
@@ -31,7 +32,7 @@ def _save_png(plt, fig, path: str | Path) -> None:
 
 def plot_training_plan(space, plan, path: str | Path) -> None:
     """Every simulated candidate in the time-cost plane, the limits, and the plan."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     hist = space.history
     ok = [e for e in hist if e.feasible]
@@ -57,13 +58,13 @@ def plot_training_plan(space, plan, path: str | Path) -> None:
                  f"({plan.solver.method}, {plan.solver.candidates_simulated} simulated)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    _save_png(plt, fig, path)
+    save_png(plt, fig, path)
 
 
 def plot_tuning_plan(plan, path: str | Path) -> None:
     """A tuning plan over time: GPUs per trial and instances per stage, and the
     cumulative cost, for thrifty's plan and the static and greedy baselines."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_gpu, ax_inst, ax_cost) = plt.subplots(3, 1, figsize=(7.5, 7), dpi=120, sharex=True)
     runs = [("thrifty", plan.stages, plan.predicted, "#55a868")]
     for name, color in (("greedy", "#4c72b0"), ("static", "#c44e52")):
@@ -93,4 +94,4 @@ def plot_tuning_plan(plan, path: str | Path) -> None:
         ax.grid(alpha=0.3)
     ax_inst.legend(fontsize=8, loc="best")
     ax_cost.legend(fontsize=8, loc="best")
-    _save_png(plt, fig, path)
+    save_png(plt, fig, path)

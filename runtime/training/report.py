@@ -84,9 +84,9 @@ def format_timeline(rows: Sequence[tuple[float, str, str]]) -> str:
 def plot_run(events: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> None:
     """Iterations and spent cost over time, each plan's predicted progress,
     the preemptions and re-plans, and the limits."""
-    from thrifty.runtime.plots import _pyplot, _save_png
+    from thrifty.runtime.plots import pyplot, save_png
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_it, ax_cost) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=120, sharex=True)
     start = next(e for e in events if e["event"] == "start")
     total = start["iterations"]
@@ -137,4 +137,4 @@ def plot_run(events: Sequence[dict[str, Any]], path: str | Path, title: str | No
     for ax in (ax_it, ax_cost):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    _save_png(plt, fig, path)
+    save_png(plt, fig, path)
