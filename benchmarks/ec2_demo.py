@@ -13,7 +13,7 @@ except the cloud:
   (real ``run_instances`` / ``describe_instances`` / ``terminate_instances``
   calls through boto3, tagged with the run id);
 * the training runtime (`thrifty.runtime.training.train`) trains the
-  profiled ``mlp`` zoo model with real gloo worker processes; moto's
+  problem's profiled zoo model with real gloo worker processes; moto's
   instances have no real hosts, so each machine's workers run on 127.0.0.1
   (the only liberty the demo takes with the provider's machines);
 * the interruption is a spot ``instance-action`` notice served by a local
@@ -23,13 +23,14 @@ except the cloud:
 * the problem is the training runtime's miniature
   (``datasets/examples/local-demo-srifty54.json``) with its time limit
   widened to ``--time-limit`` (120 s: launches through the provider wait
-  for moto's instances and notices for the IMDS poller), else one like it; its machine types are the local demo catalog's pseudo types (demo
-  prices in ``datasets/examples/local-demo-catalog.json``, not quotes), so the
+  for moto's instances and notices for the IMDS poller), or one like it on
+  the ``mlp`` model when that file is missing; its machine types are the
+  local demo catalog's pseudo types (demo prices in ``datasets/examples/local-demo-catalog.json``, not quotes), so the
   plan is predicted with the measured CPU profiles of this host. moto accepts
   any instance type name, so these are launched as EC2 instances as they are.
 
-Scaled down from the paper: 400 iterations of batch 256 in seconds instead
-of minutes; the spot warning is `--warning` seconds instead of 120.
+Scaled down from the paper: a few hundred iterations in seconds instead of
+minutes; the spot warning is `--warning` seconds instead of 120.
 
 Run: ``python benchmarks/ec2_demo.py`` (about a minute on 2 cores). Prints
 the timeline and the run's figures; exit 1 if any instance is left running

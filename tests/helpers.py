@@ -3,6 +3,11 @@ whose answers are easy to compute by hand."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 
 from thrifty.datasets.catalog import InstanceType
@@ -52,3 +57,17 @@ class FixedBandwidth:
 
     def source(self, itype):
         return "fixed"
+
+
+def load_script(path: str | Path) -> ModuleType:
+    """Import a script of `datasets/scripts/` as a module (registered in
+    `sys.modules` while it runs: dataclasses look their module up)."""
+    name = "thrifty_script_" + Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(name, None)
+    return module

@@ -4,7 +4,6 @@ and that the committed build script reproduces the shipped file."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +11,8 @@ import pytest
 
 import thrifty.datasets as ds
 from thrifty.datasets import ProblemError, load_catalog
+
+from helpers import load_script
 
 SHIPPED = Path(ds.__file__).parent / "catalog" / "aws-us-east-1.json"
 BUILD_SCRIPT = Path(ds.__file__).parent / "scripts" / "build_catalog.py"
@@ -167,10 +168,7 @@ def test_unknown_market_and_missing_spot_price(tmp_path):
 
 
 def _build_module():
-    spec = importlib.util.spec_from_file_location("thrifty_build_catalog", BUILD_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BUILD_SCRIPT)
 
 
 def test_build_script_reproduces_shipped_catalog(tmp_path):

@@ -10,14 +10,14 @@ regenerates the shipped files byte for byte.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from thrifty.perfmodels.profile import ComputeProfile, load_profile
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "datasets" / "scripts" / "derive_profiles.py"
@@ -73,15 +73,7 @@ def _totals(profile: ComputeProfile) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def script():
-    name = "thrifty_derive_profiles_script"
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file executes
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(name, None)
+    return load_script(SCRIPT)
 
 
 def test_every_model_on_every_device_is_shipped():

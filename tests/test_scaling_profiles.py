@@ -8,11 +8,12 @@ every file must load as a valid `ScalingProfile`.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from thrifty.perfmodels.scaling import load_scaling_profile
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "datasets" / "scripts" / "derive_scaling_profiles.py"
@@ -20,10 +21,7 @@ SHIPPED = ROOT / "datasets" / "profiles" / "scaling"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("derive_scaling_profiles", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_regenerating_reproduces_every_shipped_file(tmp_path):

@@ -28,6 +28,8 @@ from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.training.sharding import ShardedStream, rank_offsets, split_batch
 from thrifty.solver.problem import parse_problem
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CATALOG = str(ROOT / "datasets" / "examples" / "local-demo-catalog.json")
 
@@ -400,12 +402,7 @@ def test_run_command_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_demo_catalog_is_what_its_script_builds_and_says_its_prices_are_made_up():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("build_local_demo_catalog",
-                                                  ROOT / "datasets" / "scripts" / "build_local_demo_catalog.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(ROOT / "datasets" / "scripts" / "build_local_demo_catalog.py")
     assert json.loads(Path(DEMO_CATALOG).read_text()) == script.build()
     catalog = load_catalog(DEMO_CATALOG)
     assert all(t.device == "cpu" and "demo price" in t.price_source for t in catalog.types.values())

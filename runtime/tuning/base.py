@@ -35,7 +35,7 @@ from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning.trial import Report, Trial
 
 __all__ = [
-    "Decision", "Start", "ExperimentView", "Scheduler", "RunningMedian",
+    "Decision", "Start", "ExperimentView", "ExperimentState", "TrialsView", "Scheduler", "RunningMedian",
     "rung_milestones", "check_positive", "check_eta", "check_min_max_iterations", "check_atoms_per_trial",
     "ScalingFunction", "SCALINGS", "scaling_function",
 ]
@@ -149,6 +149,66 @@ class RunningMedian:
         if len(self._low) > len(self._high):
             return -self._low[0]
         return (-self._low[0] + self._high[0]) / 2.0
+
+
+class TrialsView(Mapping[int, Trial]):
+    """Trials by id, read-only (ids are 0, 1, 2, ... in creation order)."""
+
+    def __init__(self, trials: list[Trial]):
+        self._trials = trials
+
+    def __getitem__(self, trial_id: int) -> Trial:
+        if not isinstance(trial_id, int) or not 0 <= trial_id < len(self._trials):
+            raise KeyError(trial_id)
+        return self._trials[trial_id]
+
+    def __iter__(self):
+        return iter(range(len(self._trials)))
+
+    def __len__(self) -> int:
+        return len(self._trials)
+
+
+class ExperimentState:
+    """The bookkeeping behind an `ExperimentView`, shared by the loop and the
+    Ray adapter: the clock, the atoms in use, the trials (by id, in creation
+    order), the running ones and the measured overheads. Subclasses say
+    whether more configurations can start (`has_more_configs`)."""
+
+    def __init__(self, clock, total_atoms: int, max_iterations: int, deadline: float | None):
+        self.clock = clock
+        self.total_atoms = total_atoms
+        self.max_iterations = max_iterations
+        self.deadline = deadline  # clock time, or None
+        self.trial_list: list[Trial] = []
+        self.running: dict[int, Trial] = {}
+        self.used_atoms = 0
+        self.overheads = RunningMedian()
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def time_left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - self.clock.now()
+
+    @property
+    def free_atoms(self) -> int:
+        return self.total_atoms - self.used_atoms
+
+    @property
+    def trials(self) -> Mapping[int, Trial]:
+        return TrialsView(self.trial_list)
+
+    def running_trials(self) -> Sequence[Trial]:
+        return list(self.running.values())
+
+    def has_more_configs(self) -> bool:
+        raise NotImplementedError
+
+    def median_overhead_s(self) -> float:
+        """Median measured start-up / resize overhead so far (HyperSched's T_o); NaN before any."""
+        return self.overheads.median()
+
 
 
 def check_positive(name: str, value: float, *, integer: bool = False) -> None:

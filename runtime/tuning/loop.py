@@ -41,12 +41,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from thrifty.datasets.errors import ProblemError, ThriftyError
-from thrifty.runtime.tuning.base import Decision, RunningMedian, Scheduler, Start, check_positive
+from thrifty.runtime.tuning.base import Decision, ExperimentState, Scheduler, Start, check_positive
 from thrifty.runtime.tuning.clock import Clock
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
@@ -102,7 +101,7 @@ class ExperimentResult:
         return sum(t.state == state for t in self.trials)
 
 
-class Experiment:
+class Experiment(ExperimentState):
     """The loop's state and the read-only view schedulers get (`ExperimentView`)."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
@@ -116,50 +115,24 @@ class Experiment:
             raise ProblemError(f"`target` is {target!r}, but must be a finite number", path="target")
         if not search_space.has_more():
             raise ProblemError("the search space is empty: it produced no configuration", path="search_space")
+        started_at = executor.clock.now()
+        super().__init__(executor.clock, total_atoms, max_iterations,
+                         None if deadline is None else started_at + deadline)
         self.scheduler = scheduler
         self.executor = executor
         self.search_space = search_space
-        self.total_atoms = total_atoms
-        self.max_iterations = max_iterations
-        self.clock = executor.clock
-        self.started_at = self.clock.now()
-        self.deadline = None if deadline is None else self.started_at + deadline
+        self.started_at = started_at
         self.target = target
         self.fail_fast = fail_fast
-        self._trials: list[Trial] = []
-        self._running: dict[int, Trial] = {}
-        self._used_atoms = 0
-        self._overheads = RunningMedian()
         self._best: tuple[float, int] | None = None
         self._time_to_target: float | None = None
         self._results = 0
         self._decision_s = 0.0
         self._failed: dict[int, str] = {}
 
-    # --- ExperimentView -------------------------------------------------------------
-    def now(self) -> float:
-        return self.clock.now()
-
-    def time_left(self) -> float:
-        return math.inf if self.deadline is None else self.deadline - self.clock.now()
-
-    @property
-    def free_atoms(self) -> int:
-        return self.total_atoms - self._used_atoms
-
-    @property
-    def trials(self) -> Mapping[int, Trial]:
-        return _TrialsView(self._trials)
-
-    def running_trials(self) -> Sequence[Trial]:
-        return list(self._running.values())
-
+    # --- ExperimentView (the rest is `ExperimentState`) ----------------------------
     def has_more_configs(self) -> bool:
         return self.search_space.has_more()
-
-    def median_overhead_s(self) -> float:
-        """Median measured start-up / resize overhead so far (HyperSched's T_o); NaN before any."""
-        return self._overheads.median()
 
     # --- the loop -------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -167,21 +140,21 @@ class Experiment:
         try:
             reason = self._loop()
         finally:
-            for trial in list(self._running.values()):
+            for trial in list(self.running.values()):
                 self.executor.terminate(trial)
                 self._release(trial, TrialState.TERMINATED)
         return self._result(reason)
 
     def _loop(self) -> str:
         self._fill()
-        while self._running and self._time_to_target is None:
+        while self.running and self._time_to_target is None:
             event = self.executor.next_event(self.deadline)
             if event is None:
                 if self.deadline is not None and self.clock.now() >= self.deadline:
                     return "deadline"
                 raise SchedulerError("the executor returned no event while trials were running")
             if isinstance(event, Crash):
-                self._fail(self._running[event.trial_id], event.message)
+                self._fail(self.running[event.trial_id], event.message)
             else:
                 self._on_report(event)
             if self._time_to_target is None:
@@ -207,12 +180,12 @@ class Experiment:
             config = self.search_space.next_config()
             if config is None:
                 return None
-            trial = Trial(trial_id=len(self._trials), config=config, created_at=self.clock.now())
-            self._trials.append(trial)
+            trial = Trial(trial_id=len(self.trial_list), config=config, created_at=self.clock.now())
+            self.trial_list.append(trial)
             return trial
-        if not 0 <= start.trial_id < len(self._trials):
+        if not 0 <= start.trial_id < len(self.trial_list):
             raise SchedulerError(f"{name} asked to start trial {start.trial_id}, which does not exist")
-        trial = self._trials[start.trial_id]
+        trial = self.trial_list[start.trial_id]
         if trial.state not in (TrialState.PAUSED, TrialState.PENDING):
             raise SchedulerError(f"{name} asked to start trial {trial.trial_id}, which is {trial.state.value}")
         return trial
@@ -222,16 +195,16 @@ class Experiment:
         trial.atoms = atoms
         trial.launches += 1
         trial.iterations_since_launch = 0
-        self._used_atoms += atoms
-        self._running[trial.trial_id] = trial
+        self.used_atoms += atoms
+        self.running[trial.trial_id] = trial
         self.executor.launch(trial, atoms)
         self.scheduler.on_trial_start(trial)
 
     def _release(self, trial: Trial, state: TrialState) -> None:
-        self._used_atoms -= trial.atoms
+        self.used_atoms -= trial.atoms
         trial.atoms = 0
         trial.state = state
-        del self._running[trial.trial_id]
+        del self.running[trial.trial_id]
         if state != TrialState.PAUSED:
             trial.ended_at = self.clock.now()
             self.scheduler.on_trial_end(trial)
@@ -245,7 +218,7 @@ class Experiment:
             raise TrialFailedError(f"trial {trial.trial_id} ({trial.config}) failed: {message}")
 
     def _on_report(self, report: Report) -> None:
-        trial = self._running[report.trial_id]
+        trial = self.running[report.trial_id]
         metric = report.metric
         if not isinstance(metric, (int, float)) or not math.isfinite(metric):
             self._fail(trial, f"reported metric {metric!r} at iteration {report.iteration}")
@@ -258,7 +231,7 @@ class Experiment:
         trial.iterations_since_launch += 1
         if trial.iterations_since_launch == 1:  # the first result after a launch carries its start-up time
             trial.overheads_s.append(report.overhead_s)
-            self._overheads.add(report.overhead_s)
+            self.overheads.add(report.overhead_s)
         if self._best is None or metric > self._best[0]:
             self._best = (float(metric), trial.trial_id)
         if self.target is not None and self._time_to_target is None and metric >= self.target:
@@ -296,34 +269,16 @@ class Experiment:
         # HyperSched 4.3: checkpoint, stop, relaunch with the new allocation, restore
         trial.checkpoint = self.executor.suspend(trial)
         trial.resizes += 1
-        self._used_atoms -= trial.atoms
-        del self._running[trial.trial_id]
+        self.used_atoms -= trial.atoms
+        del self.running[trial.trial_id]
         self._launch(trial, atoms)
 
     def _result(self, reason: str) -> ExperimentResult:
         best_metric, best_id = self._best if self._best is not None else (-math.inf, None)
         return ExperimentResult(
-            trials=list(self._trials), ended_at=self.clock.now() - self.started_at, end_reason=reason,
+            trials=list(self.trial_list), ended_at=self.clock.now() - self.started_at, end_reason=reason,
             best_trial_id=best_id, best_metric=best_metric, time_to_target=self._time_to_target,
             results=self._results, decision_s=self._decision_s, failed=dict(self._failed))
-
-
-class _TrialsView(Mapping[int, Trial]):
-    """Trials by id, read-only (ids are 0, 1, 2, ... in creation order)."""
-
-    def __init__(self, trials: list[Trial]):
-        self._trials = trials
-
-    def __getitem__(self, trial_id: int) -> Trial:
-        if not isinstance(trial_id, int) or not 0 <= trial_id < len(self._trials):
-            raise KeyError(trial_id)
-        return self._trials[trial_id]
-
-    def __iter__(self):
-        return iter(range(len(self._trials)))
-
-    def __len__(self) -> int:
-        return len(self._trials)
 
 
 def run_experiment(scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,

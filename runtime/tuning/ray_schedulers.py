@@ -59,11 +59,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from thrifty.datasets.errors import MissingDependencyError, ProblemError
-from thrifty.runtime.tuning.base import Decision, RunningMedian, Scheduler, check_positive
+from thrifty.runtime.tuning.base import Decision, ExperimentState, Scheduler, check_positive
 from thrifty.runtime.tuning.clock import RealClock
 from thrifty.runtime.tuning.executor_plan import record_result
 from thrifty.runtime.tuning.hypersched import HyperSched
@@ -82,42 +82,17 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 __all__ = ["TuneScheduler", "HyperSchedScheduler", "POPScheduler"]
 
 
-class _View:
-    """The `ExperimentView` our scheduler reads, kept from Ray's events."""
+class _View(ExperimentState):
+    """The `ExperimentView` our scheduler reads, kept from Ray's events;
+    `held` counts configurations Ray added that have not started."""
 
     def __init__(self, total_atoms: int, max_iterations: int, deadline_s: float | None):
-        self.clock = RealClock()
-        self.total_atoms = total_atoms
-        self.max_iterations = max_iterations
-        self.deadline = None if deadline_s is None else self.clock.now() + deadline_s
-        self.list: list[Trial] = []
-        self.running: dict[int, Trial] = {}
-        self.used_atoms = 0
+        clock = RealClock()
+        super().__init__(clock, total_atoms, max_iterations, None if deadline_s is None else clock.now() + deadline_s)
         self.held = 0
-        self.overheads = RunningMedian()
-
-    def now(self) -> float:
-        return self.clock.now()
-
-    def time_left(self) -> float:
-        return math.inf if self.deadline is None else self.deadline - self.clock.now()
-
-    @property
-    def free_atoms(self) -> int:
-        return self.total_atoms - self.used_atoms
-
-    @property
-    def trials(self) -> Mapping[int, Trial]:
-        return dict(enumerate(self.list))
-
-    def running_trials(self) -> Sequence[Trial]:
-        return list(self.running.values())
 
     def has_more_configs(self) -> bool:
         return self.held > 0
-
-    def median_overhead_s(self) -> float:
-        return self.overheads.median()
 
 
 class TuneScheduler(TrialScheduler):
@@ -212,7 +187,7 @@ class TuneScheduler(TrialScheduler):
             ray_trial = self._ray[tid]
             if ray_trial.status == RayTrial.PAUSED and not ray_trial.is_saving:
                 del self._resizing[tid]
-                return self._relaunch(view.list[tid], ray_trial, atoms)
+                return self._relaunch(view.trial_list[tid], ray_trial, atoms)
         start = self.scheduler.choose() if view.free_atoms > 0 else None
         if start is None:
             if not view.running and not self._staged and not self._resizing:
@@ -229,14 +204,14 @@ class TuneScheduler(TrialScheduler):
                 return None
             ray_trial = self._held.popleft()
             view.held -= 1
-            trial = Trial(trial_id=len(view.list), config=dict(ray_trial.config), created_at=view.now())
-            view.list.append(trial)
+            trial = Trial(trial_id=len(view.trial_list), config=dict(ray_trial.config), created_at=view.now())
+            view.trial_list.append(trial)
             self._mirror[ray_trial.trial_id] = trial
             self._ray[trial.trial_id] = ray_trial
         else:
-            if start.trial_id not in self._ray or view.list[start.trial_id].state != TrialState.PAUSED:
+            if start.trial_id not in self._ray or view.trial_list[start.trial_id].state != TrialState.PAUSED:
                 raise SchedulerError(f"{name} asked to start trial {start.trial_id}, which is not paused")
-            trial, ray_trial = view.list[start.trial_id], self._ray[start.trial_id]
+            trial, ray_trial = view.trial_list[start.trial_id], self._ray[start.trial_id]
         trial.state = TrialState.RUNNING
         trial.atoms = start.atoms
         view.used_atoms += start.atoms
@@ -356,7 +331,7 @@ class TuneScheduler(TrialScheduler):
     @property
     def trials(self) -> list[Trial]:
         """Our record of every trial the scheduler started (ids in start order)."""
-        return [] if self._view is None else list(self._view.list)
+        return [] if self._view is None else list(self._view.trial_list)
 
     def ray_trial_id(self, trial_id: int) -> str:
         return self._ray[trial_id].trial_id
@@ -365,7 +340,7 @@ class TuneScheduler(TrialScheduler):
         if self._view is None:
             return f"thrifty {self.scheduler.name}: waiting for trials"
         counts: dict[str, int] = {}
-        for t in self._view.list:
+        for t in self._view.trial_list:
             counts[t.state.value] = counts.get(t.state.value, 0) + 1
         states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         return (f"thrifty {self.scheduler.name}: {self._view.used_atoms}/{self._view.total_atoms} atoms in use, "
