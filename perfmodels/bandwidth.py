@@ -17,7 +17,12 @@ A model answers two queries for one instance type:
   bandwidth all concurrent transfers of one machine can share;
 
 and says how it answers for a type (``source(itype)``: ``"learned"`` or
-``"analytic"``). A mixed cluster is bounded by its slowest type (Srifty 4.2):
+``"analytic"``). A model that knows how a transfer's bus bandwidth changes
+with the number of transfers in flight (Srifty 4.2's "number of asynchronous
+transfers" feature) also has ``concurrency_levels(itype)``, the largest
+``c`` it was probed at, and takes ``bus_bandwidth(..., concurrent=c)``; the
+simulator then rates each transfer at the concurrency of the moment. Models
+without it answer for lone transfers. A mixed cluster is bounded by its slowest type (Srifty 4.2):
 the simulator takes the minimum over the types present.
 
 The analytic fallback is a ring allreduce with a latency and a bandwidth term

@@ -183,10 +183,19 @@ class ComputeModel:
     provenance: dict[str, Any] = field(default_factory=dict)
     threshold_fraction: float = 0.5
     min_latency_s: float = 1e-6
+    buffer_bytes: int = 0
+    # the same model measured with `colocated_workers` processes sharing the host's cores
+    colocated: "ComputeModel | None" = None
+    colocated_workers: int = 0
 
     # -- construction -------------------------------------------------------
     @classmethod
     def from_profile(cls, profile: ComputeProfile, threshold_fraction: float = 0.5) -> "ComputeModel":
+        colocated = None
+        if profile.colocated is not None:
+            shared = profile.model_copy(update={
+                "points": profile.colocated.points, "step_s": profile.colocated.step_s, "colocated": None})
+            colocated = cls.from_profile(shared, threshold_fraction)
         pts = sorted(profile.points, key=lambda p: p.batch)
         xb = np.array([p.batch for p in pts], dtype=float)
         fw = np.array([p.forward_s for p in pts])
@@ -217,6 +226,9 @@ class ComputeModel:
             ready_frac=tuple(layer.ready_frac for layer in layers),
             provenance=profile.provenance.model_dump(exclude_none=True),
             threshold_fraction=threshold_fraction,
+            buffer_bytes=profile.buffer_bytes,
+            colocated=colocated,
+            colocated_workers=profile.colocated.workers if profile.colocated is not None else 0,
         )
 
     # -- predictions --------------------------------------------------------
@@ -282,6 +294,9 @@ class ComputeModel:
             "layers": [{"name": n, "grad_bytes": g, "ready_frac": r}
                        for n, g, r in zip(self.layer_names, self.grad_bytes, self.ready_frac)],
             "provenance": self.provenance,
+            "buffer_bytes": self.buffer_bytes,
+            "colocated": (None if self.colocated is None else
+                          {"workers": self.colocated_workers, "model": self.colocated.to_json()}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -311,6 +326,10 @@ class ComputeModel:
                 ready_frac=tuple(float(layer["ready_frac"]) for layer in layers),
                 provenance=dict(data["provenance"]),
                 threshold_fraction=float(data.get("threshold_fraction", 0.5)),
+                buffer_bytes=int(data.get("buffer_bytes", 0)),
+                colocated=(None if not data.get("colocated") else
+                           cls.from_json(data["colocated"]["model"], source=source)),
+                colocated_workers=int(data["colocated"]["workers"]) if data.get("colocated") else 0,
             )
         except ProblemError:
             raise

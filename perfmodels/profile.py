@@ -20,6 +20,18 @@ File format (JSON, ``format: "thrifty.compute_profile/1"``)::
 
 ``layers`` are listed in the order their gradients become ready in the
 backward pass (last layer first); ``ready_frac`` is in [0, 1].
+
+Optional, for devices that share a host's cores (CPU worker processes):
+
+- ``colocated``: ``{"workers": k, "step_s": ..., "points": [...]}``, the same
+  sweep measured while ``k`` identical training processes run at once on the
+  host, each at the same batch (``thrifty profile --colocated k``). The
+  simulator uses it when ``k`` or more such workers share the host: two
+  processes on two cores contend for caches and memory bandwidth (measured
+  here: 2-27% slower per pass than alone).
+- ``buffer_bytes``: the bytes of the model's buffers (not parameters, e.g.
+  BatchNorm running statistics), which PyTorch DDP broadcasts from rank 0 at
+  the start of every forward pass.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ __all__ = [
     "PROFILE_FORMAT",
     "Provenance",
     "ProfilePoint",
+    "ColocatedPoints",
     "LayerGrad",
     "ComputeProfile",
     "parse_profile",
@@ -91,6 +104,12 @@ class LayerGrad(_Frozen):
     ready_frac: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
+class ColocatedPoints(_Frozen):
+    workers: Annotated[int, Field(ge=2)]
+    step_s: NonNegativeSeconds = 0.0
+    points: Annotated[list[ProfilePoint], Field(min_length=2)]
+
+
 class ComputeProfile(_Frozen):
     format: Literal["thrifty.compute_profile/1"] = PROFILE_FORMAT
     model: Annotated[str, Field(min_length=1)]
@@ -100,6 +119,8 @@ class ComputeProfile(_Frozen):
     step_s: NonNegativeSeconds = 0.0
     points: Annotated[list[ProfilePoint], Field(min_length=2)]
     layers: Annotated[list[LayerGrad], Field(min_length=1)]
+    buffer_bytes: Annotated[int, Field(ge=0)] = 0
+    colocated: ColocatedPoints | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -112,6 +133,15 @@ class ComputeProfile(_Frozen):
                 )
         if len({p.batch for p in self.points}) < 2:
             raise FieldPathError(("points",), "needs points at two or more distinct batch sizes")
+        if self.colocated is not None:
+            for i, p in enumerate(self.colocated.points):
+                if p.batch > self.max_batch:
+                    raise FieldPathError(
+                        ("colocated", "points", i, "batch"),
+                        f"batch {p.batch} is beyond the memory limit max_batch {self.max_batch}",
+                    )
+            if len({p.batch for p in self.colocated.points}) < 2:
+                raise FieldPathError(("colocated", "points"), "needs points at two or more distinct batch sizes")
         return self
 
     @property
@@ -136,7 +166,7 @@ def load_profile(path: str | Path) -> ComputeProfile:
 def save_profile(profile: ComputeProfile, path: str | Path) -> None:
     """Write a profile atomically."""
     data = profile.model_dump(mode="json")
-    for name in ("extra",):
+    for name in ("extra", "colocated", "buffer_bytes"):  # optional parts left out when empty
         if not data[name]:
             del data[name]
     write_json(path, data)

@@ -18,6 +18,13 @@ Two kinds of repeats, because hooks cost time:
   duration, is that gradient's ``ready_frac`` (averaged over repeats); Srifty
   normalizes so that the trace scales to other batch sizes.
 
+Co-located workers (CPU): with ``colocated=k`` the latency sweep is measured
+a second time in ``k`` fresh processes at once (spawned, each loading the
+workload from its factory spec, one barrier before every batch so that all
+of them run the same batch together) and kept as the profile's
+``colocated`` points: what one of ``k`` worker processes sharing the host's
+cores sees. The pooled samples of all ``k`` give each point.
+
 Devices: on CPU the run uses ``torch.set_num_threads(threads)`` and
 ``max_batch`` is the largest batch swept, or, given a memory limit, an
 estimate from the saved activations (`estimate_max_batch`). On CUDA every
@@ -50,7 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError, closest_names
-from thrifty.perfmodels.profile import ComputeProfile, LayerGrad, ProfilePoint, Provenance
+from thrifty.perfmodels.profile import ColocatedPoints, ComputeProfile, LayerGrad, ProfilePoint, Provenance
 
 if TYPE_CHECKING:  # pragma: no cover
     from thrifty.perfmodels.zoo import Workload
@@ -73,6 +80,7 @@ __all__ = [
     "search_max_batch",
     "estimate_max_batch",
     "profile_workload",
+    "measure_colocated",
 ]
 
 DEFAULT_REPEATS = 10
@@ -575,6 +583,8 @@ def profile_workload(
     make_optimizer: Callable[[Any], Any] | None = None,
     command: str | None = None,
     progress: bool = True,
+    colocated: int = 1,
+    factory: str | None = None,
 ) -> ComputeProfile:
     """Measure `workload` on the local device and return its compute profile.
 
@@ -594,11 +604,15 @@ def profile_workload(
         memory (`estimate_max_batch`); the sweep stops below it.
     make_optimizer: ``params -> optimizer``; default SGD, momentum 0.9.
     command: the provenance command (the CLI passes its command line).
+    colocated: on CPU, also measure the sweep in this many processes at once
+        (see the module docstring); needs `factory`, the workload's
+        ``module:function`` spec, and the default optimizer.
     """
     torch = _import_torch()
     workload = as_workload(workload)
     _check_settings(batches, max_batch, repeats, warmup, rounds, threads, ready_repeats, memory_limit_bytes)
     resolved = resolve_device(device)
+    _check_colocated(colocated, factory, resolved, make_optimizer)
     ready_repeats = repeats if ready_repeats is None else ready_repeats
     rounds = min(rounds, repeats)
     previous_threads = torch.get_num_threads()
@@ -620,6 +634,9 @@ def profile_workload(
             samples = _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
             tick = report(f"gradient-ready trace at batch {ready_at}")
             ready, hooked_backward = timed_without_gc(lambda: _measure_readiness(trainer, ready_at, ready_repeats, tick))
+            shared = None
+            if colocated > 1:
+                shared = measure_colocated(factory, sweep, colocated, warmup, repeats, rounds, threads, bar)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -656,8 +673,103 @@ def profile_workload(
         step_s=statistics.fmean(v for s in samples.values() for v in s.step_s),
         points=[_point(batch, s) for batch, s in samples.items()],
         layers=layers,
+        buffer_bytes=sum(b.numel() * b.element_size() for b in trainer.model.buffers()),
+        colocated=shared,
         extra=extra,
     )
+
+
+def _check_colocated(colocated: int, factory: str | None, device: str, make_optimizer: Any) -> None:
+    if isinstance(colocated, bool) or not isinstance(colocated, int) or colocated < 1:
+        raise ProblemError(f"colocated is {colocated!r}, but must be an integer of at least 1")
+    if colocated == 1:
+        return
+    if device != "cpu":
+        raise ProblemError("colocated workers share a host's CPU cores; on CUDA each worker has its own GPU")
+    if factory is None:
+        raise ProblemError("colocated workers load the workload themselves: give its factory ('module:function')")
+    if make_optimizer is not None:
+        raise ProblemError("colocated workers use the default optimizer; leave make_optimizer out")
+
+
+def measure_colocated(
+    factory: str, sweep: list[int], workers: int, warmup: int, repeats: int, rounds: int, threads: int, bar: Any
+) -> ColocatedPoints:
+    """The latency sweep measured in `workers` processes at once (see the
+    module docstring): each point pools the samples of every process."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    barrier, ticks, out = ctx.Barrier(workers), ctx.Value("i", 0), ctx.Queue()
+    procs = [ctx.Process(target=_colocated_worker,
+                         args=(factory, sweep, warmup, repeats, rounds, threads, barrier, ticks, out))
+             for _ in range(workers)]
+    per_worker = len(sweep) * (rounds * warmup + repeats)
+    task = bar.add_task(f"{workers} co-located workers", total=per_worker * workers)
+    for proc in procs:
+        proc.start()
+    results: list[dict[int, tuple[list[float], list[float], list[float]]]] = []
+    try:
+        while len(results) < workers:
+            try:
+                value = out.get(timeout=0.25)
+            except queue.Empty:
+                bar.update(task, completed=ticks.value)
+                if not any(proc.is_alive() for proc in procs) and out.empty():
+                    raise ProblemError("the co-located workers stopped without reporting") from None
+                continue
+            if isinstance(value, str):
+                raise ProblemError(f"a co-located worker failed:\n{value}")
+            results.append(value)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    bar.update(task, completed=per_worker * workers)
+    pooled = {b: _Samples([], [], []) for b in sweep}
+    for result in results:
+        for b, (fw, bw, step) in result.items():
+            pooled[b].forward_s.extend(fw)
+            pooled[b].backward_s.extend(bw)
+            pooled[b].step_s.extend(step)
+    return ColocatedPoints(
+        workers=workers,
+        step_s=statistics.fmean(v for s in pooled.values() for v in s.step_s),
+        points=[_point(b, s) for b, s in pooled.items()],
+    )
+
+
+def _colocated_worker(
+    factory: str, sweep: list[int], warmup: int, repeats: int, rounds: int, threads: int,
+    barrier: Any, ticks: Any, out: Any,
+) -> None:
+    """One co-located process: the sweep, in step with the others."""
+    try:
+        torch = _import_torch()
+        torch.set_num_threads(threads)
+        trainer = make_trainer(torch, load_workload(factory), "cpu", None)
+
+        def tick() -> None:
+            with ticks.get_lock():
+                ticks.value += 1
+
+        def report(_doing: str) -> Callable[[], None]:
+            barrier.wait(timeout=600)  # every process starts this batch together
+            return tick
+
+        samples = _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
+        out.put({b: (s.forward_s, s.backward_s, s.step_s) for b, s in samples.items()})
+    except BaseException:  # report, so the parent never waits for a dead worker
+        import traceback
+
+        barrier.abort()
+        out.put(traceback.format_exc())
+    finally:
+        out.close()
+        out.join_thread()  # the result reaches the pipe before the process ends
+        os._exit(0)
 
 
 def _measure_sweep(

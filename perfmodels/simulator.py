@@ -31,13 +31,21 @@ on ``n`` workers carries ``2 s (n - 1) / n`` bus bytes (the definition of bus
 bandwidth, Srifty 4.2). In a mixed cluster the slowest type's bandwidth and
 cap bound every transfer (Srifty 4.2).
 
-Two choices beyond the paper, both documented here and selectable:
+Choices beyond the paper, documented here and selectable:
 
 - ``transfer="ddp"`` (default) groups consecutive ready layers into
   PyTorch DDP's gradient buckets (first bucket 1 MiB, then 25 MiB; DDP
   rebuilds buckets in gradient-ready order after the first iteration), since
   that is what DDP actually sends; a bucket starts when its last layer is
   ready. ``transfer="layer"`` is the paper's per-layer queue.
+- With DDP buckets, the forward pass also waits for DDP's broadcast of the
+  model's buffers (``buffer_bytes`` in the profile; BatchNorm statistics),
+  priced as a lone allreduce of those bytes.
+- Devices of a shared-host type (``shared_host_types``, default
+  ``{"local"}``: worker processes on this machine) run at the profile's
+  co-located points when at least that many workers share the host
+  (`host_model`); measured here, the 2-process MLP pass is up to 27% slower
+  than alone.
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient
   zeroing), which the paper's formula leaves out; it is zero in profiles that
   do not measure it.
@@ -59,7 +67,8 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtri
@@ -130,36 +139,49 @@ def ddp_buckets(
     return np.array(sizes, dtype=float), np.array(readies, dtype=float)
 
 
-def exchange_time(starts: list[float], work: list[float], bus_bw: list[float], cap: float) -> float:
+def exchange_time(
+    starts: list[float], work: list[float], bus_bw: list[float] | list[Sequence[float]], cap: float
+) -> float:
     """Srifty 4.3's event queue: the time the last transfer finishes.
 
     `starts` ascending (seconds from backward start), `work` in bus bytes
-    (``2 s (n-1)/n``), `bus_bw` each transfer's lone bus bandwidth, `cap`
-    the shared total. Rates are Srifty's: every active transfer runs at
-    ``b_bus`` while the aggregate of the active ``b_bus`` is below the cap,
-    else at ``min(b_bus, cap / c)`` with ``c`` transfers active; every
-    start and finish is an event.
+    (``2 s (n-1)/n``), `cap` the shared total. `bus_bw[j]` is transfer
+    ``j``'s bus bandwidth from the allreduce model: one number, or a sequence
+    ``(b_j(1), ..., b_j(C))`` over the number of transfers in flight (the
+    "number of asynchronous transfers" feature of Srifty 4.2), ``b_j(c)`` for
+    ``c >= C`` being the last. Rates are Srifty's: with ``c`` transfers
+    active, each runs at ``b = b_j(c)`` while the aggregate of the active
+    ``b`` is below the cap, else at ``min(b, cap / c)``; every start and
+    finish is an event.
 
-    Exact, without re-rating every transfer at every event: transfers at the
-    fair share ``cap / c`` (set S) all progress alike, so they are kept on a
-    virtual clock ``V`` (the work each has been served since 0, advancing at
-    the share) and finish when ``V`` reaches their key; transfers at their
-    own rate (set L) keep a real finish time. When the share changes, only
-    the transfers whose ``b_bus`` crosses it move between the sets (heaps
-    ordered by ``b_bus``); stale heap entries are skipped by version. Each
-    event costs O(log n) instead of O(active). Equal to the direct event
-    loop to 1e-15 relative (6e-16 at worst over 30,000 random cases).
+    Exact, without re-rating every transfer at every event: while ``c``
+    stays at or beyond ``C`` each transfer's ``b`` is fixed, and transfers at
+    the fair share ``cap / c`` (set S) all progress alike, so they are kept
+    on a virtual clock ``V`` (the work each has been served, advancing at the
+    share) and finish when ``V`` reaches their key; transfers at their own
+    rate (set L) keep a real finish time. When the share changes, only the
+    transfers whose ``b`` crosses it move between the sets (heaps ordered by
+    ``b``); stale heap entries are skipped by version. Each such event costs
+    O(log n) instead of O(active). An event that changes ``min(c, C)``
+    changes every ``b``, so the active set (at most ``C`` transfers on one
+    side of it) is re-rated and the sets rebuilt. Equal to the direct event
+    loop to 1e-15 relative (6e-16 at worst over 30,000 random cases; see the
+    property test against the literal queue).
     """
     n = len(starts)
+    rows = bus_bw if n and isinstance(bus_bw[0], (list, tuple)) else [(b,) for b in bus_bw]
+    levels = len(rows[0]) if n else 1
     inf = math.inf
     push, pop = heapq.heappush, heapq.heappop
     ver = [0] * n
     kind = [0] * n          # 0 inactive, 1 own rate (L), 2 share (S)
     key = [0.0] * n         # L: finish time; S: virtual finish
+    cur = [row[-1] for row in rows]  # b at the current level
+    active: set[int] = set()
     Lfin, Svk, Sb, Lb = [], [], [], []
     t = V = agg = 0.0
     share = inf
-    c = i = 0
+    c = i = level = 0
     while True:
         while Lfin and (kind[Lfin[0][1]] != 1 or ver[Lfin[0][1]] != Lfin[0][2]):
             pop(Lfin)
@@ -178,19 +200,52 @@ def exchange_time(starts: list[float], work: list[float], bus_bw: list[float], c
         admitted = i
         if t_start <= t_f:
             while i < n and starts[i] <= t:
-                agg += bus_bw[i]
+                active.add(i)
                 c += 1
                 i += 1
         else:
             j = Lfin[0][1] if t_l <= t_s else Svk[0][1]
             kind[j] = 0
-            agg -= bus_bw[j]
+            active.discard(j)
+            agg -= cur[j]
             c -= 1
             if not c:
                 agg = 0.0
+        new_level = c if c < levels else levels
+        if new_level != level and c:
+            # every rate changes: re-rate the active transfers from what each has left
+            left = {}
+            for j in active:
+                if kind[j] == 1:
+                    left[j] = (key[j] - t) * cur[j]
+                elif kind[j] == 2:
+                    left[j] = key[j] - V
+                else:
+                    left[j] = work[j]
+            agg = 0.0
+            for j in active:
+                cur[j] = rows[j][new_level - 1]
+                agg += cur[j]
+            share = cap / c if agg >= cap else inf
+            Lfin, Svk, Sb, Lb = [], [], [], []
+            V = 0.0
+            for j, rem in left.items():
+                b = cur[j]
+                ver[j] += 1
+                if b >= share:
+                    kind[j], key[j] = 2, rem
+                    push(Svk, (rem, j, ver[j])); push(Sb, (b, j, ver[j]))
+                else:
+                    kind[j], key[j] = 1, t + rem / b
+                    push(Lfin, (key[j], j, ver[j])); push(Lb, (-b, j, ver[j]))
+            level = new_level
+            continue
+        level = new_level
+        for j in range(admitted, i):
+            agg += cur[j]
         share = cap / c if (c and agg >= cap) else inf
         for j in range(admitted, i):  # place the new ones
-            b = bus_bw[j]
+            b = cur[j]
             ver[j] += 1
             if b >= share:
                 kind[j], key[j] = 2, V + work[j]
@@ -241,6 +296,7 @@ class IterationSimulator:
         transfer: str = "ddp",
         max_groups: int = 32,
         shared_core_devices: frozenset[str] = frozenset({"cpu"}),
+        shared_host_types: frozenset[str] = frozenset({"local"}),
     ):
         if transfer not in ("ddp", "layer"):
             raise ProblemError(f"transfer is '{transfer}', but must be 'ddp' or 'layer'")
@@ -252,6 +308,7 @@ class IterationSimulator:
         self.samples = samples
         self.transfer = transfer
         self.shared_core_devices = frozenset(shared_core_devices)
+        self.shared_host_types = frozenset(shared_host_types)
         rng = np.random.default_rng(seed)
         # common random numbers: two stratified uniform streams (forward, backward) per group slot
         strata = (np.arange(samples) + 0.5) / samples
@@ -285,12 +342,41 @@ class IterationSimulator:
 
     def _bandwidth(self, types: tuple[InstanceType, ...], sizes: np.ndarray, key: tuple,
                    world: int, instances: int) -> tuple[np.ndarray, float]:
+        """(bus bandwidth per transfer, a list per transfer over the
+        concurrency levels 1..C; ``b_cap``): the slowest type's, per Srifty 4.2."""
         cached = self._bw_cache.get(key)
         if cached is None:
-            bus = np.min([self.bandwidth.bus_bandwidth(t, sizes, world, instances) for t in types], axis=0)
+            levels = max(self._levels(t) for t in types)
+            bus = np.stack([
+                np.min([self._bus(t, sizes, world, instances, c) for t in types], axis=0)
+                for c in range(1, levels + 1)
+            ], axis=1)
             cap = min(self.bandwidth.bandwidth_cap(t, world, instances) for t in types)
-            cached = self._bw_cache[key] = (np.maximum(bus, 1.0), float(cap))
+            cached = self._bw_cache[key] = (np.maximum(bus, 1.0).tolist(), float(cap))
         return cached
+
+    def _buffer_broadcast_s(self, types: tuple[InstanceType, ...], cm: ComputeModel, world: int,
+                            instances: int) -> float:
+        """DDP's broadcast of the model's buffers from rank 0 before every
+        forward pass (``broadcast_buffers=True``, its default), estimated as a
+        lone allreduce of the buffer bytes: for the small buffers models have
+        (BatchNorm statistics) both are latency-bound."""
+        key = ("buffers", tuple(t.name for t in types), world, instances, cm.buffer_bytes)
+        cached = self._bw_cache.get(key)
+        if cached is None:
+            size = np.array([float(cm.buffer_bytes)])
+            bus = min(float(self.bandwidth.bus_bandwidth(t, size, world, instances)[0]) for t in types)
+            cached = self._bw_cache[key] = (2.0 * cm.buffer_bytes * (world - 1) / world / max(bus, 1.0), 0.0)
+        return cached[0]
+
+    def _levels(self, itype: InstanceType) -> int:
+        levels = getattr(self.bandwidth, "concurrency_levels", None)
+        return max(1, int(levels(itype))) if levels is not None else 1
+
+    def _bus(self, itype: InstanceType, sizes: np.ndarray, world: int, instances: int, c: int) -> np.ndarray:
+        if c == 1:
+            return self.bandwidth.bus_bandwidth(itype, sizes, world, instances)
+        return self.bandwidth.bus_bandwidth(itype, sizes, world, instances, concurrent=min(c, self._levels(itype)))
 
     def exposed_lower_bound(self, types: tuple[InstanceType, ...], world: int, instances: int,
                             slowest: ComputeModel, backward_s: float) -> float:
@@ -327,12 +413,32 @@ class IterationSimulator:
         return value
 
     def device_stats(self, itype: InstanceType, device_batch: int) -> tuple[float, float, float, float, float]:
-        """(forward mean, forward sd, backward mean, backward sd, step) of one device of `itype`."""
-        return self._device_stats(self.compute_model(itype), device_batch)
+        """(forward mean, forward sd, backward mean, backward sd, step) of one device of `itype`.
 
-    def _device_stats(self, cm: ComputeModel, batch: int) -> tuple[float, float, float, float, float]:
+        For a shared-host type whose profile has co-located points, each the
+        smaller of alone and co-located, so that bounds built on these hold
+        whichever `_simulate` uses."""
+        cm = self.compute_model(itype)
+        alone = self._device_stats(cm, device_batch)
+        if cm.colocated is None or itype.name not in self.shared_host_types:
+            return alone
+        shared = self._device_stats(cm.colocated, device_batch, colocated=True)
+        return tuple(min(a, b) for a, b in zip(alone, shared))  # type: ignore[return-value]
+
+    def host_model(self, cm: ComputeModel, group: MachineGroup, groups: Sequence[MachineGroup]) -> ComputeModel:
+        """The compute model `group`'s devices run at: the co-located profile
+        when the profile has one and at least its number of workers share the
+        host (all groups of a shared-host type, e.g. ``local`` processes, are
+        on this one host), else the profile of a device alone."""
+        if cm.colocated is None or group.instance_type.name not in self.shared_host_types:
+            return cm
+        name = group.instance_type.name
+        workers = sum(g.devices for g in groups if g.instance_type.name == name)
+        return cm.colocated if workers >= cm.colocated_workers else cm
+
+    def _device_stats(self, cm: ComputeModel, batch: int, colocated: bool = False) -> tuple[float, float, float, float, float]:
         """(forward mean, forward sd, backward mean, backward sd, step) at a per-device batch."""
-        key = (cm.device, batch)
+        key = (cm.device, colocated, batch)
         stats = self._stats.get(key)
         if stats is None:
             if batch > cm.max_batch:
@@ -382,15 +488,16 @@ class IterationSimulator:
         bw = np.empty((len(groups), self.samples))
         mean_bw, slowest, step = -1.0, None, 0.0
         for j, g in enumerate(groups):
-            cm = self.compute_model(g.instance_type)
+            base = self.compute_model(g.instance_type)
+            cm = self.host_model(base, g, groups)
             try:
-                mu_f, sd_f, mu_b, sd_b, step_j = self._device_stats(cm, g.device_batch)
+                mu_f, sd_f, mu_b, sd_b, step_j = self._device_stats(cm, g.device_batch, cm is not base)
             except ProblemError as e:
                 raise ProblemError(f"{g}: {e.message}") from None
             fw[j] = self._sample_max(mu_f, sd_f, g.devices, 2 * j)
             bw[j] = self._sample_max(mu_b, sd_b, g.devices, 2 * j + 1)
             if mu_b > mean_bw:
-                mean_bw, slowest = mu_b, cm
+                mean_bw, slowest = mu_b, base
             step = max(step, step_j)
         t_fw = fw.max(axis=0) if len(groups) > 1 else fw[0]
         t_bw = bw.max(axis=0) if len(groups) > 1 else bw[0]
@@ -408,7 +515,9 @@ class IterationSimulator:
             work = 2.0 * sizes * (world - 1) / world
             if any(g.instance_type.device in self.shared_core_devices for g in groups):
                 ready = np.ones_like(ready)  # no overlap: communication waits for the core
-            t_pe = exchange_time((ready * float(t_bw.mean())).tolist(), work.tolist(), bus.tolist(), cap)
+            t_pe = exchange_time((ready * float(t_bw.mean())).tolist(), work.tolist(), bus, cap)
+            if self.transfer == "ddp" and slowest.buffer_bytes:
+                t_fw = t_fw + self._buffer_broadcast_s(types, slowest, world, instances)
         exposed = np.maximum(t_bw, t_pe)
         t_iter = t_fw + exposed + step
         return IterationPrediction(

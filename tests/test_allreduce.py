@@ -491,3 +491,22 @@ def test_pooled_fit_predicts_the_mean_time_of_bimodal_repeats():
     predicted = allreduce_time(sizes, 3, pooled.bus_bandwidth(_itype("synth"), sizes, 3, 3))
     np.testing.assert_allclose(predicted, mean_time, rtol=0.15)
     assert pooled.training["rows"] == len(rows) and pooled.training["training_rows"] == len(rows) // 6
+
+
+def test_time_between_probed_sizes_is_interpolated_in_log_size(alpha_beta_model):
+    # at the geometric midpoint of two probed sizes the time is the geometric mean
+    # of the times at the two: trees alone would give one of them
+    itype, lo, hi = _itype("synth"), float(SIZES[-3]), float(SIZES[-2])
+    mid = math.sqrt(lo * hi)
+    b = alpha_beta_model.bus_bandwidth(itype, np.array([lo, mid, hi]), 4, 4)
+    t = allreduce_time(np.array([lo, mid, hi]), 4, b)
+    assert t[1] == pytest.approx(math.sqrt(t[0] * t[2]), rel=1e-9)
+    assert t[0] < t[1] < t[2]
+
+
+def test_concurrency_levels_are_the_probed_ones_and_beyond_them_as_at_the_last(alpha_beta_model):
+    itype, sizes = _itype("synth"), np.array([3e5, 3e7])
+    assert alpha_beta_model.concurrency_levels(itype) == 4
+    four = alpha_beta_model.bus_bandwidth(itype, sizes, 4, 4, concurrent=4)
+    np.testing.assert_array_equal(alpha_beta_model.bus_bandwidth(itype, sizes, 4, 4, concurrent=9), four)
+    assert alpha_beta_model.concurrency_levels(_itype("unprobed")) == 1  # the analytic fallback

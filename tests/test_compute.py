@@ -5,7 +5,7 @@ import pytest
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.perfmodels.compute import ComputeModel, fit_piecewise_linear, load_compute_model
-from thrifty.perfmodels.profile import load_profile
+from thrifty.perfmodels.profile import ComputeProfile, load_profile, parse_profile
 
 from helpers import compute_model, profile_dict
 
@@ -117,3 +117,24 @@ def test_malformed_json_names_file(tmp_path):
     path.write_text('{"model": ')
     with pytest.raises(ProblemError, match=r"broken\.json: not valid JSON"):
         load_profile(path)
+
+
+def test_colocated_points_round_trip_and_are_checked(tmp_path):
+    from thrifty.perfmodels.compute import load_compute_model
+
+    data = profile_dict(device="cpu")
+    data["buffer_bytes"] = 1704
+    data["colocated"] = {"workers": 2, "step_s": 0.001, "points": [
+        {**p, "forward_s": 2 * p["forward_s"]} for p in data["points"]]}
+    model = ComputeModel.from_profile(ComputeProfile.model_validate(data))
+    assert model.colocated_workers == 2 and model.buffer_bytes == 1704
+    assert model.colocated.forward_s(8) == pytest.approx(2 * model.forward_s(8))
+    path = tmp_path / "m.json"
+    model.save(path)
+    again = load_compute_model(path)
+    assert again.colocated.forward_s(8) == pytest.approx(model.colocated.forward_s(8))
+    assert again.colocated_workers == 2 and again.buffer_bytes == 1704
+    bad = {**data, "colocated": {**data["colocated"], "points": [{**data["points"][0], "batch": 512}]
+                                 + data["points"][1:]}}
+    with pytest.raises(ProblemError, match=r"colocated\.points\[0\]\.batch.*max_batch 256"):
+        parse_profile(bad, source="bad.json")

@@ -228,3 +228,20 @@ def test_other_workload_shapes_are_accepted(user_module, name):
     workload = load_workload(f"{user_module}:{name}")
     assert isinstance(workload, zoo.Workload)
     assert as_workload(workload) is workload
+
+
+def test_colocated_workers_measure_the_same_sweep_together():
+    profile = profile_workload(
+        zoo.mlp(), model_name="mlp", batches=[2, 8], repeats=2, warmup=1, rounds=1, ready_repeats=1,
+        device="cpu", progress=False, colocated=2, factory="thrifty.perfmodels.zoo:mlp",
+    )
+    shared = profile.colocated
+    assert shared is not None and shared.workers == 2
+    assert [p.batch for p in shared.points] == [2, 8]
+    assert all(p.repeats == 4 and p.forward_s > 0 and p.backward_s > 0 for p in shared.points)  # 2 workers x 2
+    assert profile.buffer_bytes == 0  # the MLP has no buffers
+
+
+def test_colocated_needs_the_factory():
+    with pytest.raises(ProblemError, match="factory"):
+        profile_workload(zoo.mlp(), model_name="mlp", batches=[2, 8], device="cpu", progress=False, colocated=2)

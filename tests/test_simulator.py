@@ -211,13 +211,17 @@ def test_shared_core_devices_do_not_overlap_communication():
 
 def _reference_exchange_time(starts, work, bus_bw, cap):
     """Srifty 4.3 read literally: at every event, every active transfer is re-rated to
-    b_bus below the cap, else min(b_bus, cap / c), and all finish times recomputed."""
+    b_bus below the cap, else min(b_bus, cap / c), and all finish times recomputed.
+    `bus_bw[j]`: a number, or b_bus per number of transfers in flight (1, 2, ...)."""
+    rows = [b if isinstance(b, (list, tuple)) else [b] for b in bus_bw]
     left = list(work)
     active: list[int] = []
     t, i, n = 0.0, 0, len(starts)
     while i < n or active:
-        agg = sum(bus_bw[j] for j in active)
-        rates = {j: bus_bw[j] if agg < cap else min(bus_bw[j], cap / len(active)) for j in active}
+        c = len(active)
+        b_bus = {j: rows[j][min(c, len(rows[j])) - 1] for j in active}
+        agg = sum(b_bus.values())
+        rates = {j: b_bus[j] if agg < cap else min(b_bus[j], cap / c) for j in active}
         t_finish = min((t + left[j] / rates[j] for j in active), default=math.inf)
         t_start = starts[i] if i < n else math.inf
         t_next = min(t_start, t_finish)
@@ -234,11 +238,71 @@ def _reference_exchange_time(starts, work, bus_bw, cap):
     return t
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 1), st.floats(1e-3, 1), st.floats(0.1, 3)), max_size=25),
-       st.floats(0.5, 6))
+_RATE = st.floats(0.1, 3)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, 3).flatmap(lambda levels: st.lists(
+    st.tuples(st.floats(0, 1), st.floats(1e-3, 1),
+              _RATE if levels == 0 else st.lists(_RATE, min_size=levels, max_size=levels)),
+    max_size=25)), st.floats(0.5, 6))
 def test_exchange_time_equals_the_literal_event_queue(transfers, cap):
+    # bus bandwidth: one number per transfer, or one per number of transfers in flight
     transfers = sorted(transfers)
     starts, work, bus = ([x[k] for x in transfers] for k in range(3))
     assert exchange_time(starts, work, bus, cap) == pytest.approx(
         _reference_exchange_time(starts, work, bus, cap), rel=1e-9, abs=1e-12)
+
+
+def test_concurrent_transfers_run_at_their_concurrent_bus_bandwidth():
+    # two 1-unit transfers together: each at b(2) = 0.5 under the cap -> both end at 2;
+    # then alone at b(1) = 1 they would have taken 1 each
+    assert exchange_time([0.0, 0.0], [1.0, 1.0], [[1.0, 0.5], [1.0, 0.5]], cap=10.0) == pytest.approx(2.0)
+    # the second starts late: 0.5 alone at rate 1, then both at 0.5 (the first finishes at 1.5),
+    # then the second alone at 1 for its last 0.5
+    assert exchange_time([0.0, 0.5], [1.0, 1.0], [[1.0, 0.5], [1.0, 0.5]], cap=10.0) == pytest.approx(2.0)
+
+
+def _colocated_model(**kw):
+    from thrifty.perfmodels.compute import ComputeModel
+    from thrifty.perfmodels.profile import ComputeProfile
+
+    from helpers import profile_dict
+
+    data = profile_dict(device="cpu", **kw)
+    # the same sweep with two workers on the host: 50% slower
+    data["colocated"] = {"workers": 2, "step_s": data["step_s"] * 1.5, "points": [
+        {**p, "forward_s": 1.5 * p["forward_s"], "backward_s": 1.5 * p["backward_s"]} for p in data["points"]]}
+    return ComputeModel.from_profile(ComputeProfile.model_validate(data))
+
+
+def test_workers_sharing_the_host_run_at_the_colocated_profile():
+    # fw 0.01 + 0.001 B, bw 0.02 + 0.002 B: at B=10 alone 0.02 + 0.04; co-located 1.5x
+    sim = _sim([_colocated_model()], FixedBandwidth(1e12, 1e12))
+    local, other = instance("local", device="cpu"), instance("c", device="cpu")
+    alone = sim.simulate([MachineGroup(local, 1, 10)])
+    assert alone.forward_s + alone.backward_s == pytest.approx(0.06)
+    shared = sim.simulate([MachineGroup(local, 1, 10), MachineGroup(local, 1, 10)])
+    assert shared.forward_s + shared.backward_s == pytest.approx(0.09)
+    # two machines of another CPU type do not share a host
+    apart = sim.simulate([MachineGroup(other, 2, 10)])
+    assert apart.forward_s + apart.backward_s == pytest.approx(0.06)
+    # bounds take the smaller of the two
+    assert sim.device_stats(local, 10)[0] == pytest.approx(0.02)
+
+
+def test_ddp_forward_waits_for_the_buffer_broadcast():
+    from thrifty.perfmodels.compute import ComputeModel
+    from thrifty.perfmodels.profile import ComputeProfile
+
+    from helpers import profile_dict
+
+    data = profile_dict(device="gpu", layers=((1000, 1.0),))
+    plain = ComputeModel.from_profile(ComputeProfile.model_validate(data))
+    buffered = ComputeModel.from_profile(ComputeProfile.model_validate({**data, "buffer_bytes": 500_000}))
+    g = instance("g", device="gpu")
+    a = _sim([plain], FixedBandwidth(1e8, 1e9), transfer="ddp").simulate([MachineGroup(g, 2, 10)])
+    b = _sim([buffered], FixedBandwidth(1e8, 1e9), transfer="ddp").simulate([MachineGroup(g, 2, 10)])
+    # 500 kB on 2 workers at 1e8 B/s bus bandwidth: 2 * 5e5 * 1/2 / 1e8 = 5 ms before the forward pass
+    assert b.forward_s - a.forward_s == pytest.approx(0.005)
+    assert b.mean_s - a.mean_s == pytest.approx(0.005)

@@ -54,11 +54,13 @@ def process_parents() -> dict[int, int]:
 
 
 def worker_pids() -> list[int]:
-    """Live processes below this test process, except the worker fork server
-    (the zygote, which serves the whole session)."""
-    zygotes = {pid for pid, parent in process_parents().items() if parent == os.getpid()
-               and b"thrifty.runtime.training.zygote" in _cmdline(pid)}
-    return sorted(descendants(os.getpid()) - zygotes)
+    """Live processes below this test process, except the session's helpers: the
+    worker fork server (the zygote) and multiprocessing's resource tracker
+    (started by the first spawn-context semaphore, e.g. the profiler's)."""
+    helpers = {pid for pid, parent in process_parents().items() if parent == os.getpid()
+               and any(name in _cmdline(pid) for name in (b"thrifty.runtime.training.zygote",
+                                                          b"multiprocessing.resource_tracker"))}
+    return sorted(descendants(os.getpid()) - helpers)
 
 
 def _cmdline(pid: int) -> bytes:

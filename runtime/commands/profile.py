@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-gb", type=positive_float, metavar="GB",
         help="CPU only: cap max_batch at the batch whose estimated training memory fits in GB GiB",
     )
+    parser.add_argument(
+        "--colocated", type=int_at_least(1), default=1, metavar="K",
+        help="CPU only: also measure the sweep in K processes at once, as K workers sharing this host's cores "
+             "see it (the simulator uses it for K or more local workers; default 1: not measured)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
 
@@ -78,6 +83,8 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--max-batch", str(args.max_batch)]
     words += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--rounds", str(args.rounds)]
     words += ["--threads", str(args.threads), "--device", args.device]
+    if args.colocated > 1:
+        words += ["--colocated", str(args.colocated)]
     for flag, value in (
         ("--device-name", args.device_name),
         ("--ready-batch", args.ready_batch),
@@ -110,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         device_name=args.device_name,
         command=command_line(args),
         progress=not args.no_progress,
+        colocated=args.colocated,
+        factory=args.factory,
     )
     save_profile(profile, args.out)
     _print_summary(profile, args.out)
