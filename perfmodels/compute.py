@@ -184,6 +184,7 @@ class ComputeModel:
     threshold_fraction: float = 0.5
     min_latency_s: float = 1e-6
     buffer_bytes: int = 0
+    ddp_overhead_s: float = 0.0
     # the same model measured with `colocated_workers` processes sharing the host's cores
     colocated: "ComputeModel | None" = None
     colocated_workers: int = 0
@@ -227,6 +228,7 @@ class ComputeModel:
             provenance=profile.provenance.model_dump(exclude_none=True),
             threshold_fraction=threshold_fraction,
             buffer_bytes=profile.buffer_bytes,
+            ddp_overhead_s=profile.ddp_overhead_s,
             colocated=colocated,
             colocated_workers=profile.colocated.workers if profile.colocated is not None else 0,
         )
@@ -295,6 +297,7 @@ class ComputeModel:
                        for n, g, r in zip(self.layer_names, self.grad_bytes, self.ready_frac)],
             "provenance": self.provenance,
             "buffer_bytes": self.buffer_bytes,
+            "ddp_overhead_s": self.ddp_overhead_s,
             "colocated": (None if self.colocated is None else
                           {"workers": self.colocated_workers, "model": self.colocated.to_json()}),
         }
@@ -327,6 +330,7 @@ class ComputeModel:
                 provenance=dict(data["provenance"]),
                 threshold_fraction=float(data.get("threshold_fraction", 0.5)),
                 buffer_bytes=int(data.get("buffer_bytes", 0)),
+                ddp_overhead_s=float(data.get("ddp_overhead_s", 0.0)),
                 colocated=(None if not data.get("colocated") else
                            cls.from_json(data["colocated"]["model"], source=source)),
                 colocated_workers=int(data["colocated"]["workers"]) if data.get("colocated") else 0,

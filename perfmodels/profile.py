@@ -29,6 +29,11 @@ Optional, for devices that share a host's cores (CPU worker processes):
   simulator uses it when ``k`` or more such workers share the host: two
   processes on two cores contend for caches and memory bandwidth (measured
   here: 2-27% slower per pass than alone).
+- ``ddp_overhead_s``: what PyTorch DDP adds to an iteration besides the
+  allreduce itself: copying each gradient into its bucket and back
+  (``gradient_as_bucket_view=False``, its default), its autograd hooks, and
+  launching and finishing the bucket collectives. Measured as a DDP world of
+  one process against the plain model, iterations interleaved.
 - ``buffer_bytes``: the bytes of the model's buffers (not parameters, e.g.
   BatchNorm running statistics), which PyTorch DDP broadcasts from rank 0 at
   the start of every forward pass.
@@ -120,6 +125,7 @@ class ComputeProfile(_Frozen):
     points: Annotated[list[ProfilePoint], Field(min_length=2)]
     layers: Annotated[list[LayerGrad], Field(min_length=1)]
     buffer_bytes: Annotated[int, Field(ge=0)] = 0
+    ddp_overhead_s: NonNegativeSeconds = 0.0
     colocated: ColocatedPoints | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -166,7 +172,7 @@ def load_profile(path: str | Path) -> ComputeProfile:
 def save_profile(profile: ComputeProfile, path: str | Path) -> None:
     """Write a profile atomically."""
     data = profile.model_dump(mode="json")
-    for name in ("extra", "colocated", "buffer_bytes"):  # optional parts left out when empty
+    for name in ("extra", "colocated", "buffer_bytes", "ddp_overhead_s"):  # optional parts left out when empty
         if not data[name]:
             del data[name]
     write_json(path, data)

@@ -12,6 +12,9 @@ Two kinds of repeats, because hooks cost time:
   ``optimizer.step()`` + ``zero_grad()`` are timed separately, each batch's
   repeats split over a few passes over the sweep (so that noise from other
   work on the machine spreads over every batch size), each pass after warm-up;
+* DDP's overhead (given the workload's factory spec, as the CLI does): in a
+  spawned process, DDP on a world of one against the plain model, iterations
+  interleaved in pairs at the trace's batch (``ddp_overhead_s``);
 * readiness repeats, at one reference batch, run with a
   ``register_post_accumulate_grad_hook`` on every parameter. Each hook's
   timestamp, relative to the backward start and divided by that backward's
@@ -43,6 +46,7 @@ Workloads come from factories named ``package.module:function``
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as _dt
 import gc
 import importlib
@@ -81,6 +85,7 @@ __all__ = [
     "estimate_max_batch",
     "profile_workload",
     "measure_colocated",
+    "measure_ddp_overhead",
 ]
 
 DEFAULT_REPEATS = 10
@@ -443,6 +448,73 @@ def _measure_readiness(
     return {name: statistics.fmean(values) for name, values in fractions.items()}, backward
 
 
+def measure_ddp_overhead(factory: str, device: str, batch: int, warmup: int, repeats: int, threads: int) -> float:
+    """Seconds PyTorch DDP adds to an iteration besides the allreduce: the
+    median, over `repeats` interleaved pairs at `batch`, of a DDP iteration on
+    a world of one process minus a plain one (bucket copies with its default
+    ``gradient_as_bucket_view=False``, autograd hooks, collective launches).
+    Runs in a spawned process (gloo, or NCCL on CUDA, with an in-memory
+    store: no network), which loads the workload from `factory`."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_ddp_overhead_worker, args=(factory, device, batch, warmup, repeats, threads, out))
+    proc.start()
+    try:
+        value = out.get(timeout=600)
+    except queue.Empty:
+        raise ProblemError("the DDP overhead measurement stopped answering") from None
+    finally:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+    if isinstance(value, str):
+        raise ProblemError(f"the DDP overhead measurement failed:\n{value}")
+    return value
+
+
+def _ddp_overhead_worker(factory: str, device: str, batch: int, warmup: int, repeats: int, threads: int,
+                         out: Any) -> None:
+    try:
+        torch = _import_torch()
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        torch.set_num_threads(threads)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+        workload = load_workload(factory)
+        plain = make_trainer(torch, workload, device, None)
+        wrapped = make_trainer(torch, workload, device, None)
+        wrapped = dataclasses.replace(wrapped, model=DistributedDataParallel(wrapped.model))
+        inputs, targets = plain.batch(batch)
+
+        def seconds(trainer: _Trainer) -> float:
+            t0, _t1, _t2, t3 = trainer.iteration(inputs, targets)
+            return trainer.clock.seconds(t0, t3)
+
+        def pairs() -> list[float]:
+            differences = []
+            for i in range(warmup + repeats):
+                first, second = (plain, wrapped) if i % 2 == 0 else (wrapped, plain)
+                a, b = seconds(first), seconds(second)
+                if i >= warmup:
+                    differences.append(b - a if first is plain else a - b)
+            return differences
+
+        out.put(max(0.0, statistics.median(timed_without_gc(pairs))))
+        dist.destroy_process_group()
+    except BaseException:  # report, so the parent never waits for a dead process
+        import traceback
+
+        out.put(traceback.format_exc())
+    finally:
+        out.close()
+        out.join_thread()
+        os._exit(0)  # gloo may abort in interpreter teardown
+
+
 def _iteration_fits(trainer: _Trainer, batch: int) -> bool:
     """Whether one training iteration at `batch` runs without a CUDA OOM."""
     torch = trainer.torch
@@ -604,9 +676,11 @@ def profile_workload(
         memory (`estimate_max_batch`); the sweep stops below it.
     make_optimizer: ``params -> optimizer``; default SGD, momentum 0.9.
     command: the provenance command (the CLI passes its command line).
+    factory: the workload's ``module:function`` spec: with it, processes
+        spawned to measure DDP's overhead (and co-located workers) load the
+        workload themselves; without it ``ddp_overhead_s`` is 0 (not measured).
     colocated: on CPU, also measure the sweep in this many processes at once
-        (see the module docstring); needs `factory`, the workload's
-        ``module:function`` spec, and the default optimizer.
+        (see the module docstring); needs `factory` and the default optimizer.
     """
     torch = _import_torch()
     workload = as_workload(workload)
@@ -634,6 +708,10 @@ def profile_workload(
             samples = _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
             tick = report(f"gradient-ready trace at batch {ready_at}")
             ready, hooked_backward = timed_without_gc(lambda: _measure_readiness(trainer, ready_at, ready_repeats, tick))
+            ddp_s = 0.0
+            if factory is not None:
+                bar.update(task, description=f"profiling {model_name}: DDP overhead at batch {ready_at}")
+                ddp_s = measure_ddp_overhead(factory, resolved, ready_at, warmup, repeats, threads)
             shared = None
             if colocated > 1:
                 shared = measure_colocated(factory, sweep, colocated, warmup, repeats, rounds, threads, bar)
@@ -674,6 +752,7 @@ def profile_workload(
         points=[_point(batch, s) for batch, s in samples.items()],
         layers=layers,
         buffer_bytes=sum(b.numel() * b.element_size() for b in trainer.model.buffers()),
+        ddp_overhead_s=ddp_s,
         colocated=shared,
         extra=extra,
     )

@@ -41,6 +41,11 @@ Choices beyond the paper, documented here and selectable:
 - With DDP buckets, the forward pass also waits for DDP's broadcast of the
   model's buffers (``buffer_bytes`` in the profile; BatchNorm statistics),
   priced as a lone allreduce of those bytes.
+- With DDP buckets, DDP's own per-iteration work besides the allreduce
+  (``ddp_overhead_s`` in the profile: gradient copies into the buckets and
+  back, hooks, collective launches; measured as DDP on a world of one
+  against the plain model) is added to the exposed communication, the
+  slowest device's.
 - Devices of a shared-host type (``shared_host_types``, default
   ``{"local"}``: worker processes on this machine) run at the profile's
   co-located points when at least that many workers share the host
@@ -519,6 +524,8 @@ class IterationSimulator:
             if self.transfer == "ddp" and slowest.buffer_bytes:
                 t_fw = t_fw + self._buffer_broadcast_s(types, slowest, world, instances)
         exposed = np.maximum(t_bw, t_pe)
+        if world > 1 and self.transfer == "ddp":
+            exposed = exposed + max(self.compute_model(g.instance_type).ddp_overhead_s for g in groups)
         t_iter = t_fw + exposed + step
         return IterationPrediction(
             mean_s=float(t_iter.mean()),

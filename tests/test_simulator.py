@@ -306,3 +306,21 @@ def test_ddp_forward_waits_for_the_buffer_broadcast():
     # 500 kB on 2 workers at 1e8 B/s bus bandwidth: 2 * 5e5 * 1/2 / 1e8 = 5 ms before the forward pass
     assert b.forward_s - a.forward_s == pytest.approx(0.005)
     assert b.mean_s - a.mean_s == pytest.approx(0.005)
+
+
+def test_ddp_gradient_copies_add_to_the_exposed_communication():
+    from thrifty.perfmodels.compute import ComputeModel
+    from thrifty.perfmodels.profile import ComputeProfile
+
+    from helpers import profile_dict
+
+    data = profile_dict(device="gpu", layers=((1000, 1.0),))
+    copying = ComputeModel.from_profile(ComputeProfile.model_validate({**data, "ddp_overhead_s": 0.003}))
+    g = instance("g", device="gpu")
+    ddp = _sim([copying], FixedBandwidth(1e12, 1e12), transfer="ddp")
+    one, two = ddp.simulate([MachineGroup(g, 1, 10)]), ddp.simulate([MachineGroup(g, 2, 10)])
+    assert two.mean_s - one.mean_s == pytest.approx(0.003, rel=1e-3)  # 2 kB at 1e12 B/s: the copy is all
+    assert two.exposed_comm_s == pytest.approx(0.003, rel=1e-3)
+    # the per-layer queue is Srifty's, without DDP's buckets
+    layer = _sim([copying], FixedBandwidth(1e12, 1e12), transfer="layer").simulate([MachineGroup(g, 2, 10)])
+    assert layer.exposed_comm_s == pytest.approx(0.0, abs=1e-6)
