@@ -29,8 +29,11 @@ decision overhead, and Ray Tune's own ASHA, one table each.
     kill threshold 0.15 (10 classes; HyperDrive's 15% on CIFAR-10), T_max = the
     time 5 machines need to train every configuration, a suspend/resume costs
     0.26% of the median epoch (HyperDrive 6.2.3: 158 ms against ~1 min epochs).
-    A diagnostic row runs POP with an oracle that knows each curve's future, to
-    separate the policy from the predictor. Target: POP's median >= 1.5x faster
+    POP reads the forecaster's first-passage probabilities (the chance that
+    some epoch's observed accuracy reaches the target, which is what time to
+    target counts; see runtime/tuning/pop.py). A diagnostic row runs POP with
+    an oracle that knows each curve's future, to separate the policy from the
+    predictor. Target: POP's median >= 1.5x faster
     than Bandit's, with a smaller spread (max - min). Table (2b) repeats the
     medians at other target accuracies.
 (3) Scheduler decision time per reported result (on_result + target_atoms),

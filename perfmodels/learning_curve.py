@@ -352,6 +352,43 @@ class CurveForecast:
         y = _finite("y", y)
         return float(np.clip(1.0 - self._cdf(y, epoch), 0.0, 1.0))
 
+    def prob_reached_by(self, y: float, first_epoch: int, last_epoch: int, paths: int = 16,
+                        curves: int = 256) -> np.ndarray:
+        """For each epoch ``e`` in ``first_epoch..last_epoch``: the probability
+        that the metric *observed* at some epoch of ``first_epoch..e`` is at
+        least `y` (first passage), as a time-to-target counts it.
+
+        ``P(y(e) >= y)`` alone (`prob_at_least`) is the chance of one epoch;
+        on a noisy plateau each epoch has a small one, yet the run's best
+        epoch reaches `y` more often. Given a posterior sample, the model's
+        observations beyond the data are ``mu_e + B_e + eps_e``: ``mu_e`` the
+        sample's mean (curve plus the discrepancy's conditional mean, which a
+        Brownian motion keeps from the last observation on), ``B`` a random
+        walk (the discrepancy's remaining uncertainty at ``first_epoch``, then
+        its independent increments, read off the growth of the predictive
+        variance) and ``eps`` independent noise. `curves` posterior samples
+        (systematic resampling by weight) times `paths` walks each are drawn
+        (a fixed seed: repeated calls agree); the noise is integrated exactly
+        along each walk. No truncation to [lower, upper]. Non-decreasing in
+        ``e`` by construction.
+        """
+        y = _finite("y", y)
+        first, last = int(first_epoch), int(last_epoch)
+        if not 0 < first <= last:
+            raise ValueError(f"epochs {first_epoch}..{last_epoch} must satisfy 0 < first <= last")
+        comps = [self._components(e) for e in range(first, last + 1)]
+        positions = (np.arange(curves) + 0.5) / curves
+        pick = np.minimum(np.searchsorted(np.cumsum(self._weight), positions), len(self._weight) - 1)
+        mu = np.stack([c.mu[pick] for c in comps])  # (epochs, curves)
+        var = np.stack([c.sd[pick] for c in comps]) ** 2
+        noise2 = np.maximum((self._unit * self._fit.noise[self._fit.sample_noise[pick]]) ** 2, 1e-18)
+        walk = np.maximum.accumulate(np.clip(var - noise2[None, :], 0.0, None), axis=0)
+        steps = np.sqrt(np.diff(walk, axis=0, prepend=0.0))
+        draws = np.random.default_rng(0).standard_normal((paths,) + mu.shape)
+        level = mu[None] + np.cumsum(draws * steps[None], axis=1)
+        below = np.exp(np.cumsum(log_ndtr((y - level) / np.sqrt(noise2)), axis=1))  # all below so far
+        return np.clip(1.0 - below.mean(axis=(0, 2)), 0.0, 1.0)
+
     def quantile(self, q: float, epoch: int) -> float:
         """The q-quantile of the metric observed at `epoch`, q in (0, 1)."""
         q = _finite("q", q)

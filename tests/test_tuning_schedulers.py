@@ -599,3 +599,24 @@ def test_recorded_traces_replay_the_same_curves():
     replay = run_experiment(FIFO(), SimulatedExecutor(wl), wl.configs(range(4)), total_atoms=2, max_iterations=6)
     assert [t.metrics for t in replay.trials] == [t.metrics for t in live.trials]
     assert [t.reported_at for t in replay.trials] == [t.reported_at for t in live.trials]
+
+
+def test_pop_reads_first_passage_when_the_forecast_offers_it():
+    # every single epoch looks hopeless (p = 0.01) but some epoch reaching the target is likely:
+    # POP keeps the trial (first passage); without prob_reached_by it terminates it (Eq. 2 as written)
+    class Plateau:
+        def prob_at_least(self, y, epoch):
+            return 0.01
+
+    class NoisyPlateau(Plateau):
+        def prob_reached_by(self, y, first, last):
+            return np.minimum(1.0, 0.05 * np.arange(1, last - first + 2))
+
+    def run(forecast):
+        pop = POP(0.9, max_time=100, boundary=2, forecaster=lambda e, v, m, *, seed=0: forecast)
+        wl = TraceWorkload([Curve((0.5,) * 12, (1.0,) * 12)])
+        run_experiment(pop, SimulatedExecutor(wl), wl.configs(range(1)), total_atoms=1, max_iterations=12)
+        return pop
+
+    assert 0 in run(Plateau()).killed
+    assert run(NoisyPlateau()).killed == {}

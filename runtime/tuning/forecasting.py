@@ -3,7 +3,9 @@
 A *forecaster* is any callable with the signature of
 ``thrifty.perfmodels.learning_curve.forecast(epochs, values, max_epoch, *, seed)``
 returning an object with ``prob_at_least(y, epoch)`` (HyperDrive 3.1.1, Eq. 1:
-``P(y(m) >= y | y(1..n))``). Schedulers take one as a constructor parameter
+``P(y(m) >= y | y(1..n))``) and optionally ``prob_reached_by(y, first,
+last)`` (the first-passage probabilities of the observed metric, which POP
+prefers). Schedulers take one as a constructor parameter
 and default to the real predictor, imported only when first needed (so that
 tests can inject a small fake one and nothing heavy loads at import time).
 
@@ -67,6 +69,20 @@ class _RememberedForecast:
         self._forecast = forecast
         self._owner = owner
         self._answers: dict[tuple[float, int], float] = {}
+        self._reached: dict[tuple[float, int], Any] = {}
+        if hasattr(forecast, "prob_reached_by"):  # offered only when the forecast has it
+            self.prob_reached_by = self._prob_reached_by
+
+    def _prob_reached_by(self, y: float, first_epoch: int, last_epoch: int) -> Any:
+        # answered once up to the last epoch the forecast covers; later windows are prefixes
+        key = (y, first_epoch)
+        answer = self._reached.get(key)
+        if answer is None or len(answer) < last_epoch - first_epoch + 1:
+            t0 = time.perf_counter()
+            top = max(int(getattr(self._forecast, "max_epoch", last_epoch)), last_epoch)
+            answer = self._reached[key] = self._forecast.prob_reached_by(y, first_epoch, top)
+            self._owner.seconds += time.perf_counter() - t0
+        return answer[: last_epoch - first_epoch + 1]
 
     def prob_at_least(self, y: float, epoch: int) -> float:
         key = (y, epoch)

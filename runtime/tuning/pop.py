@@ -34,9 +34,16 @@ Idle jobs are started in HyperDrive's job-manager order (4.2): labelled
 generator's jobs, created at the beginning) before suspended opportunistic
 jobs, which queue in the order they were suspended.
 
-Deviations, stated: the model's cumulative probabilities are made
-non-decreasing in m (a running maximum) so that every p_m >= 0 (the model may
-predict a dip); other jobs' confidences are those computed at their own last
+Deviations, stated: HyperDrive reads ``P(y(n + m) >= y_target)`` as the
+probability of having reached the target by epoch n + m, which holds for a
+curve that only rises. An observed validation metric is noisy, and a trial
+reaches the target at its first epoch at or above it; so when the forecast
+offers it, the cumulative probabilities are those of that first passage
+(`CurveForecast.prob_reached_by`): on a noisy plateau just below the target
+each epoch's chance is small but the chance of some epoch reaching it is not,
+and Eq. 2's single-epoch reading ranked such trials as poor. Forecasts with
+only ``prob_at_least`` are read as the paper does, made non-decreasing in m
+(a running maximum) so that every p_m >= 0 (the model may predict a dip); other jobs' confidences are those computed at their own last
 boundary, as in 5.3 ("the tail distribution across all currently active
 job's p values"). The predictor is injected (`forecasting`), the project's own
 (perfmodels.learning_curve) by default.
@@ -187,7 +194,11 @@ class POP(Scheduler):
         if horizon <= 0:
             return 0.0, max(time_left, 0.0)
         fc = self.forecaster(list(range(1, n + 1)), list(trial.metrics), self.experiment.max_iterations, seed=0)
-        reach = [fc.prob_at_least(self.target, n + m) for m in range(1, horizon + 1)]
+        reached_by = getattr(fc, "prob_reached_by", None)
+        if reached_by is not None:  # first passage of the observed metric
+            reach = [float(p) for p in reached_by(self.target, n + 1, n + horizon)]
+        else:
+            reach = [fc.prob_at_least(self.target, n + m) for m in range(1, horizon + 1)]
         return confidence_and_ert(reach, epoch_s, time_left)
 
     def _classify(self) -> None:
