@@ -188,6 +188,7 @@ class ComputeModel:
     # the same model measured with `colocated_workers` processes sharing the host's cores
     colocated: "ComputeModel | None" = None
     colocated_workers: int = 0
+    host_cores: int = 0  # the host's logical CPUs where the co-located points were measured (0: unknown)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -231,6 +232,7 @@ class ComputeModel:
             ddp_overhead_s=profile.ddp_overhead_s,
             colocated=colocated,
             colocated_workers=profile.colocated.workers if profile.colocated is not None else 0,
+            host_cores=(profile.colocated.host_cores or 0) if profile.colocated is not None else 0,
         )
 
     # -- predictions --------------------------------------------------------
@@ -299,7 +301,8 @@ class ComputeModel:
             "buffer_bytes": self.buffer_bytes,
             "ddp_overhead_s": self.ddp_overhead_s,
             "colocated": (None if self.colocated is None else
-                          {"workers": self.colocated_workers, "model": self.colocated.to_json()}),
+                          {"workers": self.colocated_workers, "host_cores": self.host_cores,
+                           "model": self.colocated.to_json()}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -334,6 +337,7 @@ class ComputeModel:
                 colocated=(None if not data.get("colocated") else
                            cls.from_json(data["colocated"]["model"], source=source)),
                 colocated_workers=int(data["colocated"]["workers"]) if data.get("colocated") else 0,
+                host_cores=int(data["colocated"].get("host_cores") or 0) if data.get("colocated") else 0,
             )
         except ProblemError:
             raise

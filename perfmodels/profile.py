@@ -28,7 +28,8 @@ Optional, for devices that share a host's cores (CPU worker processes):
   host, each at the same batch (``thrifty profile --colocated k``). The
   simulator uses it when ``k`` or more such workers share the host: two
   processes on two cores contend for caches and memory bandwidth (measured
-  here: 2-27% slower per pass than alone).
+  here: 2-27% slower per pass than alone). ``host_cores`` (the host's
+  logical CPUs): beyond that many workers the cores are time-shared.
 - ``ddp_overhead_s``: what PyTorch DDP adds to an iteration besides the
   allreduce itself: copying each gradient into its bucket and back
   (``gradient_as_bucket_view=False``, its default), its autograd hooks, and
@@ -111,6 +112,7 @@ class LayerGrad(_Frozen):
 
 class ColocatedPoints(_Frozen):
     workers: Annotated[int, Field(ge=2)]
+    host_cores: Annotated[int, Field(ge=1)] | None = None  # the host's logical CPUs
     step_s: NonNegativeSeconds = 0.0
     points: Annotated[list[ProfilePoint], Field(min_length=2)]
 

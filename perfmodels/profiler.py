@@ -815,6 +815,7 @@ def measure_colocated(
             pooled[b].step_s.extend(step)
     return ColocatedPoints(
         workers=workers,
+        host_cores=os.cpu_count(),
         step_s=statistics.fmean(v for s in pooled.values() for v in s.step_s),
         points=[_point(b, s) for b, s in pooled.items()],
     )

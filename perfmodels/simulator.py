@@ -50,7 +50,9 @@ Choices beyond the paper, documented here and selectable:
   ``{"local"}``: worker processes on this machine) run at the profile's
   co-located points when at least that many workers share the host
   (`host_model`); measured here, the 2-process MLP pass is up to 27% slower
-  than alone.
+  than alone. With more such workers than the host has cores (the
+  co-located points' ``host_cores``), each pass takes ``workers / cores``
+  times as long (`time_share`): the cores are time-shared.
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient
   zeroing), which the paper's formula leaves out; it is zero in profiles that
   do not measure it.
@@ -437,9 +439,20 @@ class IterationSimulator:
         on this one host), else the profile of a device alone."""
         if cm.colocated is None or group.instance_type.name not in self.shared_host_types:
             return cm
+        return cm.colocated if self._host_workers(group, groups) >= cm.colocated_workers else cm
+
+    def time_share(self, cm: ComputeModel, group: MachineGroup, groups: Sequence[MachineGroup]) -> float:
+        """How many times longer each pass of `group`'s devices takes because
+        more workers share the host than it has cores (``host_cores`` of the
+        co-located points): the cores are time-shared, ``workers / cores``."""
+        if not cm.host_cores or group.instance_type.name not in self.shared_host_types:
+            return 1.0
+        return max(1.0, self._host_workers(group, groups) / cm.host_cores)
+
+    @staticmethod
+    def _host_workers(group: MachineGroup, groups: Sequence[MachineGroup]) -> int:
         name = group.instance_type.name
-        workers = sum(g.devices for g in groups if g.instance_type.name == name)
-        return cm.colocated if workers >= cm.colocated_workers else cm
+        return sum(g.devices for g in groups if g.instance_type.name == name)
 
     def _device_stats(self, cm: ComputeModel, batch: int, colocated: bool = False) -> tuple[float, float, float, float, float]:
         """(forward mean, forward sd, backward mean, backward sd, step) at a per-device batch."""
@@ -499,6 +512,9 @@ class IterationSimulator:
                 mu_f, sd_f, mu_b, sd_b, step_j = self._device_stats(cm, g.device_batch, cm is not base)
             except ProblemError as e:
                 raise ProblemError(f"{g}: {e.message}") from None
+            share = self.time_share(base, g, groups)
+            if share > 1.0:
+                mu_f, sd_f, mu_b, sd_b, step_j = (share * v for v in (mu_f, sd_f, mu_b, sd_b, step_j))
             fw[j] = self._sample_max(mu_f, sd_f, g.devices, 2 * j)
             bw[j] = self._sample_max(mu_b, sd_b, g.devices, 2 * j + 1)
             if mu_b > mean_bw:

@@ -263,7 +263,7 @@ def test_concurrent_transfers_run_at_their_concurrent_bus_bandwidth():
     assert exchange_time([0.0, 0.5], [1.0, 1.0], [[1.0, 0.5], [1.0, 0.5]], cap=10.0) == pytest.approx(2.0)
 
 
-def _colocated_model(**kw):
+def _colocated_model(host_cores=None, **kw):
     from thrifty.perfmodels.compute import ComputeModel
     from thrifty.perfmodels.profile import ComputeProfile
 
@@ -271,7 +271,7 @@ def _colocated_model(**kw):
 
     data = profile_dict(device="cpu", **kw)
     # the same sweep with two workers on the host: 50% slower
-    data["colocated"] = {"workers": 2, "step_s": data["step_s"] * 1.5, "points": [
+    data["colocated"] = {"workers": 2, "host_cores": host_cores, "step_s": data["step_s"] * 1.5, "points": [
         {**p, "forward_s": 1.5 * p["forward_s"], "backward_s": 1.5 * p["backward_s"]} for p in data["points"]]}
     return ComputeModel.from_profile(ComputeProfile.model_validate(data))
 
@@ -289,6 +289,15 @@ def test_workers_sharing_the_host_run_at_the_colocated_profile():
     assert apart.forward_s + apart.backward_s == pytest.approx(0.06)
     # bounds take the smaller of the two
     assert sim.device_stats(local, 10)[0] == pytest.approx(0.02)
+
+
+def test_more_workers_than_host_cores_time_share_them():
+    sim = _sim([_colocated_model(host_cores=2)], FixedBandwidth(1e12, 1e12))
+    local = instance("local", device="cpu")
+    two = sim.simulate([MachineGroup(local, 2, 10)])
+    four = sim.simulate([MachineGroup(local, 4, 10)])  # 4 workers on 2 cores: each pass twice as long
+    assert two.forward_s + two.backward_s == pytest.approx(0.09)
+    assert four.forward_s + four.backward_s == pytest.approx(0.18)
 
 
 def test_ddp_forward_waits_for_the_buffer_broadcast():
