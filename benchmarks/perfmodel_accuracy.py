@@ -24,7 +24,6 @@ Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quic
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import sys
@@ -32,6 +31,8 @@ import time
 from datetime import timedelta
 
 import numpy as np
+
+from thrifty.datasets.errors import ProblemError
 
 MODELS = {"mlp": "mlp", "small-cnn": "small_cnn", "tiny-transformer": "tiny_transformer"}
 
@@ -56,14 +57,16 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, factory: str, batches: tuple[int, ...],
             warmup: int, iters: int, out: "object") -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from thrifty.perfmodels.profiler import report_from_child
 
-    from thrifty.perfmodels import zoo
+    def train() -> tuple[int, list[float]]:
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)
-    try:
+        from thrifty.perfmodels import zoo
+
+        torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
         work = getattr(zoo, factory)(seed=0)
@@ -82,45 +85,24 @@ def _worker(rank: int, world: int, port: int, factory: str, batches: tuple[int, 
             opt.zero_grad(set_to_none=False)  # as the profiler does
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-        out.put((rank, times))
         dist.barrier()
         dist.destroy_process_group()
-    except BaseException:  # report, so the parent never waits for a dead worker
-        import traceback
+        return rank, times
 
-        out.put((rank, traceback.format_exc()))
-    finally:
-        out.close()
-        out.join_thread()  # the result reaches the pipe before the process ends
-        os._exit(0)
+    report_from_child(out, train)
 
 
 def _measure_once(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> dict:
     import multiprocessing as mp
-    import queue
+
+    from thrifty.perfmodels.profiler import gather_children
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, len(batches), port, factory, batches, warmup, iters, out))
              for r in range(len(batches))]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, value = out.get(timeout=300)
-            if isinstance(value, str):
-                raise RuntimeError(f"worker {rank} failed:\n{value}")
-            results[rank] = value
-    except queue.Empty:
-        raise RuntimeError("a worker stopped answering") from None
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return results
+    return dict(gather_children(procs, out, "a DDP worker", timeout_s=300))
 
 
 def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> np.ndarray:
@@ -129,7 +111,7 @@ def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> 
         try:
             results = _measure_once(factory, batches, warmup, iters)
             break
-        except RuntimeError as e:
+        except ProblemError as e:
             print(f"  retrying {factory} {batches}: {str(e).splitlines()[-1]}", file=sys.stderr)
             if attempt == 2:
                 raise

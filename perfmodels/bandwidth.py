@@ -20,7 +20,9 @@ and says how it answers for a type (``source(itype)``: ``"learned"`` or
 ``"analytic"``). A model that knows how a transfer's bus bandwidth changes
 with the number of transfers in flight (Srifty 4.2's "number of asynchronous
 transfers" feature) also has ``concurrency_levels(itype)``, the largest
-``c`` it was probed at, and takes ``bus_bandwidth(..., concurrent=c)``; the
+``c`` it was probed at, and takes ``bus_bandwidth(..., concurrent=c)``
+(answering a larger ``c`` as its largest, and a type it has no levels for
+as a lone transfer); the
 simulator then rates each transfer at the concurrency of the moment. Models
 without it answer for lone transfers. A mixed cluster is bounded by its slowest type (Srifty 4.2):
 the simulator takes the minimum over the types present.

@@ -86,6 +86,8 @@ __all__ = [
     "profile_workload",
     "measure_colocated",
     "measure_ddp_overhead",
+    "report_from_child",
+    "gather_children",
 ]
 
 DEFAULT_REPEATS = 10
@@ -393,6 +395,11 @@ class _Samples:
     backward_s: list[float]
     step_s: list[float]
 
+    def extend(self, more: "_Samples") -> None:
+        self.forward_s.extend(more.forward_s)
+        self.backward_s.extend(more.backward_s)
+        self.step_s.extend(more.step_s)
+
 
 def _measure_latency(trainer: _Trainer, batch: int, warmup: int, repeats: int, tick: Callable[[], None]) -> _Samples:
     inputs, targets = trainer.batch(batch)
@@ -456,28 +463,17 @@ def measure_ddp_overhead(factory: str, device: str, batch: int, warmup: int, rep
     Runs in a spawned process (gloo, or NCCL on CUDA, with an in-memory
     store: no network), which loads the workload from `factory`."""
     import multiprocessing as mp
-    import queue
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     proc = ctx.Process(target=_ddp_overhead_worker, args=(factory, device, batch, warmup, repeats, threads, out))
-    proc.start()
-    try:
-        value = out.get(timeout=600)
-    except queue.Empty:
-        raise ProblemError("the DDP overhead measurement stopped answering") from None
-    finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-    if isinstance(value, str):
-        raise ProblemError(f"the DDP overhead measurement failed:\n{value}")
-    return value
+    [seconds] = gather_children([proc], out, "the DDP overhead measurement")
+    return seconds
 
 
 def _ddp_overhead_worker(factory: str, device: str, batch: int, warmup: int, repeats: int, threads: int,
                          out: Any) -> None:
-    try:
+    def measure() -> float:
         torch = _import_torch()
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -503,16 +499,64 @@ def _ddp_overhead_worker(factory: str, device: str, batch: int, warmup: int, rep
                     differences.append(b - a if first is plain else a - b)
             return differences
 
-        out.put(max(0.0, statistics.median(timed_without_gc(pairs))))
+        overhead = max(0.0, statistics.median(timed_without_gc(pairs)))
         dist.destroy_process_group()
-    except BaseException:  # report, so the parent never waits for a dead process
+        return overhead
+
+    report_from_child(out, measure)
+
+
+def report_from_child(out: Any, body: Callable[[], Any], on_error: Callable[[], None] | None = None) -> None:
+    """In a spawned child: put `body()`'s result on `out`, or its traceback (so
+    the parent never waits for a dead child), then leave without interpreter
+    teardown (gloo may abort in it) once the result has reached the pipe."""
+    try:
+        out.put(body())
+    except BaseException:
         import traceback
 
+        if on_error is not None:
+            on_error()
         out.put(traceback.format_exc())
     finally:
         out.close()
         out.join_thread()
-        os._exit(0)  # gloo may abort in interpreter teardown
+        os._exit(0)
+
+
+def gather_children(procs: list[Any], out: Any, what: str, on_wait: Callable[[], None] | None = None,
+            timeout_s: float = 600.0) -> list[Any]:
+    """Start `procs` and collect one result from each on `out`; a child's
+    traceback, or children that stop or go quiet for `timeout_s` without
+    reporting, is a `ProblemError` naming `what`. `on_wait` runs while waiting."""
+    import queue
+
+    for proc in procs:
+        proc.start()
+    results: list[Any] = []
+    quiet_since = time.monotonic()
+    try:
+        while len(results) < len(procs):
+            try:
+                value = out.get(timeout=0.25)
+            except queue.Empty:
+                if on_wait is not None:
+                    on_wait()
+                if not any(proc.is_alive() for proc in procs) and out.empty():
+                    raise ProblemError(f"{what} stopped without reporting") from None
+                if time.monotonic() - quiet_since > timeout_s:
+                    raise ProblemError(f"{what} stopped answering") from None
+                continue
+            if isinstance(value, str):
+                raise ProblemError(f"{what} failed:\n{value}")
+            results.append(value)
+            quiet_since = time.monotonic()
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return results
 
 
 def _iteration_fits(trainer: _Trainer, batch: int) -> bool:
@@ -777,7 +821,6 @@ def measure_colocated(
     """The latency sweep measured in `workers` processes at once (see the
     module docstring): each point pools the samples of every process."""
     import multiprocessing as mp
-    import queue
 
     ctx = mp.get_context("spawn")
     barrier, ticks, out = ctx.Barrier(workers), ctx.Value("i", 0), ctx.Queue()
@@ -786,33 +829,12 @@ def measure_colocated(
              for _ in range(workers)]
     per_worker = len(sweep) * (rounds * warmup + repeats)
     task = bar.add_task(f"{workers} co-located workers", total=per_worker * workers)
-    for proc in procs:
-        proc.start()
-    results: list[dict[int, tuple[list[float], list[float], list[float]]]] = []
-    try:
-        while len(results) < workers:
-            try:
-                value = out.get(timeout=0.25)
-            except queue.Empty:
-                bar.update(task, completed=ticks.value)
-                if not any(proc.is_alive() for proc in procs) and out.empty():
-                    raise ProblemError("the co-located workers stopped without reporting") from None
-                continue
-            if isinstance(value, str):
-                raise ProblemError(f"a co-located worker failed:\n{value}")
-            results.append(value)
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    results = gather_children(procs, out, "a co-located worker", on_wait=lambda: bar.update(task, completed=ticks.value))
     bar.update(task, completed=per_worker * workers)
     pooled = {b: _Samples([], [], []) for b in sweep}
     for result in results:
-        for b, (fw, bw, step) in result.items():
-            pooled[b].forward_s.extend(fw)
-            pooled[b].backward_s.extend(bw)
-            pooled[b].step_s.extend(step)
+        for b, samples in result.items():
+            pooled[b].extend(samples)
     return ColocatedPoints(
         workers=workers,
         host_cores=os.cpu_count(),
@@ -826,30 +848,21 @@ def _colocated_worker(
     barrier: Any, ticks: Any, out: Any,
 ) -> None:
     """One co-located process: the sweep, in step with the others."""
-    try:
+    def tick() -> None:
+        with ticks.get_lock():
+            ticks.value += 1
+
+    def report(_doing: str) -> Callable[[], None]:
+        barrier.wait(timeout=600)  # every process starts this batch together
+        return tick
+
+    def sweep_in_step() -> dict[int, _Samples]:
         torch = _import_torch()
         torch.set_num_threads(threads)
         trainer = make_trainer(torch, load_workload(factory), "cpu", None)
+        return _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
 
-        def tick() -> None:
-            with ticks.get_lock():
-                ticks.value += 1
-
-        def report(_doing: str) -> Callable[[], None]:
-            barrier.wait(timeout=600)  # every process starts this batch together
-            return tick
-
-        samples = _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
-        out.put({b: (s.forward_s, s.backward_s, s.step_s) for b, s in samples.items()})
-    except BaseException:  # report, so the parent never waits for a dead worker
-        import traceback
-
-        barrier.abort()
-        out.put(traceback.format_exc())
-    finally:
-        out.close()
-        out.join_thread()  # the result reaches the pipe before the process ends
-        os._exit(0)
+    report_from_child(out, sweep_in_step, on_error=barrier.abort)
 
 
 def _measure_sweep(
@@ -871,9 +884,7 @@ def _measure_sweep(
         for batch in sweep:
             tick = report(f"batch {batch}, pass {round_index + 1} of {rounds}")
             measured = timed_without_gc(lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))
-            samples[batch].forward_s.extend(measured.forward_s)
-            samples[batch].backward_s.extend(measured.backward_s)
-            samples[batch].step_s.extend(measured.step_s)
+            samples[batch].extend(measured)
     return samples
 
 

@@ -52,7 +52,7 @@ Choices beyond the paper, documented here and selectable:
   (`host_model`); measured here, the 2-process MLP pass is up to 27% slower
   than alone. With more such workers than the host has cores (the
   co-located points' ``host_cores``), each pass takes ``workers / cores``
-  times as long (`time_share`): the cores are time-shared.
+  times as long: the cores are time-shared.
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient
   zeroing), which the paper's formula leaves out; it is zero in profiles that
   do not measure it.
@@ -82,7 +82,7 @@ from scipy.special import ndtri
 
 from thrifty.datasets.catalog import InstanceType
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel
+from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, allreduce_time
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary, shipped_library
@@ -323,12 +323,13 @@ class IterationSimulator:
         self._uniform = np.stack([rng.permutation(strata) for _ in range(2 * max_groups)])
         self._max_groups = max_groups
         self._cache: dict[tuple, IterationPrediction] = {}
-        self._bw_cache: dict[tuple, tuple[np.ndarray, float]] = {}
+        self._bw_cache: dict[tuple, tuple[list[list[float]], float]] = {}
+        self._broadcast_cache: dict[tuple, float] = {}
         self._tail_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._cap_cache: dict[tuple, float] = {}
         self._transfers: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._log_u = np.log(self._uniform)
-        self._stats: dict[tuple[str, int], tuple[float, float, float, float, float]] = {}
+        self._stats: dict[tuple[str, bool, int], tuple[float, float, float, float, float]] = {}
         self._draws: dict[tuple, np.ndarray] = {}
         self._max_factor: dict[int, float] = {}
         self._p95_index = (samples - 1) * 0.95
@@ -348,7 +349,7 @@ class IterationSimulator:
         return self._transfers[key]
 
     def _bandwidth(self, types: tuple[InstanceType, ...], sizes: np.ndarray, key: tuple,
-                   world: int, instances: int) -> tuple[np.ndarray, float]:
+                   world: int, instances: int) -> tuple[list[list[float]], float]:
         """(bus bandwidth per transfer, a list per transfer over the
         concurrency levels 1..C; ``b_cap``): the slowest type's, per Srifty 4.2."""
         cached = self._bw_cache.get(key)
@@ -368,22 +369,23 @@ class IterationSimulator:
         forward pass (``broadcast_buffers=True``, its default), estimated as a
         lone allreduce of the buffer bytes: for the small buffers models have
         (BatchNorm statistics) both are latency-bound."""
-        key = ("buffers", tuple(t.name for t in types), world, instances, cm.buffer_bytes)
-        cached = self._bw_cache.get(key)
+        key = (tuple(t.name for t in types), world, instances, cm.buffer_bytes)
+        cached = self._broadcast_cache.get(key)
         if cached is None:
             size = np.array([float(cm.buffer_bytes)])
             bus = min(float(self.bandwidth.bus_bandwidth(t, size, world, instances)[0]) for t in types)
-            cached = self._bw_cache[key] = (2.0 * cm.buffer_bytes * (world - 1) / world / max(bus, 1.0), 0.0)
-        return cached[0]
+            cached = self._broadcast_cache[key] = float(allreduce_time(cm.buffer_bytes, world, max(bus, 1.0)))
+        return cached
 
     def _levels(self, itype: InstanceType) -> int:
         levels = getattr(self.bandwidth, "concurrency_levels", None)
         return max(1, int(levels(itype))) if levels is not None else 1
 
     def _bus(self, itype: InstanceType, sizes: np.ndarray, world: int, instances: int, c: int) -> np.ndarray:
+        """Bus bandwidth at concurrency `c` (a model answers beyond its levels as at its last)."""
         if c == 1:
             return self.bandwidth.bus_bandwidth(itype, sizes, world, instances)
-        return self.bandwidth.bus_bandwidth(itype, sizes, world, instances, concurrent=min(c, self._levels(itype)))
+        return self.bandwidth.bus_bandwidth(itype, sizes, world, instances, concurrent=c)
 
     def exposed_lower_bound(self, types: tuple[InstanceType, ...], world: int, instances: int,
                             slowest: ComputeModel, backward_s: float) -> float:
@@ -432,27 +434,21 @@ class IterationSimulator:
         shared = self._device_stats(cm.colocated, device_batch, colocated=True)
         return tuple(min(a, b) for a, b in zip(alone, shared))  # type: ignore[return-value]
 
-    def host_model(self, cm: ComputeModel, group: MachineGroup, groups: Sequence[MachineGroup]) -> ComputeModel:
-        """The compute model `group`'s devices run at: the co-located profile
-        when the profile has one and at least its number of workers share the
-        host (all groups of a shared-host type, e.g. ``local`` processes, are
-        on this one host), else the profile of a device alone."""
+    def host_model(self, cm: ComputeModel, group: MachineGroup,
+                   groups: Sequence[MachineGroup]) -> tuple[ComputeModel, float]:
+        """The compute model `group`'s devices run at, and how many times
+        longer each pass takes. All groups of a shared-host type (e.g.
+        ``local`` processes) are on this one host: with at least the
+        co-located points' number of workers there, the co-located profile;
+        with more workers than the host has cores (their ``host_cores``), the
+        cores are time-shared, ``workers / cores``. Otherwise the profile of a
+        device alone, at 1."""
         if cm.colocated is None or group.instance_type.name not in self.shared_host_types:
-            return cm
-        return cm.colocated if self._host_workers(group, groups) >= cm.colocated_workers else cm
-
-    def time_share(self, cm: ComputeModel, group: MachineGroup, groups: Sequence[MachineGroup]) -> float:
-        """How many times longer each pass of `group`'s devices takes because
-        more workers share the host than it has cores (``host_cores`` of the
-        co-located points): the cores are time-shared, ``workers / cores``."""
-        if not cm.host_cores or group.instance_type.name not in self.shared_host_types:
-            return 1.0
-        return max(1.0, self._host_workers(group, groups) / cm.host_cores)
-
-    @staticmethod
-    def _host_workers(group: MachineGroup, groups: Sequence[MachineGroup]) -> int:
+            return cm, 1.0
         name = group.instance_type.name
-        return sum(g.devices for g in groups if g.instance_type.name == name)
+        workers = sum(g.devices for g in groups if g.instance_type.name == name)
+        model = cm.colocated if workers >= cm.colocated_workers else cm
+        return model, (max(1.0, workers / cm.host_cores) if cm.host_cores else 1.0)
 
     def _device_stats(self, cm: ComputeModel, batch: int, colocated: bool = False) -> tuple[float, float, float, float, float]:
         """(forward mean, forward sd, backward mean, backward sd, step) at a per-device batch."""
@@ -504,15 +500,14 @@ class IterationSimulator:
     def _simulate(self, groups: list[MachineGroup]) -> IterationPrediction:
         fw = np.empty((len(groups), self.samples))
         bw = np.empty((len(groups), self.samples))
-        mean_bw, slowest, step = -1.0, None, 0.0
+        mean_bw, slowest, step, ddp_overhead = -1.0, None, 0.0, 0.0
         for j, g in enumerate(groups):
             base = self.compute_model(g.instance_type)
-            cm = self.host_model(base, g, groups)
+            cm, share = self.host_model(base, g, groups)
             try:
                 mu_f, sd_f, mu_b, sd_b, step_j = self._device_stats(cm, g.device_batch, cm is not base)
             except ProblemError as e:
                 raise ProblemError(f"{g}: {e.message}") from None
-            share = self.time_share(base, g, groups)
             if share > 1.0:
                 mu_f, sd_f, mu_b, sd_b, step_j = (share * v for v in (mu_f, sd_f, mu_b, sd_b, step_j))
             fw[j] = self._sample_max(mu_f, sd_f, g.devices, 2 * j)
@@ -520,6 +515,7 @@ class IterationSimulator:
             if mu_b > mean_bw:
                 mean_bw, slowest = mu_b, base
             step = max(step, step_j)
+            ddp_overhead = max(ddp_overhead, base.ddp_overhead_s)
         t_fw = fw.max(axis=0) if len(groups) > 1 else fw[0]
         t_bw = bw.max(axis=0) if len(groups) > 1 else bw[0]
         world = sum(g.devices for g in groups)
@@ -541,7 +537,7 @@ class IterationSimulator:
                 t_fw = t_fw + self._buffer_broadcast_s(types, slowest, world, instances)
         exposed = np.maximum(t_bw, t_pe)
         if world > 1 and self.transfer == "ddp":
-            exposed = exposed + max(self.compute_model(g.instance_type).ddp_overhead_s for g in groups)
+            exposed = exposed + ddp_overhead
         t_iter = t_fw + exposed + step
         return IterationPrediction(
             mean_s=float(t_iter.mean()),

@@ -120,8 +120,6 @@ def test_malformed_json_names_file(tmp_path):
 
 
 def test_colocated_points_round_trip_and_are_checked(tmp_path):
-    from thrifty.perfmodels.compute import load_compute_model
-
     data = profile_dict(device="cpu")
     data["buffer_bytes"] = 1704
     data["colocated"] = {"workers": 2, "step_s": 0.001, "points": [

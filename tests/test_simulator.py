@@ -11,10 +11,12 @@ from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 from thrifty.perfmodels.cluster import MachineGroup, parse_cluster
+from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary
+from thrifty.perfmodels.profile import ComputeProfile
 from thrifty.perfmodels.simulator import IterationSimulator, ddp_buckets, exchange_time
 
-from helpers import FixedBandwidth, compute_model, instance
+from helpers import FixedBandwidth, compute_model, instance, profile_dict
 
 
 def _sim(models, bandwidth, transfer="layer", samples=64):
@@ -264,11 +266,6 @@ def test_concurrent_transfers_run_at_their_concurrent_bus_bandwidth():
 
 
 def _colocated_model(host_cores=None, **kw):
-    from thrifty.perfmodels.compute import ComputeModel
-    from thrifty.perfmodels.profile import ComputeProfile
-
-    from helpers import profile_dict
-
     data = profile_dict(device="cpu", **kw)
     # the same sweep with two workers on the host: 50% slower
     data["colocated"] = {"workers": 2, "host_cores": host_cores, "step_s": data["step_s"] * 1.5, "points": [
@@ -301,11 +298,6 @@ def test_more_workers_than_host_cores_time_share_them():
 
 
 def test_ddp_forward_waits_for_the_buffer_broadcast():
-    from thrifty.perfmodels.compute import ComputeModel
-    from thrifty.perfmodels.profile import ComputeProfile
-
-    from helpers import profile_dict
-
     data = profile_dict(device="gpu", layers=((1000, 1.0),))
     plain = ComputeModel.from_profile(ComputeProfile.model_validate(data))
     buffered = ComputeModel.from_profile(ComputeProfile.model_validate({**data, "buffer_bytes": 500_000}))
@@ -317,19 +309,14 @@ def test_ddp_forward_waits_for_the_buffer_broadcast():
     assert b.mean_s - a.mean_s == pytest.approx(0.005)
 
 
-def test_ddp_gradient_copies_add_to_the_exposed_communication():
-    from thrifty.perfmodels.compute import ComputeModel
-    from thrifty.perfmodels.profile import ComputeProfile
-
-    from helpers import profile_dict
-
+def test_ddp_overhead_adds_to_the_exposed_communication():
     data = profile_dict(device="gpu", layers=((1000, 1.0),))
-    copying = ComputeModel.from_profile(ComputeProfile.model_validate({**data, "ddp_overhead_s": 0.003}))
+    overhead = ComputeModel.from_profile(ComputeProfile.model_validate({**data, "ddp_overhead_s": 0.003}))
     g = instance("g", device="gpu")
-    ddp = _sim([copying], FixedBandwidth(1e12, 1e12), transfer="ddp")
+    ddp = _sim([overhead], FixedBandwidth(1e12, 1e12), transfer="ddp")
     one, two = ddp.simulate([MachineGroup(g, 1, 10)]), ddp.simulate([MachineGroup(g, 2, 10)])
-    assert two.mean_s - one.mean_s == pytest.approx(0.003, rel=1e-3)  # 2 kB at 1e12 B/s: the copy is all
+    assert two.mean_s - one.mean_s == pytest.approx(0.003, rel=1e-3)  # 2 kB at 1e12 B/s: the overhead is all
     assert two.exposed_comm_s == pytest.approx(0.003, rel=1e-3)
     # the per-layer queue is Srifty's, without DDP's buckets
-    layer = _sim([copying], FixedBandwidth(1e12, 1e12), transfer="layer").simulate([MachineGroup(g, 2, 10)])
+    layer = _sim([overhead], FixedBandwidth(1e12, 1e12), transfer="layer").simulate([MachineGroup(g, 2, 10)])
     assert layer.exposed_comm_s == pytest.approx(0.0, abs=1e-6)
