@@ -25,9 +25,13 @@ they cover:
 - ``ilog2``: ``h = log 2 / log(x + 1)`` (ilog2)
 - ``loglinear``: ``h = 1 - log x / log M`` (stands in for log-log linear)
 
-Observations: ``y_i = f(x_i) + d(x_i) + eps_i``. ``eps_i ~ N(0, sigma^2)`` is
-noise, independent per epoch, with ``sigma`` on a log-spaced grid (uniform
-prior over it). ``d`` is the *model discrepancy*: a Brownian motion in a clock
+Observations: ``y_i = f(x_i) + d(x_i) + eps_i``. ``eps_i ~ N(0, (sigma w_i)^2)``
+is noise, independent per epoch, with ``sigma`` on a log-spaced grid (uniform
+prior over it) and ``w_i`` the headroom left at that epoch: the bound minus the
+best value seen up to epoch i, in units of the curve's headroom (1 at the
+lowest value; floored at `NOISE_FLOOR`; 1 for an unbounded metric). At a
+predicted epoch ``w`` is the headroom at the predicted level. ``d`` is the
+*model discrepancy*: a Brownian motion in a clock
 ``s(x)`` (0 at epoch 0, 1 at the last epoch M) whose sd over the whole run is
 ``tau``. It carries what no family captures -- a slow run that takes off late,
 epoch-to-epoch correlation -- and makes the uncertainty grow with the
@@ -51,7 +55,8 @@ Deviations from the paper (documented, on purpose)
   fixed, and discrepancy plus noise is a Gaussian process, so for each
   (shape, noise level) grid point the Gaussian posterior of ``(c, a)`` and the
   marginal likelihood are closed form (one eigendecomposition of the
-  discrepancy kernel serves every noise level): family, shape and noise
+  discrepancy kernel whitened by the noise scales, ``W^-1 K W^-1``, serves
+  every noise level; ``log det W`` is the same at every grid point): family, shape and noise
   weights are exact Bayesian evidences on the grid (no BIC, no point fit).
   The constraints are imposed by importance sampling: ``a`` and then ``c | a``
   from their truncated conditionals, each sample weighted by the posterior
@@ -64,6 +69,14 @@ Deviations from the paper (documented, on purpose)
   replaced by ``loglinear`` (``c + a log x``, capped by the bound at the last
   epoch). Domhan lets the family weights be free MCMC parameters; here they are
   the posterior model probabilities.
+- Noise that shrinks with the headroom is not in Domhan's model (one ``sigma``
+  for every epoch). On the measured digits traces the epoch-to-epoch noise
+  (robust sd of second differences) falls from 0.008-0.010 below 0.94
+  accuracy to 0.002 above 0.975, about 12% of the headroom throughout; one
+  ``sigma`` fitted to a curve's noisy early epochs made its plateau look noisy,
+  and first-passage probabilities (`CurveForecast.prob_reached_by`) counted
+  that noise as chances to reach a target. The held-out 90% interval score
+  went from 0.518 to 0.500 with coverage still 87-91%.
 - The discrepancy process is not in Domhan's model (its only noise is
   independent per epoch, which made a plain posterior over-confident on the
   measured traces: 60-77% coverage of 90% intervals). Its scale and clock are
@@ -87,6 +100,7 @@ __all__ = ["CurveForecast", "CurvePrior", "forecast", "FAMILIES"]
 
 TIME_SCALES = ("hyperbolic", "log", "sqrt", "linear")
 HYPERBOLIC_KNEE = 50.0  # k of the hyperbolic clock: half its range is passed at u = 1 / (k + 2)
+NOISE_FLOOR = 0.01  # the smallest noise scale, in units of the curve's headroom
 FAMILIES = ("pow3", "pow4", "weibull", "mmf", "ilog2", "loglinear")
 
 
@@ -228,6 +242,15 @@ def _discrepancy_sd(scale: float, y: np.ndarray, upper: float | None, unit: floa
     return scale * max((upper - float(y.max())) / unit, 1e-3)
 
 
+def _noise_scale(level: np.ndarray, bound: float | None) -> np.ndarray:
+    """The noise sd at a metric level, as a multiple of sigma: the headroom left
+    to the bound (standardized, so 1 at the lowest observed value), floored at
+    `NOISE_FLOOR`; 1 for an unbounded metric."""
+    if bound is None:
+        return np.ones_like(level)
+    return np.maximum(bound - level, NOISE_FLOOR)
+
+
 @dataclass(frozen=True)
 class _Posterior:
     """Gaussian posterior of (c, a) and the log evidence at every (noise, shape)
@@ -312,6 +335,7 @@ class _Fit:
     x: np.ndarray  # observed epochs
     y: np.ndarray  # observed values, standardized
     horizon: float
+    bound: float | None  # the metric's upper bound, standardized (None: unbounded)
     discrepancy: float  # sd of the discrepancy over the whole horizon
     families: list[_Family]
     prior: CurvePrior
@@ -320,7 +344,7 @@ class _Fit:
     h_used: np.ndarray  # h at the observed epochs, per used shape grid point
     basis: np.ndarray  # eigenvectors of the discrepancy kernel at the observed epochs
     precision: np.ndarray  # per used noise level: 1 / (kernel eigenvalue + noise^2)
-    noise: np.ndarray  # their noise sd
+    noise: np.ndarray  # their noise sd at the lowest observed value (full headroom)
     sample_shape: np.ndarray  # per sample: index into the used shape grid points
     sample_noise: np.ndarray  # per sample: index into the used noise levels
     c: np.ndarray
@@ -381,8 +405,8 @@ class CurveForecast:
         pick = np.minimum(np.searchsorted(np.cumsum(self._weight), positions), len(self._weight) - 1)
         mu = np.stack([c.mu[pick] for c in comps])  # (epochs, curves)
         var = np.stack([c.sd[pick] for c in comps]) ** 2
-        noise2 = np.maximum((self._unit * self._fit.noise[self._fit.sample_noise[pick]]) ** 2, 1e-18)
-        walk = np.maximum.accumulate(np.clip(var - noise2[None, :], 0.0, None), axis=0)
+        noise2 = np.maximum(np.stack([c.noise[pick] for c in comps]) ** 2, 1e-18)
+        walk = np.maximum.accumulate(np.clip(var - noise2, 0.0, None), axis=0)
         steps = np.sqrt(np.diff(walk, axis=0, prepend=0.0))
         draws = np.random.default_rng(0).standard_normal((paths,) + mu.shape)
         level = mu[None] + np.cumsum(draws * steps[None], axis=1)
@@ -420,9 +444,9 @@ class CurveForecast:
             raise ValueError(f"epoch is {epoch:g}, but must be in (0, max_epoch={self.max_epoch:g}]")
         if epoch not in self._cache:
             with _one_blas_thread():
-                mu, sd = _predict(self._fit, epoch)
+                mu, sd, noise = _predict(self._fit, epoch)
             self._cache[epoch] = _Components.at(self._offset + self._unit * mu, self._unit * sd,
-                                                self.lower, self.upper)
+                                                self.lower, self.upper, self._unit * noise)
         return self._cache[epoch]
 
 
@@ -442,12 +466,14 @@ class _Components:
     lo: np.ndarray
     hi: np.ndarray
     mass: np.ndarray
+    noise: np.ndarray  # the part of sd that is observation noise, independent per epoch
 
     @classmethod
-    def at(cls, mu: np.ndarray, sd: np.ndarray, lower: float | None, upper: float | None) -> _Components:
+    def at(cls, mu: np.ndarray, sd: np.ndarray, lower: float | None, upper: float | None,
+           noise: np.ndarray) -> _Components:
         lo = np.full_like(mu, -np.inf) if lower is None else (lower - mu) / sd
         hi = np.full_like(mu, np.inf) if upper is None else (upper - mu) / sd
-        return cls(mu, sd, lo, hi, _normal_mass(lo, hi))
+        return cls(mu, sd, lo, hi, _normal_mass(lo, hi), noise)
 
 
 def _truncated_cdf(y: float, comp: _Components, lower: float | None, upper: float | None) -> np.ndarray:
@@ -476,10 +502,11 @@ def _truncated_mean(comp: _Components, lower: float | None, upper: float | None)
     return np.clip(mean, low, high)
 
 
-def _predict(fit: _Fit, epoch: float) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and sd of every mixture component at `epoch` (standardized units):
-    the parametric curve plus the discrepancy's conditional mean
-    k*' C^-1 (y - X beta), and variance sigma^2 + k** - k*' C^-1 k*."""
+def _predict(fit: _Fit, epoch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, sd and noise sd of every mixture component at `epoch`
+    (standardized units): the parametric curve plus the discrepancy's
+    conditional mean k*' C^-1 (y - X beta), and variance
+    (sigma w(mean))^2 + k** - k*' C^-1 k*."""
     at = np.array([epoch])
     h_at = np.empty(len(fit.used_row))
     for index, family in enumerate(fit.families):
@@ -492,10 +519,11 @@ def _predict(fit: _Fit, epoch: float) -> tuple[np.ndarray, np.ndarray]:
     k_star = tau2 * np.minimum(s_obs, s_at)
     z = (fit.precision * (fit.basis.T @ k_star)) @ fit.basis.T  # rows: C_j^-1 k*
     z_y, z_1, z_h = z @ fit.y, z.sum(axis=1), z @ fit.h_used.T
-    var = fit.noise**2 + tau2 * s_at - z @ k_star
+    discrepancy_var = np.maximum(tau2 * s_at - z @ k_star, 0.0)
     j, g = fit.sample_noise, fit.sample_shape
     mu = fit.c - fit.a * h_at[g] + z_y[j] - fit.c * z_1[j] + fit.a * z_h[j, g]
-    return mu, np.sqrt(np.maximum(var, 1e-12 * fit.noise**2))[j]
+    noise = fit.noise[j] * _noise_scale(mu, fit.bound)
+    return mu, np.sqrt(np.maximum(noise**2 + discrepancy_var[j], 1e-12 * noise**2)), noise
 
 
 def forecast(
@@ -536,7 +564,9 @@ def _forecast(x: np.ndarray, y_raw: np.ndarray, horizon: float, rng: np.random.G
     noise = np.logspace(math.log10(prior.noise_min), math.log10(prior.noise_max), prior.noise_levels)
     s_obs = _time(x, horizon, prior.time_scale)
     tau = _discrepancy_sd(prior.discrepancy, y_raw, upper, unit)
-    eigenvalues, basis = np.linalg.eigh(tau**2 * np.minimum.outer(s_obs, s_obs))
+    w_obs = _noise_scale(np.maximum.accumulate(y), bound)  # noise sd at epoch i: sigma * w_i; whiten by W^-1
+    eigenvalues, q = np.linalg.eigh(tau**2 * np.minimum.outer(s_obs, s_obs) / np.outer(w_obs, w_obs))
+    basis = q / w_obs[:, None]  # C_j^-1 = W^-1 Q diag(precision_j) Q' W^-1
     precision = 1.0 / (np.maximum(eigenvalues, 0.0)[None, :] + noise[:, None] ** 2)
     post = _posterior(h, y, basis, precision, prior.coef_sd)
     log_w = (post.log_evidence + log_shape_prior[None, :]).ravel()  # uniform prior over noise levels
@@ -566,7 +596,7 @@ def _forecast(x: np.ndarray, y_raw: np.ndarray, horizon: float, rng: np.random.G
 
     sample_family = family_of[shape_index]
     fit = _Fit(
-        x=x, y=y, horizon=horizon, discrepancy=tau, families=families, prior=prior,
+        x=x, y=y, horizon=horizon, bound=bound, discrepancy=tau, families=families, prior=prior,
         used_family=family_of[used_shape], used_row=row_of[used_shape], h_used=h[used_shape],
         basis=basis, precision=precision[used_noise], noise=noise[used_noise],
         sample_shape=sample_shape, sample_noise=sample_noise, c=c, a=a,

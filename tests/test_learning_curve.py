@@ -185,18 +185,20 @@ def test_malformed_trace_file_names_the_field(tmp_path, monkeypatch):
 
 
 def test_first_passage_grows_with_the_window_and_starts_at_the_single_epoch_chance():
-    # a noisy plateau at 0.80 (sd 0.01): about one epoch in four shows 0.81 or more, so some
-    # epoch of the next 30 almost surely does (0.75^30 ~ 2e-4, with the parameters uncertain)
+    # a noisy plateau at 0.80 (noise sd 5% of the headroom, 0.01 there): with the level and noise
+    # estimated from 20 epochs, a third to a half of single epochs show 0.81 or more, so some epoch
+    # of the next 30 almost surely does
     rng = np.random.default_rng(3)
     x = np.arange(1, 21)
-    seen = np.clip(0.80 - 0.3 * np.exp(-x / 2.0) + rng.normal(0, 0.01, x.size), 0, 1)
+    level = 0.80 - 0.3 * np.exp(-x / 2.0)
+    seen = np.clip(level + rng.normal(0, 0.05 * (1.0 - level), x.size), 0, 1)
     dist = forecast(x, seen, HORIZON, seed=0, prior=CurvePrior(discrepancy=1e-4))
     reach = dist.prob_reached_by(0.81, 21, 50)
     singles = np.array([dist.prob_at_least(0.81, e) for e in range(21, 51)])
     assert reach.shape == (30,)
     assert np.all(np.diff(reach) >= -1e-12)
     assert reach[0] == pytest.approx(singles[0], abs=0.02)
-    assert singles.max() < 0.35 and reach[-1] > 0.95
+    assert singles.max() < 0.5 and reach[-1] > 0.95
     # with the default discrepancy the walk is correlated: still above every single epoch's chance
     loose = forecast(x, seen, HORIZON, seed=0)
     reach = loose.prob_reached_by(0.815, 21, 50)
