@@ -68,8 +68,9 @@ POOR = {"b0": 0.01, "b1": 0.0, "b2": 0.9}
 
 
 def test_hypersched_runs_in_ray_tune(local_ray, tmp_path):
+    # the paper's rules verbatim (use_idle_atoms=False): the paused trial stays paused at the end
     scheduler = HyperSchedScheduler(metric="score", mode="max", total_atoms=2, max_iterations=12, deadline_s=60,
-                                    min_iterations=1, eta=2, cooldown=1)
+                                    min_iterations=1, eta=2, cooldown=1, use_idle_atoms=False)
     results = run(scheduler, [GOOD, POOR], tmp_path, step_s=0.15)
     assert not results.errors
     ours = scheduler.trials

@@ -128,9 +128,11 @@ def test_pause_resume_and_resize_continue_the_same_training(tmp_path):
 
 def test_hypersched_grows_the_surviving_trial_on_two_atoms(tmp_path):
     # the worse trial pauses at the first rung (speculative evaluation); no configuration is
-    # left, so the survivor gets the free atom once its cooldown has passed (HyperSched 4.3)
+    # left, so the survivor gets the free atom once its cooldown has passed (HyperSched 4.3); the
+    # paper's rules verbatim, so the paused trial does not resume on the atoms freed at the end
     configs = ConfigList([{"lr": 0.3, "samples": 2048}, {"lr": 0.002, "hidden": 4, "samples": 2048}])
-    scheduler = HyperSched(min_iterations=1, eta=2, max_iterations=12, scaling="LINEAR", cooldown=1)
+    scheduler = HyperSched(min_iterations=1, eta=2, max_iterations=12, scaling="LINEAR", cooldown=1,
+                           use_idle_atoms=False)
     with LocalExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
         result = run_experiment(scheduler, executor, configs, total_atoms=2, max_iterations=12, deadline=120)
     assert_reaped(executor)

@@ -260,13 +260,28 @@ def test_hypersched_speculative_evaluation_hand_computed():
     rung-1 score (0.9) makes T0 no longer top ceil(2/2) = 1 there, so T0 is paused
     retrospectively; T2 takes its atom and continues (top 2 of 3 at rung 1, of 3
     at rung 2); T3 (0.7) is 3rd of 4 at rung 1 and pauses."""
-    result = run_experiment(HyperSched(min_iterations=1, eta=2, scaling="NONE"),
+    result = run_experiment(HyperSched(min_iterations=1, eta=2, scaling="NONE", use_idle_atoms=False),
                             SimulatedExecutor(ConstantWorkload()), configs(0.2, 0.9, 0.8, 0.7),
                             total_atoms=2, max_iterations=4, deadline=1000)
     assert [t.state for t in result.trials] == [TrialState.PAUSED, TrialState.COMPLETED, TrialState.COMPLETED,
                                                 TrialState.PAUSED]
     assert [t.iteration for t in result.trials] == [2, 4, 4, 1]
     assert [t.reported_at[0] for t in result.trials] == [1, 1, 3, 5]
+
+
+def test_hypersched_pauses_only_when_the_freed_atom_has_a_use():
+    """The run above with idle atoms used: T0's pause at t=2 frees an atom for T2 (a new
+    configuration), so it happens; T3's at t=6 would free one for nothing (no configuration left,
+    no promotable trial, no scaling), so T3 keeps training; when T2 finishes at t=6, the paused
+    T0 resumes on the idle atom and completes too."""
+    result = run_experiment(HyperSched(min_iterations=1, eta=2, scaling="NONE"),
+                            SimulatedExecutor(ConstantWorkload()), configs(0.2, 0.9, 0.8, 0.7),
+                            total_atoms=2, max_iterations=4, deadline=1000)
+    assert [t.state for t in result.trials] == [TrialState.COMPLETED] * 4
+    assert [t.reported_at[0] for t in result.trials] == [1, 1, 3, 5]
+    t3 = result.trials[3]
+    assert t3.reported_at == [5, 6, 7, 8]  # no pause after its first iteration
+    assert result.trials[0].reported_at == [1, 2, 7, 8]
 
 
 def test_hypersched_entrance_policy_stops_new_trials_near_the_deadline():
@@ -277,12 +292,21 @@ def test_hypersched_entrance_policy_stops_new_trials_near_the_deadline():
     # two atoms, step 1, R = 50, eta = 4; T0 (0.9) leads, every later trial is worse and pauses after one
     # iteration, freeing its atom: a new trial enters at t = 0, 0, 1, .., 5 while 4 * T' < 30 - t (T' = t),
     # and at t = 6 (24 < 24 fails) the freed atom stays idle until the deadline
-    result = run_experiment(HyperSched(min_iterations=1, eta=4, scaling="NONE"),
+    result = run_experiment(HyperSched(min_iterations=1, eta=4, scaling="NONE", use_idle_atoms=False),
                             SimulatedExecutor(ConstantWorkload()), configs(0.9, *[0.1 - 0.01 * i for i in range(10)]),
                             total_atoms=2, max_iterations=50, deadline=30)
     assert [t.created_at for t in result.trials] == [0, 0, 1, 2, 3, 4, 5]
     assert result.trials[0].iteration == 30 and result.end_reason == "deadline"
     assert all(t.state == TrialState.PAUSED and t.iteration == 1 for t in result.trials[1:])
+    # with idle atoms used, the closed entrance admits anyway (no running trial would grow into
+    # the atom under NONE scaling): every configuration enters (T1, promoted at t=7, runs to its
+    # rung at 4 first), and the last, with nothing left to start, keeps its atom to the deadline
+    result = run_experiment(HyperSched(min_iterations=1, eta=4, scaling="NONE"),
+                            SimulatedExecutor(ConstantWorkload()), configs(0.9, *[0.1 - 0.01 * i for i in range(10)]),
+                            total_atoms=2, max_iterations=50, deadline=30)
+    assert [t.created_at for t in result.trials] == [0, 0, 1, 2, 3, 4, 5, 6, 10, 11, 12]
+    assert result.trials[0].iteration == 30 and result.trials[1].iteration == 4
+    assert all(t.iteration == 1 for t in result.trials[2:-1]) and result.trials[-1].iteration == 30 - 12
 
 
 @pytest.mark.parametrize("time_left, overhead, a, a_new, scaling, expected", [
