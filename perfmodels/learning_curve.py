@@ -523,7 +523,7 @@ def _predict(fit: _Fit, epoch: float) -> tuple[np.ndarray, np.ndarray, np.ndarra
     j, g = fit.sample_noise, fit.sample_shape
     mu = fit.c - fit.a * h_at[g] + z_y[j] - fit.c * z_1[j] + fit.a * z_h[j, g]
     noise = fit.noise[j] * _noise_scale(mu, fit.bound)
-    return mu, np.sqrt(np.maximum(noise**2 + discrepancy_var[j], 1e-12 * noise**2)), noise
+    return mu, np.sqrt(noise**2 + discrepancy_var[j]), noise
 
 
 def forecast(

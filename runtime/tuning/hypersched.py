@@ -145,23 +145,23 @@ class HyperSched(ASHA):
 
     # --- exploration --------------------------------------------------------------------
     def choose(self) -> Start | None:
-        if self.experiment.free_atoms < 1:
+        free = self.experiment.free_atoms
+        if free < 1:
             return None
-        if (self.deadline_entrance and not should_enter(self.time_left(), self.full_trial_s(),
-                                                        self._longest_trial_s, self.eta)
-                and (not self.use_idle_atoms or self._exploitation_would_use(self.experiment.free_atoms))):
+        idle = self.use_idle_atoms and not self._exploitation_would_use(free)  # no running trial would take them
+        if self.deadline_entrance and not idle and not should_enter(self.time_left(), self.full_trial_s(),
+                                                                    self._longest_trial_s, self.eta):
             return None
-        start = super().choose()
-        if start is None and self.use_idle_atoms and not self._exploitation_would_use(self.experiment.free_atoms):
-            start = self._best_paused()  # nothing else would use the atoms
-        return start
+        start = super().choose()  # Algorithm 1's start_next_trial: promote the best paused trial, else a new one
+        return self._best_paused() if start is None and idle else start
 
     def _best_paused(self) -> Start | None:
+        """The paused trial with the best latest score, whether or not it is promotable."""
         paused = [t for t in self.experiment.trials.values() if t.state == TrialState.PAUSED]
         if not paused:
             return None
         best = max(paused, key=lambda t: (t.last_metric, -t.trial_id))
-        return Start(best.trial_id, 1)  # Algorithm 1's start_next_trial: promote the best paused trial, else a new one
+        return Start(best.trial_id, self.atoms_per_trial)
 
     def _exploitation_would_use(self, free: int, besides: Trial | None = None) -> bool:
         """Whether some running trial (other than `besides`) would grow into `free`
