@@ -1,25 +1,55 @@
-"""Small I/O helpers shared by every layer: atomic writes and JSON loading
-with errors that name the file."""
+"""Small I/O helpers shared by every layer: atomic writes and loading JSON or
+YAML documents with errors that name the file (and the line)."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "read_json", "write_json"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "read_json", "read_yaml", "read_document",
+           "write_json", "YAML_SUFFIXES"]
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _create_temporary(folder: Path, name: str, mode: int | None) -> tuple[int, Path]:
+    """An exclusive new file next to the target. Created with 0o666 so that the
+    kernel applies the umask (``tempfile.mkstemp`` makes 0o600 files, which
+    would leave every output unreadable to the group); `mode` (the mode of the
+    file being replaced) wins when given."""
+    while True:
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        if mode is not None:
+            try:
+                os.fchmod(fd, mode)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+        return fd, tmp
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to `path` so that a reader sees the old file or the new one,
-    never half of it: a temporary file in the same folder, fsync, rename."""
+    never half of it: a temporary file in the same folder, fsync, rename. A new
+    file gets ``0o666 & ~umask``, like any file the user creates; a replaced
+    file keeps its mode."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        mode: int | None = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_temporary(path.parent, path.name, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -42,18 +72,55 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Load a JSON file; a missing or malformed file is a `ProblemError` naming it."""
-    path = Path(path)
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ProblemError("file not found", source=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise ProblemError(f"is not UTF-8 text (byte {e.start})", source=str(path)) from None
     except OSError as e:
         raise ProblemError(f"cannot read file: {e.strerror}", source=str(path)) from e
+
+
+def _parse(path: Path, kind: str, loads: Any, syntax: type[Exception], where: Any) -> Any:
+    """`loads` the file's text; every failure is a `ProblemError` naming the
+    file: a syntax error (`syntax`, described by `where`), nesting too deep, or
+    an integer beyond Python's digit limit."""
+    text = _read_text(path)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProblemError(
-            f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", source=str(path)
-        ) from e
+        return loads(text)
+    except syntax as e:
+        raise ProblemError(f"not valid {kind}: {where(e)}", source=str(path)) from None
+    except RecursionError:
+        raise ProblemError(f"not usable {kind}: nested too deeply", source=str(path)) from None
+    except ValueError as e:
+        raise ProblemError(f"not usable {kind}: {e}", source=str(path)) from None
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Load a JSON file; a missing or malformed file is a `ProblemError` naming it."""
+    return _parse(Path(path), "JSON", json.loads, json.JSONDecodeError,
+                  lambda e: f"{e.msg} at line {e.lineno} column {e.colno}")
+
+
+def _yaml_where(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    return " ".join(str(getattr(e, "problem", None) or e).split()) + where
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """Load a YAML file (safe loader: plain data only); errors name the file and line."""
+    import yaml  # only YAML files pay for the import
+
+    return _parse(Path(path), "YAML", yaml.safe_load, yaml.YAMLError, _yaml_where)
+
+
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """Load a problem-like file: YAML for ``.yaml``/``.yml``, JSON otherwise.
+    Every command that reads a problem goes through this one function."""
+    path = Path(path)
+    if path.suffix.lower() in YAML_SUFFIXES:
+        return read_yaml(path)
+    return read_json(path)

@@ -4,6 +4,8 @@ the rule broken and the value given."""
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, TypeVar
 
 import pydantic
@@ -26,28 +28,60 @@ class FieldPathError(ValueError):
 
 
 def json_path(loc: tuple[Any, ...]) -> str:
-    """``('points', 2, 'batch')`` -> ``points[2].batch``."""
+    """``('points', 2, 'batch')`` -> ``points[2].batch``; a key that is not a
+    plain name (empty, spaces, control characters, dots) is quoted as JSON
+    (``limits["a b"]``), so the path stays on one line and unambiguous."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
+        elif str(part).isidentifier() and str(part).isascii():
             out += ("." if out else "") + str(part)
+        else:
+            out += f"[{json.dumps(str(part))}]"
     return out or "(top level)"
+
+
+_BOUNDS = {
+    "less_than_equal": ("le", "at most"),
+    "less_than": ("lt", "less than"),
+    "greater_than_equal": ("ge", "at least"),
+    "greater_than": ("gt", "greater than"),
+}
+
+
+def _given(value: Any) -> str:
+    """The value given, short: huge integers and floats in exponent form."""
+    if isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int) and abs(value) >= 10**12:
+        return f"{float(value):.3g}" if abs(value) < 10**308 else f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 def _describe(error: dict[str, Any]) -> str:
     msg = error["msg"]
-    if error["type"] == "missing":
+    kind = error["type"]
+    if kind == "missing":
         return "is required but missing"
-    if error["type"] == "extra_forbidden":
+    if kind == "extra_forbidden":
         return "is not a known field"
-    if "input" in error and error["type"] not in ("model_type", "dict_type"):
-        given = error["input"]
-        text = repr(given)
-        if len(text) > 60:
-            text = text[:57] + "..."
-        return f"{msg[0].lower() + msg[1:]} (given {text})"
+    if kind in _BOUNDS and "input" in error:  # Optuna's shape: what was given, what is required
+        key, words = _BOUNDS[kind]
+        return f"is {_given(error['input'])}, but must be {words} {_number(error['ctx'][key])}"
+    if kind == "finite_number" and "input" in error:
+        return f"is {_given(error['input'])}, but must be a finite number"
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    if "input" in error and kind not in ("model_type", "dict_type"):
+        return f"{msg[0].lower() + msg[1:]} (given {_given(error['input'])})"
     return msg[0].lower() + msg[1:]
 
 

@@ -6,7 +6,9 @@ modules import heavy dependencies (torch, xgboost) inside ``run`` so that
 ``thrifty --help`` and ``thrifty solve`` start fast.
 
 Exit codes: 0 success (a plan was found), 1 an internal or backend failure,
-2 bad input, 3 infeasible. Errors print one clear line and no traceback unless
+2 bad input, 3 infeasible, 4 a run (``thrifty run``) that finished outside its
+limits; 141 when the reader of the output closed the pipe
+(``thrifty schema training | head``), quietly, as Unix tools do. Errors print one clear line and no traceback unless
 ``--debug`` is given or ``THRIFTY_DEBUG=1`` is set.
 """
 
@@ -20,9 +22,12 @@ from collections.abc import Sequence
 
 from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError
 
-__all__ = ["main", "COMMANDS", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE"]
+__all__ = ["main", "COMMANDS", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE",
+           "EXIT_OUTSIDE_LIMITS", "EXIT_CLOSED_PIPE"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+EXIT_CLOSED_PIPE = 128 + 13  # as a Unix tool killed by SIGPIPE (`thrifty schema training | head`)
+EXIT_OUTSIDE_LIMITS = 4  # thrifty run: every iteration done, but the time limit or budget was exceeded
 
 # name -> module under thrifty.runtime.commands (order is the order of --help)
 COMMANDS: dict[str, str] = {
@@ -87,6 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"thrifty {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away: end quietly. Python would report
+    the error again when it flushes stdout at exit, so stdout is pointed at
+    the null device first (the recipe of Python's `signal` documentation)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (captured): nothing to flush
+        pass
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

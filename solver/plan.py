@@ -46,12 +46,20 @@ class SolverInfo:
 
 @dataclass(frozen=True)
 class Infeasibility:
-    """Why no plan exists: the conflicting constraints, and the least change
-    of each limit that would make the problem feasible."""
+    """Why no plan exists.
+
+    `conflict_sets`: every minimal set of constraints that cannot hold
+    together (`conflict_sets_complete` False when only one was searched for);
+    `conflicts`: every constraint in some set. `relaxations`: the least change
+    of one field (``field``, ``current``, ``needed``, ``direction``) or of
+    both limits (``fields``, ``needed``) that admits a plan, with that plan's
+    consequence (``plan``, ``total_s``, ``cost_usd``; `thrifty.solver.explain`)."""
 
     conflicts: list[str]
     relaxations: list[dict[str, Any]]
     reason: str = ""
+    conflict_sets: list[list[str]] = field(default_factory=list)
+    conflict_sets_complete: bool = True
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,14 @@ Relative paths inside a problem file are resolved against the file's folder.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_json
+from thrifty.datasets.io import read_document
 from thrifty.datasets.validation import FieldPathError, validate_model
 
 __all__ = [
@@ -45,8 +46,79 @@ __all__ = [
     "load_problem",
     "parse_problem",
     "problem_json_schema",
+    "simulation_work",
 ]
 
+# -- ranges -----------------------------------------------------------------------------
+# Every number a problem holds has a range that no real job reaches and that keeps
+# every code path finite and fast: the batch DP holds arrays of global_batch + 1
+# entries, the ILPs count in integer microseconds / milli-dollars (64-bit), and the
+# tuning simulator holds samples x trials draws per stage. Each bound says why.
+
+DAY_S = 86_400.0
+MAX_GLOBAL_BATCH = 2**20          # 1M samples: 16x the largest published data-parallel batch (64K); the
+                                  # batch DP and the explanation of an infeasible answer stay within seconds
+MAX_ITERATIONS = 10**9            # 32 years at 1 s per iteration; N x iteration time fits the ILP's int64 us
+MAX_QUOTA = 10_000                # machines of one type in one market: above any cloud account's quota
+MAX_INSTANCE_CHOICES = 256        # (type, market) pairs: every type of a large catalog, in both markets
+MAX_BATCH_LIST = 64               # explicit per-machine batches: more than every power of two up to 2^24
+MAX_DP_CELLS = 2**26              # global_batch x instance choices: the batch DP's arrays (64 MB of flags)
+MAX_TIME_S = 1e9                  # 32 years: a time limit or deadline; integer ms / us stay in int64
+MAX_COST_USD = 1e9                # $1 billion: above any training bill; the ILP's integer cost stays in int64
+MAX_OVERHEAD_S = DAY_S            # a launch overhead or billing minimum of more than a day is not an overhead
+MAX_LATENCY_S = DAY_S             # a scale-up, start-up or recovery latency (or its sd) of a day at most
+MAX_PREEMPTIONS_PER_HOUR = 10.0   # one preemption every 6 minutes per instance; spot pools see < 1
+MAX_USD_PER_GB = 10.0             # data ingress price: cloud egress/ingress is ~$0.01-0.2 per GB
+MAX_DATASET_GB = 1e5              # 100 TB downloaded by every new instance
+MAX_ITERATION_S = DAY_S           # one profiled iteration (or its sd) of a day at most
+MAX_TRIALS = 100_000              # trials of one SHA job or stage (papers run 32-1,000)
+MAX_ITERS = 10**9                 # iterations per trial (min_iters, max_iters, stage iters)
+MAX_ETA = 100.0                   # keep 1 of 100 trials per stage; papers use 2-4
+MAX_STAGES = 200                  # stages of the whole job (Hyperband's brackets concatenated)
+MAX_INSTANCES = 4096              # instances held at once by a tuning job
+MAX_GPUS_PER_TRIAL = 4096         # GPUs of one trial
+MAX_SAMPLES = 10_000              # Monte Carlo samples of the tuning simulator (default 200)
+MAX_SEED = 2**32 - 1              # numpy's seed range
+MAX_TUNING_TYPES = 64             # instance types one tuning job may choose from
+MAX_SIMULATION_WORK = 10**8       # samples x sum_k trials_k x ceil(sqrt(trials_k)): the simulator's work
+MAX_NAME_CHARS = 1000             # names and file paths
+
+
+def _whole_float_to_int(value: Any) -> Any:
+    """``1e30`` in an integer field is the integer 10^30 (then out of range with a
+    clear message), not 'unable to parse input string'."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _valid_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
+def _int(low: int, high: int, why: str) -> Any:
+    # a count from 1 is "greater than 0", as the messages have always said
+    bound = Field(gt=0, le=high) if low == 1 else Field(ge=low, le=high)
+    return Annotated[int, bound, Field(description=f"integer {low:,} to {high:,}: {why}"),
+                     BeforeValidator(_whole_float_to_int)]
+
+
+def _float(low: float, high: float, why: str, *, positive: bool = False) -> Any:
+    bound = Field(gt=low, le=high, allow_inf_nan=False) if positive else Field(ge=low, le=high, allow_inf_nan=False)
+    rule = f"> {low:g}" if positive else f">= {low:g}"
+    return Annotated[float, bound, Field(description=f"finite number {rule} and <= {high:g}: {why}")]
+
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_valid_text)]
+OptionalText = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_valid_text)]
+
+# kept for other modules that build these models in code
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -59,16 +131,18 @@ class _Frozen(BaseModel):
 class Limits(_Frozen):
     """Hard limits on the whole job: wall time in seconds and cost in USD."""
 
-    time_s: PositiveFloat | None = None
-    cost_usd: PositiveFloat | None = None
+    time_s: _float(0, MAX_TIME_S, "wall time of the whole job in seconds (32 years at most)",
+                   positive=True) | None = None
+    cost_usd: _float(0, MAX_COST_USD, "cost of the whole job in USD ($1 billion at most)",
+                     positive=True) | None = None
 
 
 class InstanceChoice(_Frozen):
     """One machine type in one market, with at most `quota` machines."""
 
-    instance_type: Annotated[str, Field(min_length=1)]
+    instance_type: Text
     market: Literal["on_demand", "spot"] = "on_demand"
-    quota: PositiveInt
+    quota: _int(1, MAX_QUOTA, "machines of this type in this market (above any account's quota)")
 
     @property
     def label(self) -> str:
@@ -76,24 +150,34 @@ class InstanceChoice(_Frozen):
 
 
 class Overheads(_Frozen):
-    launch_s: NonNegativeFloat = 0.0
-    min_billed_s: NonNegativeFloat = 60.0
+    launch_s: _float(0, MAX_OVERHEAD_S, "seconds from asking for machines to the first iteration") = 0.0
+    min_billed_s: _float(0, MAX_OVERHEAD_S, "billing minimum per machine in seconds (60 on EC2)") = 60.0
+
+
+BatchList = Annotated[
+    list[_int(1, MAX_GLOBAL_BATCH, "a per-machine batch")],
+    Field(min_length=1, max_length=MAX_BATCH_LIST),
+]
 
 
 class TrainingProblem(_Frozen):
     kind: Literal["training"]
-    model: Annotated[str, Field(min_length=1)]
-    global_batch: PositiveInt
-    iterations: PositiveInt
+    model: Text
+    global_batch: _int(1, MAX_GLOBAL_BATCH, "samples per iteration over all machines "
+                       "(16x the largest published data-parallel batch)")
+    iterations: _int(1, MAX_ITERATIONS, "training iterations (32 years at 1 s each)")
     objective: Literal["min_cost", "min_time"] = "min_cost"
     limits: Limits = Limits()
-    instances: Annotated[list[InstanceChoice], Field(min_length=1)]
-    catalog: str | None = None
-    allreduce: str | None = None
+    instances: Annotated[list[InstanceChoice], Field(
+        min_length=1, max_length=MAX_INSTANCE_CHOICES,
+        description=f"1 to {MAX_INSTANCE_CHOICES} distinct (instance_type, market) choices; "
+                    f"global_batch x their number is at most {MAX_DP_CELLS:,} (the batch search's arrays)")]
+    catalog: OptionalText | None = None
+    allreduce: OptionalText | None = None
     overheads: Overheads = Overheads()
-    batch_sizes: Literal["gpu_pow2", "pow2"] | Annotated[list[PositiveInt], Field(min_length=1)] = "gpu_pow2"
+    batch_sizes: Literal["gpu_pow2", "pow2"] | BatchList = "gpu_pow2"
     respect_threshold: bool = True
-    name: str | None = None
+    name: OptionalText | None = None
 
     @model_validator(mode="after")
     def _distinct_choices(self) -> "TrainingProblem":
@@ -107,6 +191,14 @@ class TrainingProblem(_Frozen):
                     "instance type and market",
                 )
             seen[key] = i
+        cells = self.global_batch * len(self.instances)
+        if cells > MAX_DP_CELLS:
+            raise FieldPathError(
+                ("global_batch",),
+                f"{self.global_batch:,} with {len(self.instances)} instance choices is "
+                f"{cells:,} cells of batch search, more than {MAX_DP_CELLS:,}; use a smaller global "
+                "batch or fewer instance choices",
+            )
         return self
 
 
@@ -136,8 +228,9 @@ def parse_problem(data: Any, source: str | None = None, base: Path | None = None
 
 
 def load_problem(path: str | Path) -> Problem:
+    """Load a problem file: JSON, or YAML for ``.yaml``/``.yml`` (`read_document`)."""
     path = Path(path)
-    return parse_problem(read_json(path), source=str(path), base=path.parent)
+    return parse_problem(read_document(path), source=str(path), base=path.parent)
 
 
 def problem_json_schema(kind: str = "training") -> dict[str, Any]:
@@ -152,10 +245,12 @@ class Experiment(_Frozen):
     """SHA(n, r, R, eta) or Hyperband(r, R, eta) (RubberBand 3.1)."""
 
     algorithm: Literal["sha", "hyperband"] = "sha"
-    trials: PositiveInt | None = None
-    min_iters: PositiveInt
-    max_iters: PositiveInt
-    eta: Annotated[float, Field(allow_inf_nan=False)] = 2.0
+    trials: _int(1, MAX_TRIALS, "trials SHA starts (papers run 32 to 1,000)") | None = None
+    min_iters: _int(1, MAX_ITERS, "iterations of a trial in the first stage (r)")
+    max_iters: _int(1, MAX_ITERS, "iterations of a trial that reaches the end (R)")
+    eta: Annotated[float, Field(allow_inf_nan=False, le=MAX_ETA,
+                                description=f"greater than 1 and <= {MAX_ETA:g}: 1/eta of the trials "
+                                            "go on to the next stage (papers use 2 to 4)")] = 2.0
 
     @model_validator(mode="after")
     def _check(self) -> "Experiment":
@@ -169,29 +264,35 @@ class Experiment(_Frozen):
 
 
 class StageSpec(_Frozen):
-    trials: PositiveInt
-    iters: PositiveInt
+    trials: _int(1, MAX_TRIALS, "trials of this stage")
+    iters: _int(1, MAX_ITERS, "iterations of each trial in this stage")
+
+
+def _latency(why: str) -> Any:
+    return _float(0, MAX_LATENCY_S, f"{why} in seconds (a day at most)")
 
 
 class Cloud(_Frozen):
     """RubberBand 4.1 cloud variables (latencies in seconds, prices in USD)."""
 
-    scale_latency_s: NonNegativeFloat = 0.0
-    scale_latency_sd_s: NonNegativeFloat = 0.0
-    init_latency_s: NonNegativeFloat = 0.0
-    init_latency_sd_s: NonNegativeFloat = 0.0
-    data_usd_per_gb: NonNegativeFloat = 0.0
-    dataset_gb: NonNegativeFloat = 0.0
-    min_billed_s: NonNegativeFloat = 60.0
-    preemptions_per_hour: NonNegativeFloat = 0.0
-    recovery_s: NonNegativeFloat = 0.0
+    scale_latency_s: _latency("provider queuing delay of one scale-up") = 0.0
+    scale_latency_sd_s: _latency("its standard deviation") = 0.0
+    init_latency_s: _latency("start-up of a new instance") = 0.0
+    init_latency_sd_s: _latency("its standard deviation") = 0.0
+    data_usd_per_gb: _float(0, MAX_USD_PER_GB, "data ingress price in USD per GB") = 0.0
+    dataset_gb: _float(0, MAX_DATASET_GB, "GB every new instance downloads (100 TB at most)") = 0.0
+    min_billed_s: _float(0, MAX_OVERHEAD_S, "billing minimum per instance in seconds") = 60.0
+    preemptions_per_hour: _float(0, MAX_PREEMPTIONS_PER_HOUR,
+                                 "spot preemptions per instance-hour (one per 6 minutes at most)") = 0.0
+    recovery_s: _latency("extra latency to resume a preempted trial") = 0.0
 
 
 class ProfileOverride(_Frozen):
     """Rescale the shipped scaling curve: 1-GPU iteration latency and an absolute sd."""
 
-    base_iteration_s: PositiveFloat | None = None
-    iteration_sd_s: NonNegativeFloat | None = None
+    base_iteration_s: _float(0, MAX_ITERATION_S, "1-GPU iteration latency in seconds",
+                             positive=True) | None = None
+    iteration_sd_s: _float(0, MAX_ITERATION_S, "sd of one iteration in seconds") | None = None
 
 
 class TuningProblem(_Frozen):
@@ -202,25 +303,31 @@ class TuningProblem(_Frozen):
     "deadline_s": 1200, "billing": "per_instance", "cloud": {"scale_latency_s": 15,
     "init_latency_s": 15}}``; ``stages: [{trials, iters}]`` may replace
     ``experiment``; ``instance_type`` may be a list (one type chosen per stage).
+
+    The job's size is checked across fields: at most `MAX_STAGES` stages, and
+    ``samples x sum_k trials_k x ceil(sqrt(trials_k))`` (the simulator's work:
+    every allocation considered for a stage simulates each trial in each
+    sample, and a stage of n trials has about 2 sqrt(n) distinct parallelisms)
+    at most `MAX_SIMULATION_WORK`.
     """
 
     kind: Literal["tuning"]
     experiment: Experiment | None = None
-    stages: Annotated[list[StageSpec], Field(min_length=1)] | None = None
-    model: Annotated[str, Field(min_length=1)]
-    instance_type: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
-    deadline_s: PositiveFloat
+    stages: Annotated[list[StageSpec], Field(min_length=1, max_length=MAX_STAGES)] | None = None
+    model: Text
+    instance_type: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_TUNING_TYPES)]
+    deadline_s: _float(0, MAX_TIME_S, "the job's deadline in seconds (32 years at most)", positive=True)
     deadline_on: Literal["mean", "p95"] = "mean"
     billing: Literal["per_instance", "per_function"] = "per_instance"
     market: Literal["on_demand", "spot"] = "on_demand"
     cloud: Cloud = Cloud()
     profile: ProfileOverride = ProfileOverride()
-    max_instances: PositiveInt = 256
-    max_gpus_per_trial: PositiveInt | None = None
-    samples: Annotated[int, Field(ge=1, le=10_000)] = 200
-    seed: int = 0
-    catalog: str | None = None
-    name: str | None = None
+    max_instances: _int(1, MAX_INSTANCES, "instances held at once") = 256
+    max_gpus_per_trial: _int(1, MAX_GPUS_PER_TRIAL, "GPUs of one trial") | None = None
+    samples: _int(1, MAX_SAMPLES, "Monte Carlo samples of the job simulator") = 200
+    seed: _int(0, MAX_SEED, "seed of the simulator's random numbers") = 0
+    catalog: OptionalText | None = None
+    name: OptionalText | None = None
 
     @model_validator(mode="after")
     def _one_job(self) -> "TuningProblem":
@@ -228,11 +335,69 @@ class TuningProblem(_Frozen):
             raise FieldPathError(("experiment",), "give exactly one of 'experiment' and 'stages'")
         if isinstance(self.instance_type, list) and len(set(self.instance_type)) != len(self.instance_type):
             raise FieldPathError(("instance_type",), "lists an instance type twice")
+        _check_job_size(self)
         return self
 
     @property
     def instance_types(self) -> list[str]:
         return [self.instance_type] if isinstance(self.instance_type, str) else list(self.instance_type)
+
+
+def _sha_stage_count(n: int, r: int, R: int, eta: float, cap: int) -> int:
+    """Stages of SHA(n, r, R, eta) by `thrifty.perfmodels.experiment.sha_stages`'s
+    rule, counted up to `cap` + 1 only (eta close to 1 makes that loop long)."""
+    done = k = 0
+    while k <= cap:
+        if math.floor(n / eta**k + 1e-9) < 1 or done >= R:
+            break
+        done += min(int(round(r * eta**k)), R - done)
+        k += 1
+    return k
+
+
+def _job_stages(problem: TuningProblem) -> tuple[tuple[int, int], ...]:
+    """(trials, iters) per stage, refusing jobs of more than `MAX_STAGES` stages
+    before they are built."""
+    from thrifty.perfmodels.experiment import hyperband_spec, sha_spec
+
+    if problem.stages is not None:
+        return tuple((s.trials, s.iters) for s in problem.stages)
+    e = problem.experiment
+    if e.algorithm == "hyperband":
+        brackets = int(math.floor(math.log(e.max_iters / e.min_iters, e.eta) + 1e-9)) + 1
+        if brackets > MAX_STAGES:
+            raise FieldPathError(("experiment", "eta"), (
+                f"Hyperband(r={e.min_iters}, R={e.max_iters}, eta={e.eta:g}) has {brackets} brackets, "
+                f"so more than {MAX_STAGES} stages; use a larger eta or min_iters"))
+        spec = hyperband_spec(e.min_iters, e.max_iters, e.eta)
+    else:
+        if _sha_stage_count(e.trials, e.min_iters, e.max_iters, e.eta, MAX_STAGES) > MAX_STAGES:
+            raise FieldPathError(("experiment", "eta"), (
+                f"SHA(n={e.trials}, r={e.min_iters}, R={e.max_iters}, eta={e.eta:g}) has more than "
+                f"{MAX_STAGES} stages; use a larger eta or fewer trials"))
+        spec = sha_spec(e.trials, e.min_iters, e.max_iters, e.eta)
+    return tuple((s.trials, s.iters) for s in spec.stages)
+
+
+def simulation_work(samples: int, trials: tuple[int, ...]) -> int:
+    """``samples x sum_k trials_k x ceil(sqrt(trials_k))``: trial-samples the job
+    simulator draws for the allocations of every stage (see `TuningProblem`)."""
+    return samples * sum(n * math.isqrt(n - 1) + n for n in trials)
+
+
+def _check_job_size(problem: TuningProblem) -> None:
+    stages = _job_stages(problem)
+    where = ("stages",) if problem.stages is not None else ("experiment",)
+    if len(stages) > MAX_STAGES:
+        raise FieldPathError(where, f"the job has {len(stages)} stages, but at most {MAX_STAGES} are allowed")
+    work = simulation_work(problem.samples, tuple(n for n, _ in stages))
+    if work > MAX_SIMULATION_WORK:
+        total = sum(n for n, _ in stages)
+        fits = max(1, problem.samples * MAX_SIMULATION_WORK // work)
+        raise FieldPathError(where, (
+            f"the job has {total:,} trials over {len(stages)} stages; with {problem.samples} samples its "
+            f"simulation work (samples x trials x sqrt(trials) per stage) is {work:,}, more than "
+            f"{MAX_SIMULATION_WORK:,}; use fewer trials, or samples <= {fits}"))
 
 
 Problem = TrainingProblem | TuningProblem

@@ -54,6 +54,33 @@ __all__ = ["Choice", "Candidate", "Evaluation", "TrainingSpace", "Z95"]
 Z95 = 1.6448536269514722  # one-sided 95% normal quantile
 
 
+def group_sums(ways: np.ndarray, batch: int, quota: int) -> np.ndarray:
+    """``out[r] = sum over count = 1..quota of ways[r - count * batch]`` (0 where
+    the index is negative): the ways to reach r when one choice adds 1 to
+    `quota` machines of `batch` samples to a placement counted by `ways`.
+
+    A sliding window along each residue class mod `batch`, from one cumulative
+    sum: O(len(ways)) whatever the quota (shifting once per count was
+    O(len(ways) x quota), minutes for a global batch of a million). Counts in
+    float64 stay exact below 2^53; beyond, the difference of two cumulative
+    sums may lose low digits (the result only sizes the space, and is clipped
+    at 0)."""
+    n = len(ways)
+    rows = -(-n // batch)
+    padded = np.zeros(rows * batch, dtype=ways.dtype)
+    padded[:n] = ways
+    # cum[i] = ways[i] + ways[i - batch] + ways[i - 2 batch] + ...
+    cum = np.cumsum(padded.reshape(rows, batch), axis=0).reshape(-1)[:n]
+    out = np.zeros_like(ways)
+    out[batch:] = cum[:n - batch] if n > batch else out[batch:]
+    far = (quota + 1) * batch  # subtract the terms beyond `quota` machines
+    if far < n:
+        out[far:] -= cum[:n - far]
+    if out.dtype.kind == "f":
+        np.maximum(out, 0.0, out=out)
+    return out
+
+
 @dataclass(frozen=True)
 class Choice:
     """One instance choice with everything the search needs."""
@@ -139,20 +166,27 @@ class TrainingSpace:
         return Choice(index, spec, itype, price,
                       self._allowed_batches(itype, cm.max_batch, cm.threshold_within(usable)))
 
-    def _allowed_batches(self, itype: InstanceType, max_device_batch: int, threshold: int) -> tuple[int, ...]:
+    def rule_batches(self, itype: InstanceType, max_device_batch: int | None = None,
+                     upto: int | None = None) -> tuple[int, ...]:
+        """The per-machine batches the problem's rule (``batch_sizes``) allows on
+        `itype` up to its memory (and `upto`), before the throughput threshold."""
+        if max_device_batch is None:
+            max_device_batch = self.library.get(self.model, itype.device).max_batch
         rule = self.problem.batch_sizes
-        top = max_device_batch * itype.gpus
+        top = max_device_batch * itype.gpus if upto is None else min(max_device_batch * itype.gpus, upto)
         if isinstance(rule, list):
             values = sorted(set(rule))
         else:
             unit = itype.gpus if rule == "gpu_pow2" else 1
             values, b = [], unit
-            while b <= min(top, self.problem.global_batch):
+            while b <= top:
                 values.append(b)
                 b *= 2
+        return tuple(b for b in values if b <= top and -(-b // itype.gpus) <= max_device_batch)
+
+    def _allowed_batches(self, itype: InstanceType, max_device_batch: int, threshold: int) -> tuple[int, ...]:
         low = threshold * itype.gpus if self.problem.respect_threshold else 1
-        return tuple(b for b in values if b <= top and b >= low and b <= self.problem.global_batch
-                     and -(-b // itype.gpus) <= max_device_batch)
+        return tuple(b for b in self.rule_batches(itype, max_device_batch, self.problem.global_batch) if b >= low)
 
     @property
     def iterations(self) -> int:
@@ -253,13 +287,11 @@ class TrainingSpace:
         reach = [np.zeros(target + 1, dtype=bool) for _ in range(len(choices) + 1)]
         reach[len(choices)][0] = True
         for k in range(len(choices) - 1, -1, -1):
-            nxt, cur = reach[k + 1], reach[k + 1].copy()
-            c = choices[k]
-            for batch in c.batches:
-                for count in range(1, min(c.quota, target // batch) + 1):
-                    shift = count * batch
-                    cur[shift:] |= nxt[: target + 1 - shift]
-            reach[k] = cur
+            nxt = reach[k + 1]
+            cur = nxt.astype(np.int64)
+            for batch in choices[k].batches:
+                cur += group_sums(nxt.astype(np.int64), batch, choices[k].quota)
+            reach[k] = cur > 0
 
         limits = self.problem.limits
         check = within_limits and (limits.time_s is not None or limits.cost_usd is not None)
@@ -310,8 +342,6 @@ class TrainingSpace:
         for c in self.choices:
             new = ways.copy()
             for batch in c.batches:
-                for count in range(1, min(c.quota, target // batch) + 1):
-                    shift = count * batch
-                    new[shift:] += ways[: target + 1 - shift]
+                new += group_sums(ways, batch, c.quota)
             ways = new
         return float(ways[target])

@@ -18,7 +18,9 @@ considering with their simulated coefficients. Planners:
   verified by Monte Carlo simulation;
 - `plan_tuning`: all of them; the answer is the exact plan unless its
   simulated cost is higher than greedy's (or it is infeasible under
-  simulation), in which case greedy's plan is returned and the plan says so.
+  simulation), in which case greedy's plan is returned and the plan says so
+  (``fallback_to_greedy=False`` returns the exact plan alone, so tests can
+  compare it with greedy's).
 
 Exact formulation (`plan_exact`)
 --------------------------------
@@ -80,6 +82,7 @@ from thrifty.solver.problem import TuningProblem
 __all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elastic", "plan_greedy",
            "plan_exact", "plan_tuning", "brute_force", "model_value", "TuningResult", "gpu_choices"]
 
+MAX_STATIC_WORK = 2 * 10**9  # trial-samples of the static sweep: about 5-10 s of simulation
 TIME_SCALE = 1000.0       # ms
 COST_SCALE = 1_000_000.0  # micro-USD
 
@@ -153,6 +156,23 @@ class TuningSpace:
         self.sim = JobSimulator(self.spec, profiles, clouds, problem.samples, problem.seed)
         self._options: dict[int, list[Option]] | None = None
         self.simulated = 0
+        self._check_static_sweep()
+
+    def _check_static_sweep(self) -> None:
+        """The static baseline (greedy's warm start) simulates every cluster size of
+        `static_sweep`, each over all trials and samples (and the first scale-up over
+        as many INIT draws as instances): refuse a sweep beyond `MAX_STATIC_WORK`."""
+        trials, samples = sum(s.trials for s in self.spec.stages), self.problem.samples
+        for t in self.clouds:
+            m = static_sweep(self, t)
+            work = samples * m * (trials + m // 2)
+            if work > MAX_STATIC_WORK:
+                fits = int((math.sqrt(trials**2 + 2 * MAX_STATIC_WORK / samples) - trials))
+                raise ProblemError(
+                    f"is {self.problem.max_instances}: the static baseline would simulate {m:,} cluster sizes "
+                    f"of {t} over {trials:,} trials and {samples} samples ({work:,} trial-samples, more than "
+                    f"{MAX_STATIC_WORK:,}); use max_instances <= {max(fits, 1):,}, or fewer samples",
+                    path="max_instances")
 
     @property
     def deadline(self) -> float:
@@ -296,8 +316,9 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
     types = list(space.clouds)
     if any(not opts[k] for k in range(K)):
         return ExactResult(None, None, None, "infeasible", time.perf_counter() - start, {"empty_stage": True})
-    model = cp_model.CpModel()
     mmax = {t: max([o.alloc.instances for k in range(K) for o in opts[k] if o.itype == t], default=0) for t in types}
+    _check_integer_range(space, opts, mmax)
+    model = cp_model.CpModel()
     x = {(k, i): model.NewBoolVar(f"x_{k}_{i}") for k in range(K) for i in range(len(opts[k]))}
     time_terms, p95_terms, cost_terms = [], [], []
     prev = {t: 0 for t in types}
@@ -363,6 +384,29 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
                        {"options": sum(len(v) for v in opts.values()), "objective": objective})
 
 
+INT_SUM_LIMIT = 2**62  # CP-SAT refuses a linear expression whose extreme values leave int64
+
+
+def _check_integer_range(space: TuningSpace, opts: dict[int, list[Option]], mmax: dict[str, int]) -> None:
+    """Refuse, as bad input, a job whose times in ms or costs in micro-USD summed over
+    every option (what CP-SAT checks for overflow) leave 64-bit integers, instead of
+    letting the model fail. Bounded problem fields never get here with the shipped
+    profiles and prices; an extreme profile or catalog price can."""
+    worst_s = sum(max(o.mean_s, o.p95_s) for k in opts for o in opts[k])
+    worst_usd = sum(o.cost_usd for k in opts for o in opts[k])
+    for t, cloud in space.clouds.items():
+        per_stage = cloud.usd_per_second * (cloud.init_latency_s + cloud.scale_latency_s) + cloud.data_usd_per_instance
+        worst_usd += len(opts) * 2 * mmax.get(t, 0) * per_stage
+    where = "experiment" if space.problem.experiment is not None else "stages"
+    if not (math.isfinite(worst_s) and worst_s * TIME_SCALE < INT_SUM_LIMIT):
+        raise ProblemError(f"the job's allocations take up to {worst_s:.3g} s in all, more than the exact "
+                           "planner counts in 64-bit milliseconds; use fewer trials or iterations", path=where)
+    if not (math.isfinite(worst_usd) and worst_usd * COST_SCALE < INT_SUM_LIMIT):
+        raise ProblemError(f"the job's allocations cost up to ${worst_usd:.3g} in all, more than the exact "
+                           "planner counts in 64-bit micro-dollars; use fewer trials or iterations, or check "
+                           "the catalog's price", path=where)
+
+
 # -- baselines -----------------------------------------------------------------------
 
 def fair_allocation(space: TuningSpace, k: int, gpus: int, itype: str) -> StageAllocation:
@@ -375,16 +419,30 @@ def fair_allocation(space: TuningSpace, k: int, gpus: int, itype: str) -> StageA
 
 
 def plan_static(space: TuningSpace, itype: str | None = None) -> Candidate | None:
-    """The cheapest static cluster within the deadline, over 1..max_instances instances."""
+    """The cheapest static cluster within the deadline, over 1..max_instances instances
+    (up to `static_sweep`: more instances cannot be cheaper or faster)."""
     best = None
     for t in ([itype] if itype else list(space.clouds)):
         G = space.clouds[t].gpus_per_instance
-        for m in range(1, space.problem.max_instances + 1):
+        for m in range(1, static_sweep(space, t) + 1):
             plan = tuple(fair_allocation(space, k, m * G, t) for k in range(space.spec.num_stages))
             c = space.simulate(plan)
             if space.feasible(c) and (best is None or c.cost < best.cost):
                 best = c
     return best
+
+
+def static_sweep(space: TuningSpace, itype: str) -> int:
+    """The static cluster sizes worth simulating: 1..min(max_instances, m*), with
+    m* = max_k n_k * ceil(g_max / G). From m* instances on, the fair share gives
+    every trial of every stage g_max GPUs and all trials run at once (`slots`), so
+    each stage trains exactly as at m*, while the first scale-up waits for the
+    slowest of more INIT draws (common random numbers: never faster) and every
+    instance more is billed or downloads the dataset (never cheaper)."""
+    G = space.clouds[itype].gpus_per_instance
+    most_trials = max(s.trials for s in space.spec.stages)
+    useful = most_trials * -(-space.max_gpus(itype) // G)
+    return min(space.problem.max_instances, useful)
 
 
 def plan_naive_elastic(space: TuningSpace) -> Candidate | None:
@@ -490,7 +548,13 @@ def plan_exact(space: TuningSpace, time_limit_s: float = 10.0) -> tuple[ExactRes
     return res, space.simulate(tuple(o.alloc for o in res.options))
 
 
-def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0) -> TuningResult:
+def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0, fallback_to_greedy: bool = True) -> TuningResult:
+    """Every planner on `space`. The answer is the exact plan, verified by
+    simulation, unless (with `fallback_to_greedy`) greedy's plan is cheaper
+    under simulation or the exact plan misses the deadline there: then
+    greedy's. With ``fallback_to_greedy=False`` the answer is the exact plan
+    alone (None when it misses the deadline under simulation), so that it can
+    be compared with the baselines rather than bounded by them."""
     start = time.perf_counter()
     times: dict[str, float] = {}
 
@@ -511,9 +575,9 @@ def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0) -> TuningResult:
             greedy = g
     times["greedy"] = time.perf_counter() - t0
     ok = verified is not None and space.feasible(verified)
-    if ok and (greedy is None or verified.cost <= greedy.cost + 1e-9):
+    if ok and (not fallback_to_greedy or greedy is None or verified.cost <= greedy.cost + 1e-9):
         best, chosen, note = verified, "exact", "exact plan, verified by simulation"
-    elif greedy is not None:
+    elif greedy is not None and fallback_to_greedy:
         best, chosen = greedy, "greedy"
         if verified is None:
             note = "the exact formulation found no plan; greedy's plan is returned"
@@ -525,6 +589,9 @@ def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0) -> TuningResult:
                     f"${greedy.cost:.4f}; greedy's plan is returned")
     elif verified is not None and ok:
         best, chosen, note = verified, "exact", "exact plan, verified by simulation"
+    elif verified is not None:
+        best, chosen, note = None, "none", (f"the exact plan misses the deadline under simulation "
+                                            f"({space.jct(verified):.1f} s); no fallback to greedy")
     else:
         best, chosen, note = None, "none", "no plan meets the deadline"
     fastest = None

@@ -3,6 +3,7 @@ constraint, infeasibility is explained with tight relaxations, bad input is reje
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -257,3 +258,20 @@ def test_the_public_entry_points_of_design_md():
             "assert not {'torch', 'boto3', 'ray'} & set(sys.modules), 'heavy imports on the solve path'")
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_group_sums_match_one_shift_per_machine_count() -> None:
+    """`group_sums` (one cumulative sum) equals adding ways shifted by every
+    machine count 1..quota, for float and integer counts."""
+    from thrifty.solver.training import group_sums
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n, batch, quota = int(rng.integers(1, 60)), int(rng.integers(1, 20)), int(rng.integers(1, 10))
+        ways = rng.integers(0, 5, n)
+        expected = np.zeros(n, dtype=np.int64)
+        for count in range(1, quota + 1):
+            if count * batch < n:
+                expected[count * batch:] += ways[: n - count * batch]
+        assert (group_sums(ways.astype(np.int64), batch, quota) == expected).all()
+        assert np.array_equal(group_sums(ways.astype(float), batch, quota), expected.astype(float))

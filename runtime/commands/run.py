@@ -3,7 +3,15 @@ live progress bar (predicted against actual), re-planning on preemption or a
 certain slowdown (Srifty 4.5), a JSON-lines run log and a timeline at the end.
 
 ``thrifty run PLAN.json --problem PROBLEM.json --trainer MODULE:FACTORY``; a
-problem file in place of the plan is solved first.
+problem file (JSON or YAML) in place of the plan is solved first.
+``thrifty run --resume RUN_DIR`` continues a run from its checkpoint with
+what its run record holds (plan, problem, trainer, settings); the time and
+money already spent count against the limits.
+
+Exit codes: 0 every iteration done within the limits; 4 every iteration done,
+but past the time limit or the budget (what was exceeded is printed); 3 no
+plan meets the limits (at the start or after a re-plan); 2 bad input; 1 a
+failure; 130 interrupted (the run can be resumed).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK
+from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
 from thrifty.runtime.commands._args import int_at_least, non_negative_float, positive_float
 
 HELP = "run a training plan (local worker processes by default), watch it and re-plan on preemption"
@@ -62,31 +70,35 @@ def parse_fault(text: str) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plan", metavar="PLAN.json",
-                        help="a plan from `thrifty solve --out`, or a training problem to solve first")
-    parser.add_argument("--trainer", required=True, metavar="MODULE:FACTORY",
+    parser.add_argument("plan", metavar="PLAN.json", nargs="?",
+                        help="a plan from `thrifty solve --out`, or a training problem (JSON or YAML) to solve "
+                             "first; not needed with --resume RUN_DIR")
+    parser.add_argument("--trainer", metavar="MODULE:FACTORY",
                         help="a function returning thrifty.runtime.training.Trainer "
                              "(e.g. thrifty.runtime.training.examples:zoo)")
-    parser.add_argument("--trainer-args", type=_json_object, default={}, metavar="JSON",
+    parser.add_argument("--trainer-args", type=_json_object, default=None, metavar="JSON",
                         help="keyword arguments of the trainer factory, as a JSON object")
     parser.add_argument("--problem", metavar="PROBLEM.json", help="the plan's problem (needed to re-plan)")
-    parser.add_argument("--run-dir", metavar="DIR", help="checkpoint, run log and worker logs "
+    parser.add_argument("--run-dir", metavar="DIR", help="run record, checkpoint, run log and worker logs "
                         "(default ./thrifty-runs/RUN_ID)")
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --run-dir")
-    parser.add_argument("--checkpoint-every", type=int_at_least(1), default=100, metavar="N",
+    parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR (or --run-dir) from its checkpoint; its plan, problem, "
+                             "trainer and settings come from its run record unless given again")
+    parser.add_argument("--checkpoint-every", type=int_at_least(1), default=None, metavar="N",
                         help="iterations between checkpoints (default 100)")
-    parser.add_argument("--checkpoint-every-s", type=positive_float, default=60.0, metavar="SECONDS",
+    parser.add_argument("--checkpoint-every-s", type=positive_float, default=None, metavar="SECONDS",
                         help="and at most this long between them (default 60)")
-    parser.add_argument("--window", type=positive_float, default=300.0, metavar="SECONDS",
-                        help="throughput window of the progress monitor (Srifty's K; default 300)")
+    parser.add_argument("--window", type=positive_float, default=None, metavar="SECONDS",
+                        help="throughput window of the progress monitor (Srifty's K); default: a tenth of the "
+                             "time limit or of the predicted time, at most 300")
     parser.add_argument("--no-replan-on-slowdown", action="store_true",
                         help="re-plan on preemptions only, never because progress falls behind")
-    parser.add_argument("--world-timeout", type=positive_float, default=120.0, metavar="SECONDS",
+    parser.add_argument("--world-timeout", type=positive_float, default=None, metavar="SECONDS",
                         help="how long the workers may take to form their world (default 120)")
-    parser.add_argument("--stall-timeout", type=positive_float, default=600.0, metavar="SECONDS",
+    parser.add_argument("--stall-timeout", type=positive_float, default=None, metavar="SECONDS",
                         help="stop when no iteration finishes for this long (default 600)")
-    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per worker")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data order and initial weights")
+    parser.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads per worker (default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the data order and initial weights (default 0)")
     parser.add_argument("--inject", type=parse_fault, action="append", default=[], metavar="FAULT",
                         help="a fault for demos: kill:machine=0,iteration=100[,warning=120], "
                              "kill:machine=0,time=30, slow:machine=1,from=100,extra=0.05[,until=200]")
@@ -96,41 +108,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the result as JSON")
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(plan, problem): a problem given as PLAN.json is solved here."""
+# RunConfig field <- command-line option (None: not given)
+_CONFIG_FLAGS = {"checkpoint_every": "checkpoint_every", "checkpoint_every_s": "checkpoint_every_s",
+                 "window_s": "window", "world_timeout_s": "world_timeout", "stall_timeout_s": "stall_timeout",
+                 "threads": "threads", "seed": "seed"}
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(plan, problem, run record or None, resume: False or the run directory)."""
+    from pathlib import Path
+
     from thrifty.datasets.errors import ProblemError
-    from thrifty.datasets.io import read_json
-    from thrifty.runtime.training.plans import plan_from_dict
-    from thrifty.solver.problem import load_problem
+    from thrifty.runtime.training.plans import plan_and_problem, plan_from_dict
+    from thrifty.runtime.training.rundir import read_run_record
+    from thrifty.solver.problem import parse_problem
 
-    data = read_json(args.plan)
-    if isinstance(data, dict) and "allocation" not in data and data.get("kind") == "training":
-        if args.problem:
-            raise ProblemError("is a problem, and --problem names another one: give a plan with --problem, "
-                               "or the problem alone", source=args.plan)
-        from thrifty.solver.solve import solve
+    resume: Any = False
+    if args.resume:
+        resume = Path(args.resume if isinstance(args.resume, str) else (args.run_dir or ""))
+        if not str(resume):
+            raise ProblemError("--resume needs the run directory: --resume RUN_DIR")
+    record = read_run_record(resume) if resume else None
+    if args.plan is None:
+        if record is None:
+            raise ProblemError("give a plan or a problem file" + (f" ({resume} holds no run record to resume)"
+                                                                 if resume else ""))
+        return (plan_from_dict(record.plan, source=str(resume / "run.json")),
+                parse_problem(record.problem, source=str(resume / "run.json")), record, resume)
+    plan, problem = plan_and_problem(args.plan, args.problem)
+    return plan, problem, record, resume
 
-        problem = load_problem(args.plan)
-        return solve(problem), problem
-    if not args.problem:
-        raise ProblemError("--problem PROBLEM.json is required with a plan (the runtime re-plans with it)")
-    return plan_from_dict(data, source=args.plan), load_problem(args.problem)
+
+def _config(args: argparse.Namespace, record: Any) -> Any:
+    from thrifty.runtime.training.driver import RunConfig
+
+    given = {name: getattr(args, flag) for name, flag in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    if args.no_replan_on_slowdown:
+        given["replan_on_slowdown"] = False
+    base = dict(record.config) if record is not None else {}
+    return RunConfig(**{**base, **given})
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.runtime.training.driver import RunConfig, train
-    from thrifty.runtime.training.errors import ReplanInfeasible
+    from thrifty.datasets.errors import ProblemError
+    from thrifty.runtime.training.driver import train
+    from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted
     from thrifty.runtime.training.hooks import Hooks
 
-    plan, problem = _load(args)
+    plan, problem, record, resume = _load(args)
     if not plan.feasible:
         why = plan.infeasibility.reason if plan.infeasibility else plan.status
         print(f"thrifty run: the problem is infeasible: {why}", file=sys.stderr)
         return EXIT_INFEASIBLE
-    config = RunConfig(checkpoint_every=args.checkpoint_every, checkpoint_every_s=args.checkpoint_every_s,
-                       window_s=args.window, replan_on_slowdown=not args.no_replan_on_slowdown,
-                       world_timeout_s=args.world_timeout, stall_timeout_s=args.stall_timeout, threads=args.threads,
-                       seed=args.seed)
+    trainer = args.trainer or (record.trainer if record is not None else None)
+    if trainer is None:
+        raise ProblemError("--trainer MODULE:FACTORY is required (e.g. thrifty.runtime.training.examples:zoo)")
+    trainer_args = args.trainer_args if args.trainer_args is not None else (
+        record.trainer_args if record is not None else {})
+    config = _config(args, record)
     provider = None
     if args.launch_delay:
         import uuid
@@ -149,12 +184,15 @@ def run(args: argparse.Namespace) -> int:
                                             f" {r.old_config} -> {r.new_config}"))
     try:
         with bar:
-            result = train(plan, args.trainer, problem=problem, provider=provider, hooks=hooks, config=config,
-                           faults=args.inject, run_dir=args.run_dir, trainer_args=args.trainer_args,
-                           resume=args.resume, on_progress=bar.update)
+            result = train(plan, trainer, problem=problem, provider=provider, hooks=hooks, config=config,
+                           faults=args.inject, run_dir=args.run_dir, trainer_args=trainer_args,
+                           resume=resume, on_progress=bar.update)
     except ReplanInfeasible as e:
         print(f"thrifty run: infeasible after re-planning: {e}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except RunInterrupted as e:
+        print(f"thrifty run: {e}; resume with: thrifty run --resume {e.run_dir}", file=sys.stderr)
+        return 130
     finally:
         if provider is not None:
             provider.close()
@@ -169,7 +207,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_timeline(timeline(events)))
         print(f"run log: {result.log_path}; checkpoint: {result.checkpoint_path}")
-    return EXIT_OK if result.iterations == result.total_iterations else EXIT_FAILURE
+    if result.iterations != result.total_iterations:
+        return EXIT_FAILURE
+    if not result.within_limits:
+        print("thrifty run: finished OUTSIDE the limits: " + "; ".join(result.exceeded), file=sys.stderr)
+        return EXIT_OUTSIDE_LIMITS
+    return EXIT_OK
 
 
 class _ProgressBar:
@@ -205,6 +248,10 @@ class _ProgressBar:
             return
         w = s.window
         rate = f"{w.mean:.1f}±{w.sd:.1f} it/s" if w is not None else "-- it/s"
+        if s.eta_s is not None:
+            rate += f" ETA {s.eta_s:.0f}s"
+        if s.loss is not None:
+            rate += f" loss {s.loss:.4g}" + "".join(f" {k} {v:.3g}" for k, v in (s.metrics or {}).items())
         # actual and projected against the plan's prediction and the limit
         time_text = f"{s.elapsed_s:.0f}s→{_num(s.projected_total_s)}s (plan {_num(s.predicted_total_s)}" \
                     f"{'' if s.time_limit_s is None else f', ≤{s.time_limit_s:g}'})"

@@ -4,6 +4,8 @@ RubberBand) from a JSON problem file."""
 from __future__ import annotations
 
 import argparse
+import json
+import math
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
 
@@ -72,14 +74,12 @@ def _print_human(problem, plan) -> None:
     if not plan.feasible:
         why = plan.infeasibility
         console.print(f"[bold red]infeasible[/bold red]: {why.reason}")
-        if why.conflicts:
-            console.print("conflicting: " + ", ".join(why.conflicts))
+        sets = why.conflict_sets or [why.conflicts]
+        label = "conflicting" if len(sets) == 1 else "conflict sets (each must change)"
+        console.print(f"{label}: " + "; ".join("{" + ", ".join(s) + "}" for s in sets if s)
+                      + ("" if why.conflict_sets_complete else " (one minimal set; there may be others)"))
         for r in why.relaxations:
-            if "field" in r:
-                console.print(f"  feasible if {r['field']} were {_fmt(r['needed'])} (now {_fmt(r['current'])})")
-            else:
-                needed = ", ".join(f"{k} {_fmt(v)}" for k, v in r["needed"].items())
-                console.print(f"  feasible with {needed} ({r['note']}: {r['plan']})")
+            console.print("  " + _relaxation_text(r))
         console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s[/dim]")
         return
     table = Table(title=f"plan ({plan.status})")
@@ -95,6 +95,31 @@ def _print_human(problem, plan) -> None:
     gap = "proven optimal" if plan.solver.gap == 0 else f"gap {plan.solver.gap:.2%}" if plan.solver.gap else "gap unknown"
     console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s, "
                   f"{plan.solver.candidates_simulated} candidates simulated, {gap}[/dim]")
+
+
+def _relaxation_text(r: dict) -> str:
+    """One relaxation in words, with what it buys: "instances[0].quota >= 32
+    (now 4): 32xg4dn.8xlarge@128 takes 41.2 s, $0.5432"."""
+    then = f": {r['plan']} takes {r['total_s']:,.1f} s, ${r['cost_usd']:,.4f}" if "plan" in r else ""
+    if "fields" in r:
+        needed = " and ".join(f"{k} >= {_fmt_up(v)}" for k, v in r["needed"].items())
+        return f"{needed} ({r['note']}){then}"
+    field, needed, current = r["field"], r["needed"], r["current"]
+    if isinstance(needed, bool) or isinstance(needed, str):
+        return f"{field} = {json.dumps(needed)} (now {json.dumps(current)}){then}"
+    op = "<=" if r.get("direction") == "lower" else ">="
+    shown = str(needed) if isinstance(needed, int) else _fmt_up(needed)
+    note = f"; {r['note']}" if r.get("note") else ""
+    return f"{field} {op} {shown} (now {_fmt(current)}{note}){then}"
+
+
+def _fmt_up(value: float) -> str:
+    """A limit that must be raised to `value`, rounded up at 4 significant
+    digits, so the printed figure is never below what is needed."""
+    if not isinstance(value, float) or value <= 0 or not math.isfinite(value):
+        return _fmt(value)
+    step = 10.0 ** (math.floor(math.log10(value)) - 3)
+    return f"{math.ceil(value / step - 1e-9) * step:,.{max(0, 3 - math.floor(math.log10(value)))}f}"
 
 
 def _fmt(value) -> str:
@@ -114,6 +139,14 @@ def _run_tuning(args: argparse.Namespace, problem) -> int:
         plot_tuning_plan(plan, path)
 
     return _emit(args, problem, plan, plot, _print_tuning)
+
+
+def _ratio(cost: float, ours: float) -> str:
+    """A baseline's cost as a multiple of the plan's ("-" when the plan is free:
+    machines priced at 0, such as local ones)."""
+    if ours > 0:
+        return f"{cost / ours:.2f}x"
+    return "1.00x" if cost == 0 else "-"
 
 
 def _print_tuning(problem, plan) -> None:
@@ -150,7 +183,7 @@ def _print_tuning(problem, plan) -> None:
         else:
             q = b["predicted"]
             base.add_row(name.replace("_", " "), f"{q['jct_s']:,.1f}", f"{q['cost_usd']:,.2f}",
-                         f"{q['cost_usd'] / p['cost_usd']:.2f}x")
+                         _ratio(q["cost_usd"], p["cost_usd"]))
     console.print(base)
     console.print(f"[dim]{plan.solver['note']}; planning {plan.solver['wall_s']:.2f} s, "
                   f"{plan.solver['simulations']} simulations[/dim]")

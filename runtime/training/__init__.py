@@ -27,7 +27,7 @@ _EXPORTS = {
     "Replan": "replan", "Replanner": "replan",
     "RunLog": "runlog", "read_run_log": "runlog",
     "TrainingError": "errors", "WorldFormationError": "errors", "WorkerFailed": "errors",
-    "StallError": "errors", "ReplanInfeasible": "errors",
+    "StallError": "errors", "ReplanInfeasible": "errors", "RunInterrupted": "errors",
 }
 
 __all__ = list(_EXPORTS)

@@ -25,8 +25,8 @@ machine back and keeps the last good checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,20 +37,21 @@ from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
-from thrifty.runtime.training.errors import ReplanInfeasible, TrainingError
+from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, TrainingError
 from thrifty.runtime.training.faults import Fault, FaultInjector
 from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.training.job import JobSpec
 from thrifty.runtime.training.launcher import RankSlot, Segment, SegmentPoll
-from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, spent_cost
-from thrifty.runtime.training.plans import as_plan, check_plan
+from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
+from thrifty.runtime.training.plans import check_plan, plan_and_problem, plan_from_dict
 from thrifty.runtime.training.replan import Replan, Replanner
-from thrifty.runtime.training.runlog import RunLog
+from thrifty.runtime.training.rundir import (RunRecord, absolute_paths, default_run_dir, new_run_id,
+                                             read_run_record, spent_before, write_run_record)
+from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.training.sharding import split_batch
 from thrifty.runtime.training.trainer import load_trainer, trainer_spec
 from thrifty.solver.plan import Plan
-from thrifty.solver.problem import TrainingProblem
-from thrifty.solver.solve import as_problem
+from thrifty.solver.problem import Problem, TrainingProblem
 
 __all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "train", "rank_slots"]
 
@@ -59,8 +60,11 @@ __all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "train
 class RunConfig:
     """How a run behaves. Times in seconds.
 
-    `window_s` is Srifty's K (5 minutes) and `window_bins` the bins its
-    throughput standard deviation is taken over. `replan_time_limit_s` is the
+    `window_s` is Srifty's K and `window_bins` the bins its throughput
+    standard deviation is taken over; None (the default) scales the window
+    with the job (`monitor.auto_window_s`: a tenth of the time limit or of
+    the predicted time, at most Srifty's 5 minutes), so that a short job
+    shows its rate and re-plans on a persistent slowdown too. `replan_time_limit_s` is the
     solver's time limit on a re-plan (Srifty gives itself 1 s). `weighting`:
     ``batch`` (gradient reweighting by loss scaling, the default), ``hook``
     (the same as a DDP communication hook) or ``mean`` (plain DDP averaging,
@@ -69,7 +73,7 @@ class RunConfig:
 
     checkpoint_every: int | None = 100
     checkpoint_every_s: float | None = 60.0
-    window_s: float = 300.0
+    window_s: float | None = None
     window_bins: int = 10
     replan_on_slowdown: bool = True
     poll_s: float = 0.05
@@ -88,7 +92,9 @@ class RunConfig:
     log_every_s: float | None = None  # throughput log period; default window_s / window_bins
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "poll_s", "world_timeout_s", "stall_timeout_s", "stop_timeout_s",
+        if self.window_s is not None and not self.window_s > 0:
+            raise ProblemError(f"is {self.window_s}, but must be positive (or None: automatic)", path="window_s")
+        for name in ("poll_s", "world_timeout_s", "stall_timeout_s", "stop_timeout_s",
                      "collective_timeout_s", "provision_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ProblemError(f"is {getattr(self, name)}, but must be positive", path=name)
@@ -99,9 +105,13 @@ class RunConfig:
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ProblemError(f"is {self.checkpoint_every}, but must be at least 1", path="checkpoint_every")
 
-    @property
-    def throughput_log_s(self) -> float:
-        return self.log_every_s if self.log_every_s is not None else self.window_s / self.window_bins
+    def window_for(self, plan: Plan, problem: TrainingProblem) -> float:
+        """The monitor's window for `plan` of `problem`: `window_s`, or automatic."""
+        if self.window_s is not None:
+            return self.window_s
+        p = plan.predicted
+        return auto_window_s(problem.limits.time_s, p.total_s if p else None, p.iteration_s if p else None,
+                             self.window_bins)
 
 
 @dataclass(frozen=True)
@@ -156,12 +166,24 @@ class RunResult:
         return ((self.time_limit_s is None or self.elapsed_s <= self.time_limit_s)
                 and (self.cost_limit_usd is None or self.cost_usd <= self.cost_limit_usd))
 
+    @property
+    def exceeded(self) -> list[str]:
+        """What the run went past, in words (empty within its limits)."""
+        out = []
+        if self.time_limit_s is not None and self.elapsed_s > self.time_limit_s:
+            out.append(f"time {self.elapsed_s:,.1f} s > limit {self.time_limit_s:g} s "
+                       f"(+{self.elapsed_s - self.time_limit_s:,.1f} s)")
+        if self.cost_limit_usd is not None and self.cost_usd > self.cost_limit_usd:
+            out.append(f"cost ${self.cost_usd:,.4f} > budget ${self.cost_limit_usd:g} "
+                       f"(+${self.cost_usd - self.cost_limit_usd:,.4f})")
+        return out
+
     def to_dict(self) -> dict:
         return {
             "run_id": self.run_id, "run_dir": str(self.run_dir), "iterations": self.iterations,
             "total_iterations": self.total_iterations, "elapsed_s": self.elapsed_s, "cost_usd": self.cost_usd,
             "time_limit_s": self.time_limit_s, "cost_limit_usd": self.cost_limit_usd,
-            "within_limits": self.within_limits, "configs": [p.config for p in self.plans],
+            "within_limits": self.within_limits, "exceeded": self.exceeded, "configs": [p.config for p in self.plans],
             "replans": [r.to_dict() for r in self.replans], "preemptions": [p.to_dict() for p in self.preemptions],
             "segments": [s.to_dict() for s in self.segments],
         }
@@ -184,6 +206,13 @@ class ProgressSnapshot:
     window: ThroughputWindow | None
     time_limit_s: float | None
     cost_limit_usd: float | None
+    loss: float | None = None  # the training loss last reported (global-batch mean)
+    metrics: Mapping[str, float] | None = None  # the trainer's own metrics last reported
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left by the measured throughput."""
+        return None if self.projected_total_s is None else max(0.0, self.projected_total_s - self.elapsed_s)
 
 
 def rank_slots(plan: Plan, machines: Sequence[Sequence[Machine]], catalog: Catalog) -> list[RankSlot]:
@@ -202,48 +231,79 @@ def rank_slots(plan: Plan, machines: Sequence[Sequence[Machine]], catalog: Catal
     return slots
 
 
-def train(plan: Plan | dict | str | Path, trainer: str | Callable[..., Any], *,
-          problem: TrainingProblem | dict | str | Path, provider: Provider | None = None,
+def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str | Callable[..., Any] | None = None,
+          *, problem: TrainingProblem | dict | str | Path | None = None, provider: Provider | None = None,
           hooks: Hooks | None = None, config: RunConfig | None = None, faults: Iterable[Fault] = (),
-          run_dir: str | Path | None = None, trainer_args: Mapping[str, Any] | None = None, resume: bool = False,
-          on_progress: Callable[[ProgressSnapshot], None] | None = None, run_id: str | None = None) -> RunResult:
-    """Run `plan` for `problem` with `trainer` (``MODULE:FACTORY`` or an
-    importable factory) until all the problem's iterations are done.
+          run_dir: str | Path | None = None, trainer_args: Mapping[str, Any] | None = None,
+          resume: bool | str | Path = False, on_progress: Callable[[ProgressSnapshot], None] | None = None,
+          run_id: str | None = None) -> RunResult:
+    """Run a plan with `trainer` (``MODULE:FACTORY`` or an importable factory)
+    until all the problem's iterations are done.
 
-    `run_dir` holds the checkpoint, the run log (``run.jsonl``) and the
-    workers' logs (default ``./thrifty-runs/<run id>``); `resume` continues
-    from its checkpoint. Without a `provider`, machines are local worker
-    slots priced from the problem's catalog. Raises `ProblemError` for bad
-    input (before anything starts), `ReplanInfeasible` when a preemption
-    leaves no plan that meets the limits, `TrainingError` subclasses for
-    failures; the last checkpoint survives all of them.
+    Takes what ``thrifty run`` takes: a plan (a `Plan`, its dict or a JSON
+    file) with its `problem`, or a training problem alone (a `Problem`, a
+    dict, a JSON or YAML file) in place of the plan, solved first.
+
+    `run_dir` holds the run record (``run.json``: plan, problem, trainer,
+    settings), the checkpoint, the run log (``run.jsonl``) and the workers'
+    logs (default ``./thrifty-runs/<run id>``). ``resume=RUN_DIR`` (or
+    ``resume=True`` with `run_dir`) continues a run from its checkpoint: what
+    is not given is read from its record, and the time and money its earlier
+    sessions spent count against the limits. Without a `provider`, machines
+    are local worker slots priced from the problem's catalog.
+
+    Returns a `RunResult` (``within_limits`` False and ``exceeded`` saying
+    what, when the run finished past its limits: ``thrifty run`` exits 4).
+    Raises `ProblemError` for bad input (before anything starts),
+    `ReplanInfeasible` when a preemption leaves no plan that meets the limits,
+    `RunInterrupted` on Ctrl-C, `TrainingError` subclasses for failures; the
+    last checkpoint survives all of them.
     """
-    problem = as_problem(problem)
-    if not isinstance(problem, TrainingProblem):
-        raise ProblemError(f"is '{problem.kind}', but the training runtime runs 'training' problems", path="kind")
-    plan = as_plan(plan)
+    folder = Path(resume) if isinstance(resume, (str, Path)) else (Path(run_dir) if run_dir is not None else None)
+    resuming = bool(resume)
+    if resuming and folder is None:
+        raise ProblemError("resume=True needs run_dir (or give resume=RUN_DIR)", path="resume")
+    record = read_run_record(folder) if resuming else None
+    if record is not None:
+        plan = plan if plan is not None else plan_from_dict(record.plan, source=str(folder / "run.json"))
+        problem = problem if problem is not None else record.problem
+        trainer = trainer if trainer is not None else record.trainer
+        trainer_args = trainer_args if trainer_args is not None else record.trainer_args
+        config = config if config is not None else RunConfig(**record.config)
+        run_id = run_id or record.run_id
+    if trainer is None:
+        raise ProblemError("no trainer: give MODULE:FACTORY" + (" (this run directory has no run record)"
+                                                               if resuming else ""), path="trainer")
+    plan, problem = plan_and_problem(plan, problem)
     catalog = load_catalog(problem.catalog)
     check_plan(plan, problem, catalog)
     spec = trainer_spec(trainer)
     load_trainer(spec, trainer_args)  # a factory that raises is bad input, before any process starts
-    run_id = run_id or uuid.uuid4().hex[:8]
-    folder = Path(run_dir) if run_dir is not None else Path.cwd() / "thrifty-runs" / run_id
+    config = config or RunConfig()
+    run_id = run_id or new_run_id()
+    folder = folder if folder is not None else default_run_dir(run_id)
     checkpoint = folder / "checkpoint.pt"
-    if checkpoint.exists() and not resume:
+    if checkpoint.exists() and not resuming:
         raise ProblemError(f"already holds a checkpoint ({checkpoint}); resume it or choose another folder",
                            path="run_dir")
-    if resume and not checkpoint.exists():
+    if resuming and not checkpoint.exists():
         raise ProblemError(f"has no checkpoint to resume ({checkpoint})", path="run_dir")
+    carried = spent_before(read_run_log(folder / "run.jsonl")) if resuming and (folder / "run.jsonl").exists() \
+        else (0.0, 0.0)
     folder.mkdir(parents=True, exist_ok=True)
+    record = RunRecord(run_id, plan.to_dict(), absolute_paths(problem.model_dump(mode="json")), spec,
+                       dict(trainer_args or {}), dataclasses.asdict(config),
+                       first_plan=record.first_plan if record is not None else plan.to_dict())
+    write_run_record(folder, record)
     own_provider = provider is None
     if provider is None:
         from thrifty.runtime.providers.local import LocalProvider
 
         provider = LocalProvider(run_id, catalog)
     driver = _Driver(plan, problem, catalog, spec, dict(trainer_args or {}), provider, hooks or Hooks(),
-                     config or RunConfig(), FaultInjector(faults), folder, run_id, on_progress)
+                     config, FaultInjector(faults), folder, run_id, on_progress, record, carried)
     try:
-        return driver.run(resume)
+        return driver.run(resuming)
     finally:
         driver.release(close_provider=own_provider)
 
@@ -252,17 +312,25 @@ class _Driver:
     def __init__(self, plan: Plan, problem: TrainingProblem, catalog: Catalog, spec: str,
                  trainer_args: dict[str, Any], provider: Provider, hooks: Hooks, config: RunConfig,
                  injector: FaultInjector, folder: Path, run_id: str,
-                 on_progress: Callable[[ProgressSnapshot], None] | None):
+                 on_progress: Callable[[ProgressSnapshot], None] | None, record: RunRecord,
+                 carried: tuple[float, float] = (0.0, 0.0)):
         self.plan, self.problem, self.catalog = plan, problem, catalog
         self.spec, self.trainer_args, self.provider, self.hooks = spec, trainer_args, provider, hooks
         self.config, self.injector, self.folder, self.run_id = config, injector, folder, run_id
-        self.on_progress = on_progress
-        self.start = time.time()
+        self.on_progress, self.record = on_progress, record
+        # a resumed run's clock goes on from what its earlier sessions spent (seconds, USD)
+        self.carried_s, self.carried_usd = carried
+        self.start = time.time() - self.carried_s
         self.log = RunLog(folder / "run.jsonl", start=self.start)
         self.replanner = Replanner(problem, method=config.solver_method, time_limit_s=config.replan_time_limit_s)
         limits = problem.limits
+        self.window_s = config.window_for(plan, problem)
+        self.throughput_log_s = config.log_every_s if config.log_every_s is not None else \
+            self.window_s / config.window_bins
         self.monitor = ProgressMonitor(problem.iterations, limits.time_s, limits.cost_usd, self.start,
-                                       config.window_s, config.window_bins, problem.overheads.min_billed_s)
+                                       self.window_s, config.window_bins, problem.overheads.min_billed_s,
+                                       spent_before_usd=self.carried_usd)
+        self.metrics: dict[str, Any] | None = None  # the last loss and metrics the workers reported
         self.machines: dict[str, Machine] = {}  # every machine of the run, by id (billing)
         self.plans: list[Plan] = [plan]
         self.replans: list[Replan] = []
@@ -287,7 +355,7 @@ class _Driver:
             self.log.write("terminate", machines=[m.id for m in machines])
 
     def _spent(self, now: float | None = None) -> float:
-        return spent_cost(self.machines.values(), time.time() if now is None else now,
+        return self.carried_usd + spent_cost(self.machines.values(), time.time() if now is None else now,
                           self.problem.overheads.min_billed_s)
 
     def _acquire(self, plan: Plan) -> list[list[Machine]]:
@@ -331,7 +399,8 @@ class _Driver:
         self.log.write("start", run_id=self.run_id, trainer=self.spec, trainer_args=self.trainer_args,
                        plan=self.plan.to_dict(), iterations=self.problem.iterations, start_iteration=self.done,
                        global_batch=self.problem.global_batch, limits=self.problem.limits.model_dump(),
-                       config=self.config.__dict__)
+                       config=self.config.__dict__, window_s=self.window_s, resumed=resume,
+                       carried_s=self.carried_s, carried_usd=self.carried_usd)
         plan = self.plan
         try:
             while self.done < self.problem.iterations:
@@ -345,8 +414,15 @@ class _Driver:
                     plan = self._on_capacity(e, plan)
                     continue
                 plan = self._run_segment(plan, groups, acquire_at)
+        except KeyboardInterrupt as e:
+            reached = max(self.done, self.monitor.iterations)
+            self.log.write("interrupted", iteration=reached, checkpoint_iteration=self._last_checkpoint(),
+                           spent_usd=self._spent())
+            if isinstance(e, RunInterrupted):
+                raise
+            raise RunInterrupted("SIGINT", reached, self._last_checkpoint(), self.folder) from None
         except BaseException as e:
-            self.log.write("error", error=f"{type(e).__name__}: {e}", iteration=self.done)
+            self.log.write("error", error=f"{type(e).__name__}: {e}", iteration=max(self.done, self.monitor.iterations))
             raise
         now = time.time()
         result = RunResult(self.run_id, self.folder, self.done, self.problem.iterations, now - self.start,
@@ -360,6 +436,10 @@ class _Driver:
                        predicted_cost_usd=predicted.cost_usd if predicted else None)
         self.hooks.emit("finished", result)
         return result
+
+    def _last_checkpoint(self) -> int:
+        saved = [e["iteration"] for e in self.log.events if e["event"] == "checkpoint"]
+        return max(saved, default=self.done)
 
     def _on_capacity(self, error: CapacityError, plan: Plan) -> Plan:
         event = error.as_preemption()
@@ -391,6 +471,8 @@ class _Driver:
         self.predicted_total_s = now - self.start + predicted.total_s
         self.predicted_cost_usd = self._spent(now) + predicted.cost_usd
         self.log.write("replan", **replan.to_dict())
+        self.record = dataclasses.replace(self.record, plan=replan.new_plan.to_dict())
+        write_run_record(self.folder, self.record)  # a resume goes on with the plan in force
         self.hooks.emit("replanned", replan)
         return replan.new_plan
 
@@ -441,11 +523,47 @@ class _SegmentWatch:
         return self.d.machines[machine_id]
 
     def follow(self) -> str:
+        try:
+            return self._follow()
+        except KeyboardInterrupt:
+            self._stop_on_interrupt()
+            raise
+
+    def _stop_on_interrupt(self) -> None:
+        """Ctrl-C: ask the workers to checkpoint and stop, and wait for them up
+        to the stop timeout; a second Ctrl-C stops waiting (the workers are
+        then killed and the run resumes from its last checkpoint)."""
+        seg, d = self.segment, self.d
+        if seg is None:
+            return
+        try:
+            seg.request_stop()
+            deadline = time.monotonic() + d.config.stop_timeout_s
+            while time.monotonic() < deadline:
+                poll = seg.poll()
+                self._worker_events(poll)
+                if poll.iteration is not None:
+                    self.reached = max(self.reached, poll.iteration)
+                    d.monitor.iterations = max(d.monitor.iterations, poll.iteration)
+                if poll.ended or poll.lost:
+                    return
+                time.sleep(d.config.poll_s)
+        except KeyboardInterrupt:
+            return
+        except Exception:  # noqa: BLE001 - a failure while stopping: the workers are killed on exit
+            return
+
+    def _follow(self) -> str:
         d, seg = self.d, self.segment
         while True:
             poll = seg.poll()
             now = time.time()
             self._worker_events(poll)
+            if poll.metrics is not None:
+                d.metrics = poll.metrics
+                d.log.write("metrics", at=poll.metrics.get("at"), segment=self.index,
+                            iteration=poll.metrics.get("iteration"), loss=poll.metrics.get("loss"),
+                            metrics=poll.metrics.get("metrics", {}))
             if poll.iteration is not None and poll.iteration_at is not None:
                 if self.first_progress_at is None and poll.iteration > d.done:
                     self.first_progress_at = poll.iteration_at
@@ -557,7 +675,7 @@ class _SegmentWatch:
     def _check_progress(self, now: float) -> None:
         d = self.d
         verdict = d.monitor.check(now, d.machines.values())
-        if now - self.last_throughput_log >= d.config.throughput_log_s:
+        if now - self.last_throughput_log >= d.throughput_log_s:
             self.last_throughput_log = now
             d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
         if not verdict.replan or not d.config.replan_on_slowdown:
@@ -584,7 +702,9 @@ class _SegmentWatch:
         d.on_progress(ProgressSnapshot(
             state, self.plan.config, d.monitor.iterations, d.problem.iterations, now - d.start, verdict.spent_usd,
             d.predicted_total_s, d.predicted_cost_usd, verdict.projected_total_s, verdict.projected_cost_usd,
-            verdict.window, d.problem.limits.time_s, d.problem.limits.cost_usd))
+            verdict.window, d.problem.limits.time_s, d.problem.limits.cost_usd,
+            None if d.metrics is None else d.metrics.get("loss"),
+            None if d.metrics is None else d.metrics.get("metrics")))
 
     def finish(self, ended: str) -> Plan:
         d, seg = self.d, self.segment

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from thrifty.datasets.errors import ThriftyError
 
-__all__ = ["TrainingError", "WorldFormationError", "WorkerFailed", "StallError", "ReplanInfeasible"]
+__all__ = ["TrainingError", "WorldFormationError", "WorkerFailed", "StallError", "ReplanInfeasible",
+           "RunInterrupted"]
 
 
 class TrainingError(ThriftyError, RuntimeError):
@@ -40,3 +41,21 @@ class ReplanInfeasible(TrainingError):
     def __init__(self, message: str, plan: object = None):
         super().__init__(message)
         self.plan = plan
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C) and stopped: the workers were asked to
+    checkpoint and stop (killed when that took longer than
+    ``RunConfig.stop_timeout_s`` or a second Ctrl-C came). A
+    `KeyboardInterrupt`, so code that handles Ctrl-C handles this too.
+
+    `iteration` is the last iteration the run reached, `checkpoint_iteration`
+    where its last checkpoint is (``train(resume=run_dir)`` goes on from there).
+    """
+
+    def __init__(self, signal: str = "SIGINT", iteration: int | None = None,
+                 checkpoint_iteration: int | None = None, run_dir: object = None):
+        where = "" if iteration is None else f" at iteration {iteration} (checkpoint at {checkpoint_iteration})"
+        super().__init__(f"interrupted by {signal}{where}")
+        self.signal, self.iteration = signal, iteration
+        self.checkpoint_iteration, self.run_dir = checkpoint_iteration, run_dir

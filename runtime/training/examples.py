@@ -9,6 +9,10 @@
   same model (``"model": "tiny-transformer"``) is planned with that model's
   measured CPU profile, so the plan predicts the work these workers do.
 
+Both report the training loss (every trainer does) and the accuracy on the
+training batch (their `metrics`), which the live progress bar of
+``thrifty run`` and the run log show as training goes.
+
 This module does not import torch; the factories' parts do when called.
 """
 
@@ -46,6 +50,12 @@ def _cross_entropy(outputs: Any, targets: Any) -> Any:
     return F.cross_entropy(outputs, targets)
 
 
+def _accuracy(outputs: Any, targets: Any) -> dict[str, float]:
+    """The share of the batch whose highest-scoring class is the target
+    (for sequence outputs ``(batch, positions, classes)``, of every position)."""
+    return {"accuracy": (outputs.argmax(dim=-1) == targets).float().mean().item()}
+
+
 def tiny_mlp(features: int = 8, hidden: int = 16, classes: int = 4, samples: int = 240, dtype: str = "float64",
              lr: float = 0.1, momentum: float = 0.9, seed: int = 0) -> Trainer:
     """``Linear(features, hidden) -> Tanh -> Linear(hidden, classes)`` on
@@ -69,7 +79,8 @@ def tiny_mlp(features: int = 8, hidden: int = 16, classes: int = 4, samples: int
         teacher = torch.randn(features, classes, generator=generator, dtype=torch_dtype)
         return TensorDataset(inputs, (inputs @ teacher).argmax(dim=1))
 
-    return Trainer(model=model, optimizer=_sgd(lr, momentum), dataset=dataset, loss=_cross_entropy)
+    return Trainer(model=model, optimizer=_sgd(lr, momentum), dataset=dataset, loss=_cross_entropy,
+                   metrics=_accuracy)
 
 
 def zoo(model: str = "tiny-transformer", samples: int = 4096, lr: float = 1e-3, momentum: float = 0.9,
@@ -93,4 +104,5 @@ def zoo(model: str = "tiny-transformer", samples: int = 4096, lr: float = 1e-3, 
         inputs, targets = workload().make_batch(samples)
         return TensorDataset(inputs, targets)
 
-    return Trainer(model=make_model, optimizer=_sgd(lr, momentum), dataset=dataset, loss=_cross_entropy)
+    return Trainer(model=make_model, optimizer=_sgd(lr, momentum), dataset=dataset, loss=_cross_entropy,
+                   metrics=_accuracy)

@@ -63,6 +63,7 @@ class JobSpec:
     weighting: Literal["batch", "hook", "mean"] = "batch"
     faults: tuple[WorkerFault, ...] = ()
     machine_ids: tuple[str, ...] = ()
+    metrics_every_s: float | None = 1.0  # how often the loss and metrics are reported; None: never
 
     def __post_init__(self) -> None:
         self.validate()
@@ -78,6 +79,9 @@ class JobSpec:
             raise ProblemError(f"is {self.iterations}, but must be at least 1", path="iterations")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ProblemError(f"is {self.checkpoint_every}, but must be at least 1", path="checkpoint_every")
+        if self.metrics_every_s is not None and not self.metrics_every_s > 0:
+            raise ProblemError(f"is {self.metrics_every_s}, but must be positive (or None: no reports)",
+                               path="metrics_every_s")
         if self.weighting not in ("batch", "hook", "mean"):
             raise ProblemError(f"is '{self.weighting}', but must be 'batch', 'hook' or 'mean'", path="weighting")
         if self.weighting == "mean" and len(set(self.batches)) > 1:

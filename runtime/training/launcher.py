@@ -45,6 +45,7 @@ __all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS"]
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 # the worker's store keys (kept equal to thrifty.runtime.training.worker's, which imports torch)
 KEY_EVENTS, KEY_PROGRESS, KEY_STOP = "thrifty/events", "thrifty/progress", "thrifty/stop"
+KEY_METRICS = "thrifty/metrics"
 ERROR_GRACE_S = 0.5  # after an error report, how long to look for a rank lost without one
 EXIT_GRACE_S = 5.0  # after the workers said they are done, how long they may take to exit
 
@@ -69,6 +70,7 @@ class SegmentPoll:
     iteration: int | None = None  # iterations done, from rank 0's last report
     iteration_at: float | None = None  # unix time of that report
     events: list[dict[str, Any]] = field(default_factory=list)  # new worker events
+    metrics: dict[str, Any] | None = None  # a new loss and metrics report: iteration, at, loss, metrics
     formed: bool = False
     lost: list[tuple[int, int]] = field(default_factory=list)  # (rank, exit code) gone without a report
     ended: Literal["finished", "stopped", "killed"] | None = None
@@ -103,6 +105,7 @@ class Segment:
         self._ready: set[int] = set()
         self._errors: dict[int, dict[str, Any]] = {}
         self._progress: tuple[int, float] | None = None
+        self._metrics_text = ""
         self._last_change = 0.0
         self._error_seen_at: float | None = None
         self._end_seen_at: float | None = None
@@ -121,6 +124,7 @@ class Segment:
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout, wait_for_workers=False)
         self.store.set(KEY_EVENTS, "")
         self.store.set(KEY_PROGRESS, "")
+        self.store.set(KEY_METRICS, "")
         job_path = self.folder / f"job-segment{self.index}.json"
         self.job.write(job_path)
         (self.folder / "logs").mkdir(parents=True, exist_ok=True)
@@ -208,15 +212,23 @@ class Segment:
                 self._progress = progress
                 self._last_change = time.monotonic()
 
+    def _read_metrics(self) -> dict[str, Any] | None:
+        text = self.store.get(KEY_METRICS).decode("utf-8", errors="replace")
+        if not text or text == self._metrics_text:
+            return None
+        self._metrics_text = text
+        return json.loads(text)
+
     def poll(self) -> SegmentPoll:
         """What happened since the last poll; raises when waiting on would hang."""
         now = time.monotonic()
         events = self._new_events()
         self._read_progress()
+        metrics = self._read_metrics()
         codes = [p.exitcode for p in self.procs]
         if any(c not in (None, 0) for c in codes):
             events += self._new_events()  # an error report may have landed just before the exit
-        out = SegmentPoll(events=events, formed=len(self._ready) == len(self.slots))
+        out = SegmentPoll(events=events, formed=len(self._ready) == len(self.slots), metrics=metrics)
         if self._progress is not None:
             out.iteration, out.iteration_at = self._progress
         if out.formed and self.formed_at is None:

@@ -17,6 +17,14 @@ A re-plan is called for only then, and only once the window is full and the
 certain violation has held for at least one bin width. That last condition is
 ours, not the paper's: it keeps a single outlying poll from triggering a
 switch, whose overheads (stop, relaunch) a transient slowdown never repays.
+
+Srifty's K = 5 minutes fits jobs of hours. A 30-second job would never fill
+such a window: it would show no throughput and never re-plan. So the window
+scales with the job (`auto_window_s`): a tenth of its expected length (the
+time limit, or the plan's predicted time when that is shorter or there is no
+limit), at most K, at least `WINDOW_MIN_S` and at least two predicted
+iterations per bin. A resumed run's monitor also counts what earlier sessions
+spent (`spent_before_usd`; their time is in `start`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,11 @@ import numpy as np
 
 from thrifty.runtime.providers.base import Machine
 
-__all__ = ["ThroughputWindow", "Verdict", "ProgressMonitor", "window_throughput", "spent_cost", "projected_cost"]
+__all__ = ["ThroughputWindow", "Verdict", "ProgressMonitor", "window_throughput", "spent_cost", "projected_cost",
+           "auto_window_s", "WINDOW_MAX_S", "WINDOW_MIN_S"]
+
+WINDOW_MAX_S = 300.0  # Srifty's K
+WINDOW_MIN_S = 2.0  # shorter windows measure the polling more than the job
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,19 @@ def window_throughput(times: Iterable[float], iterations: Iterable[float], end: 
     return ThroughputWindow(mean, sd, mean + _t95(bins - 1) * sd / math.sqrt(bins), bins, span_s)
 
 
+def auto_window_s(time_limit_s: float | None, predicted_total_s: float | None, iteration_s: float | None = None,
+                  bins: int = 10) -> float:
+    """The monitor's window for a job: a tenth of its expected length (the
+    shorter of the time limit and the predicted total time, whichever are
+    known), at most `WINDOW_MAX_S` (Srifty's K); at least `WINDOW_MIN_S`, and
+    at least two predicted iterations in each of the `bins` bins, so that no
+    bin is empty by construction."""
+    known = [t for t in (time_limit_s, predicted_total_s) if t is not None and t > 0]
+    window = min(WINDOW_MAX_S, min(known) / 10) if known else WINDOW_MAX_S
+    floor = max(WINDOW_MIN_S, 2 * bins * iteration_s if iteration_s else 0.0)
+    return max(window, floor)
+
+
 def spent_cost(machines: Iterable[Machine], now: float, min_billed_s: float = 60.0) -> float:
     """What the machines have cost so far (per-second billing with a minimum)."""
     return sum(m.cost_usd(now=now, min_billed_s=min_billed_s) for m in machines)
@@ -109,16 +134,20 @@ class ProgressMonitor:
     """Observes (time, iterations done) and judges the progress.
 
     `start` is the run's start (unix seconds): elapsed time counts from it, as
-    the plan's total time (launch overhead included) does.
+    the plan's total time (launch overhead included) does; a resumed run's
+    start lies that much earlier than its session's, by the time earlier
+    sessions spent. `spent_before_usd` is what they cost.
     """
 
     def __init__(self, total_iterations: int, time_limit_s: float | None, cost_limit_usd: float | None,
-                 start: float, window_s: float = 300.0, bins: int = 10, min_billed_s: float = 60.0):
+                 start: float, window_s: float = 300.0, bins: int = 10, min_billed_s: float = 60.0,
+                 spent_before_usd: float = 0.0):
         if window_s <= 0 or bins < 2:
             raise ValueError(f"window_s {window_s} must be positive and bins {bins} at least 2")
         self.total_iterations = total_iterations
         self.time_limit_s, self.cost_limit_usd = time_limit_s, cost_limit_usd
         self.start, self.window_s, self.bins, self.min_billed_s = start, window_s, bins, min_billed_s
+        self.spent_before_usd = spent_before_usd
         self._points: deque[tuple[float, int]] = deque()
         self._violating_since: float | None = None
         self.iterations = 0
@@ -148,7 +177,7 @@ class ProgressMonitor:
     def check(self, now: float, machines: Iterable[Machine]) -> Verdict:
         machines = list(machines)
         elapsed = now - self.start
-        spent = spent_cost(machines, now, self.min_billed_s)
+        spent = self.spent_before_usd + spent_cost(machines, now, self.min_billed_s)
         left = self.total_iterations - self.iterations
         window = self.window(now)
         projected = optimistic = cost_mean = cost_opt = None
@@ -156,8 +185,8 @@ class ProgressMonitor:
         if window is not None and window.mean > 0:
             projected = elapsed + left / window.mean
             optimistic = elapsed + left / window.bound
-            cost_mean = projected_cost(machines, now, self.start + projected, self.min_billed_s)
-            cost_opt = projected_cost(machines, now, self.start + optimistic, self.min_billed_s)
+            cost_mean = self.spent_before_usd + projected_cost(machines, now, self.start + projected, self.min_billed_s)
+            cost_opt = self.spent_before_usd + projected_cost(machines, now, self.start + optimistic, self.min_billed_s)
             if self.time_limit_s is not None and optimistic > self.time_limit_s:
                 violation.append("time")
             if self.cost_limit_usd is not None and cost_opt > self.cost_limit_usd:

@@ -6,6 +6,10 @@ fits its problem: a training plan with a feasible status, every allocation an
 batches adding up to the problem's global batch, and each batch at least the
 machine's worker count (every worker needs a sample). Each error names the
 JSON path of the field.
+
+`plan_and_problem` takes what ``thrifty run`` and `train` accept: a plan and
+its problem, or a training problem alone (a file, a dict or a `Problem`),
+which is solved first.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ from typing import Any
 
 from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_json
+from thrifty.datasets.io import read_document, read_json
 from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
-from thrifty.solver.problem import TrainingProblem
+from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 
-__all__ = ["as_plan", "plan_from_dict", "check_plan"]
+__all__ = ["as_plan", "plan_from_dict", "check_plan", "plan_and_problem", "as_training_problem"]
 
 
 def plan_from_dict(data: Any, source: str | None = None) -> Plan:
@@ -59,12 +63,59 @@ def as_plan(plan: Plan | dict[str, Any] | str | Path) -> Plan:
     raise ProblemError(f"a plan must be a Plan, a dict or a file path, not {type(plan).__name__}")
 
 
+def _is_problem(data: Any) -> bool:
+    # a plan always has a status and an allocation; a problem has neither (its schema forbids extra keys)
+    return isinstance(data, dict) and "allocation" not in data and "status" not in data and "kind" in data
+
+
+def as_training_problem(problem: Problem | dict[str, Any] | str | Path) -> TrainingProblem:
+    from thrifty.solver.solve import as_problem
+
+    made = as_problem(problem)
+    if not isinstance(made, TrainingProblem):
+        raise ProblemError(f"is '{made.kind}', but the training runtime runs 'training' problems", path="kind")
+    return made
+
+
+def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
+                     problem: Problem | dict[str, Any] | str | Path | None) -> tuple[Plan, TrainingProblem]:
+    """(plan, problem) from a plan and its problem, or from a training problem
+    alone (given in place of the plan, as a file, a dict or a `Problem`),
+    solved here; the plan may be infeasible (`Plan.feasible`)."""
+    if plan is None:
+        raise ProblemError("nothing to run: give a plan and its problem, or a training problem")
+    source = str(plan) if isinstance(plan, (str, Path)) else None
+    data: Any = plan
+    if isinstance(plan, (str, Path)):
+        data = read_document(plan)
+    if isinstance(plan, (TrainingProblem, TuningProblem)) or _is_problem(data):
+        if problem is not None:
+            raise ProblemError("is a problem, and another problem is given with it: give a plan with its problem, "
+                               "or the problem alone", source=source)
+        if isinstance(plan, (TrainingProblem, TuningProblem)):
+            given: Problem = plan
+        elif source is not None:
+            given = load_problem(source)  # resolves the file's relative paths
+        else:
+            given = parse_problem(data)
+        from thrifty.solver.solve import solve
+
+        training = as_training_problem(given)
+        return solve(training), training
+    if problem is None:
+        raise ProblemError("--problem PROBLEM.json is required with a plan (problem= in train()): the runtime "
+                           "re-plans with it", source=source)
+    made = plan if isinstance(plan, Plan) else plan_from_dict(data, source=source)
+    return made, as_training_problem(problem)
+
+
 def check_plan(plan: Plan, problem: TrainingProblem, catalog: Catalog) -> None:
     """Raise a `ProblemError` naming the field when `plan` cannot run `problem`."""
     if plan.kind != "training":
         raise ProblemError(f"is '{plan.kind}', but the training runtime runs 'training' plans", path="kind")
     if not plan.feasible:
-        raise ProblemError(f"is '{plan.status}': there is nothing to run", path="status")
+        why = f" ({plan.infeasibility.reason})" if plan.infeasibility is not None and plan.infeasibility.reason else ""
+        raise ProblemError(f"is '{plan.status}': there is nothing to run{why}", path="status")
     if not plan.allocation:
         raise ProblemError("is empty", path="allocation")
     quotas = {(c.instance_type, c.market): c.quota for c in problem.instances}

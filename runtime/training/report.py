@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["timeline", "format_timeline", "plot_run"]
+__all__ = ["timeline", "format_timeline", "plot_run", "run_figure"]
 
 _KEY_EVENTS = ("start", "launch", "world_formed", "preemption", "slowdown", "replan", "replan_kept",
                "replan_infeasible", "segment_end", "finish", "error")
@@ -81,60 +81,138 @@ def format_timeline(rows: Sequence[tuple[float, str, str]]) -> str:
     return "\n".join(lines)
 
 
-def plot_run(events: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> None:
-    """Iterations and spent cost over time, each plan's predicted progress,
-    the preemptions and re-plans, and the limits."""
-    from thrifty.runtime.plots import pyplot, save_png
+_MARKERS = {  # event: (line style, marker at the top of the axes, label); distinct even when at one time
+    "preemption": ({"color": "#c44e52", "lw": 1.6, "ls": "-"}, "v", "preemption"),
+    "replan": ({"color": "#8172b2", "lw": 1.4, "ls": (0, (5, 2, 1, 2))}, "D", "re-plan"),
+    "replan_kept": ({"color": "#937860", "lw": 1.2, "ls": (0, (1, 2))}, "o", "re-plan: plan kept"),
+    "replan_infeasible": ({"color": "#937860", "lw": 1.2, "ls": (0, (3, 2))}, "X", "re-plan: no plan fits"),
+    "slowdown": ({"color": "#dd8452", "lw": 1.2, "ls": (0, (1, 1))}, "s", "violation certain"),
+}
+_NUDGE_PT = 3.5  # points between event lines that fall at (nearly) the same time
+
+
+def _event_marks(events: Sequence[dict[str, Any]], span_s: float) -> list[tuple[str, float, float]]:
+    """(event, time, offset in points) of the events drawn as vertical lines:
+    an event within 0.5% of the time axis of the one before it is moved
+    `_NUDGE_PT` points further right, so lines at one time stay apart."""
+    marks: list[tuple[str, float, float]] = []
+    for e in sorted((e for e in events if e["event"] in _MARKERS), key=lambda e: e["elapsed_s"]):
+        t = e["elapsed_s"]
+        offset = 0.0
+        if marks and t - marks[-1][1] <= 0.005 * span_s:
+            offset = marks[-1][2] + _NUDGE_PT
+        marks.append((e["event"], t, offset))
+    return marks
+
+
+def _mark_text(kind: str, events: Sequence[dict[str, Any]], t: float) -> str:
+    e = next(e for e in events if e["event"] == kind and e["elapsed_s"] == t)
+    if kind == "preemption":
+        return f"{e.get('machine_id') or e['instance_type']} preempted"
+    if kind == "replan":
+        return f"re-planned: {e['new_config']}"
+    return _MARKERS[kind][2]
+
+
+def run_figure(events: Sequence[dict[str, Any]], title: str | None = None):
+    """The figure of `plot_run` and a record of what it drew
+    (`thrifty.runtime.plots.PlotRecord`: series ``actual``, ``spent`` and
+    ``predicted: CONFIG``; ``notes["marks"]``, the (event, time, offset in
+    points) of each event line)."""
+    from matplotlib import transforms
+    from matplotlib.lines import Line2D
+
+    from thrifty.runtime.plots import PlotRecord, pyplot, wrap_title
 
     plt = pyplot()
-    fig, (ax_it, ax_cost) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=120, sharex=True)
+    fig, (ax_it, ax_cost) = plt.subplots(2, 1, figsize=(8, 7), dpi=120, sharex=True, layout="constrained")
+    rec = PlotRecord()
+    handles = []
     start = next(e for e in events if e["event"] == "start")
     total = start["iterations"]
-    progress = sorted((e["elapsed_s"], e["iterations"]) for e in events if e["event"] == "throughput")
-    progress += [(e["elapsed_s"], e["iteration"]) for e in events if e["event"] == "checkpoint"]
-    progress.sort()
+    progress = sorted([(e["elapsed_s"], e["iterations"]) for e in events if e["event"] == "throughput"]
+                      + [(e["elapsed_s"], e["iteration"]) for e in events if e["event"] == "checkpoint"])
     if progress:
-        ax_it.plot([t for t, _ in progress], [n for _, n in progress], ".-", color="#4c72b0", ms=3,
-                   label="actual (reports and checkpoints)")
+        ax_it.plot(*zip(*progress), ".-", color="#4c72b0", ms=4, zorder=3)
+        handles.append(Line2D([], [], color="#4c72b0", marker=".", label="actual (reports and checkpoints)"))
+        rec.series["actual"] = progress
     predictions = [(0.0, 0, start["plan"]["predicted"], _config(start["plan"]), None)]
     for e in events:
         if e["event"] == "replan":
-            base = total - e["problem"]["iterations"]
-            predictions.append((e["elapsed_s"], base, e["plan"]["predicted"], e["new_config"], e["problem"]["launch_s"]))
+            predictions.append((e["elapsed_s"], total - e["problem"]["iterations"], e["plan"]["predicted"],
+                                e["new_config"], e["problem"]["launch_s"]))
     colors = ["#55a868", "#dd8452", "#8172b2", "#937860"]
     for k, (t0, base, predicted, config, launch) in enumerate(predictions):
-        launch = start["plan"]["predicted"]["total_s"] - total * predicted["iteration_s"] if launch is None else launch
-        t_run = t0 + launch
-        t_end = t0 + predicted["total_s"]
-        ax_it.plot([t0, t_run, t_end], [base, base, total], "--", color=colors[k % len(colors)],
-                   label=f"predicted: {config}")
+        if launch is None:
+            launch = start["plan"]["predicted"]["total_s"] - total * predicted["iteration_s"]
+        line = [(t0, base), (t0 + launch, base), (t0 + predicted["total_s"], total)]
+        color = colors[k % len(colors)]
+        ax_it.plot(*zip(*line), "--", color=color, lw=1.4, zorder=2)
+        handles.append(Line2D([], [], color=color, ls="--", label=f"predicted: {config}"))
+        rec.series[f"predicted: {config}"] = line
     spent = [(e["elapsed_s"], e["spent_usd"]) for e in events if e["event"] == "throughput"]
     finish = next((e for e in events if e["event"] == "finish"), None)
     if finish is not None:
         spent.append((finish["elapsed_s"], finish["cost_usd"]))
+    spent.sort()
     if spent:
-        ax_cost.step([t for t, _ in spent], [c for _, c in spent], where="post", color="#4c72b0",
-                     label="spent (per-second billing, 60 s minimum)")
+        ax_cost.step(*zip(*spent), where="post", color="#4c72b0", marker=".", ms=4, zorder=3)
+        handles.append(Line2D([], [], color="#4c72b0", label="spent (per-second billing, 60 s minimum)"))
+        rec.series["spent"] = spent
     limits = start.get("limits") or {}
-    for ax in (ax_it, ax_cost):
-        for e in events:
-            if e["event"] == "preemption":
-                ax.axvline(e["elapsed_s"], color="#c44e52", lw=1.2)
-            elif e["event"] == "replan":
-                ax.axvline(e["elapsed_s"], color="#8172b2", lw=1, ls=":")
-        if limits.get("time_s") is not None:
-            ax.axvline(limits["time_s"], color="black", ls="--", lw=1)
-    ax_it.plot([], [], color="#c44e52", label="preemption")
-    ax_it.plot([], [], color="#8172b2", ls=":", label="re-plan")
     if limits.get("time_s") is not None:
-        ax_it.plot([], [], color="black", ls="--", label=f"time limit {limits['time_s']:g} s")
+        for ax in (ax_it, ax_cost):
+            ax.axvline(limits["time_s"], color="black", ls="--", lw=1)
+        handles.append(Line2D([], [], color="black", ls="--", label=f"time limit {limits['time_s']:g} s"))
     if limits.get("cost_usd") is not None:
-        ax_cost.axhline(limits["cost_usd"], color="#dd8452", ls="--", lw=1, label=f"budget ${limits['cost_usd']:g}")
+        ax_cost.axhline(limits["cost_usd"], color="#dd8452", ls="--", lw=1)
+        handles.append(Line2D([], [], color="#dd8452", ls="--", label=f"budget ${limits['cost_usd']:g}"))
+
+    times = [e["elapsed_s"] for e in events] + [v for v in (limits.get("time_s"),) if v is not None]
+    marks = _event_marks(events, max(times) - min(times) or 1.0)
+    rec.notes["marks"] = marks
+    seen = set()
+    for k, (kind, t, offset) in enumerate(marks):
+        style, marker, label = _MARKERS[kind]
+        level = int(round(offset / _NUDGE_PT))  # events at one time: markers stacked downwards
+        for ax in (ax_it, ax_cost):
+            line = transforms.offset_copy(ax.get_xaxis_transform(), fig=fig, x=offset, units="points")
+            ax.plot([t, t], [0, 1], transform=line, zorder=4, **style)
+            top = transforms.offset_copy(ax.get_xaxis_transform(), fig=fig, x=offset, y=-12 * level,
+                                         units="points")
+            ax.plot([t], [1.0], transform=top, marker=marker, ms=7, color=style["color"], mec="black",
+                    mew=0.6, clip_on=False, zorder=5)
+        if len(marks) <= 6:  # name each event beside its marker, away from the one it shares a time with
+            left = level == 0 and k + 1 < len(marks) and marks[k + 1][2] > 0
+            at = transforms.offset_copy(ax_it.get_xaxis_transform(), fig=fig, x=offset + (-7 if left else 7),
+                                        y=-12 * level - (4 if level == 0 else 0), units="points")
+            ax_it.text(t, 1.0, _mark_text(kind, events, t), transform=at, fontsize=7.5,
+                       va="top" if level == 0 else "center",
+                       ha="right" if left else "left", color=style["color"], zorder=6,
+                       bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+        if kind not in seen:
+            seen.add(kind)
+            handles.append(Line2D([], [], marker=marker, ms=6, mec="black", mew=0.6, **style, label=label))
+    ax_cost.set_ylim(bottom=0)
+    ax_it.set_ylim(-0.03 * total, total * 1.2)  # a band above the finish for the events' names
     ax_it.set_ylabel("iterations done")
-    ax_it.set_title(title or "training run: progress against the plans")
     ax_cost.set_ylabel("spent (USD)")
     ax_cost.set_xlabel("time since start (s)")
     for ax in (ax_it, ax_cost):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
-    save_png(plt, fig, path)
+    rec.title = wrap_title(title or "training run: progress against the plans", 8, 12)
+    fig.suptitle(rec.title, fontsize=12)
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    rec.notes["handles"] = [h.get_label() for h in handles]
+    return fig, rec
+
+
+def plot_run(events: Sequence[dict[str, Any]], path: str | Path, title: str | None = None):
+    """Iterations and spent cost over time, each plan's predicted progress,
+    the preemptions and re-plans (lines with a marker on top, moved apart when
+    they fall at one time), and the limits; returns what it drew (`run_figure`)."""
+    from thrifty.runtime.plots import pyplot, save_png
+
+    fig, rec = run_figure(events, title)
+    save_png(pyplot(), fig, path)
+    return rec

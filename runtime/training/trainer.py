@@ -10,12 +10,19 @@ worker processes on this host, under torchrun and on other machines.
 The loss must average over the batch (PyTorch's default ``reduction="mean"``):
 gradient reweighting (Srifty 4.5, `thrifty.runtime.training.reweight`) turns
 each rank's mean into its share of the global-batch mean.
+
+Every run reports its training loss (the global-batch mean, reduced over the
+ranks) without the trainer doing anything. A trainer may also report metrics
+of its own: ``metrics(outputs, targets) -> {"name": value}``, batch means
+computed on the training batch it was given (e.g. accuracy); the runtime calls
+it only on the iterations it reports (about once a second), so it costs
+nothing on the others, and weights each rank's values by its batch share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError, ThriftyError
@@ -28,12 +35,15 @@ class Trainer:
     """Four factories: ``model() -> nn.Module``, ``optimizer(parameters) ->
     Optimizer``, ``dataset() -> Dataset`` (map-style: ``len`` and
     ``dataset[i] -> (inputs, target)``; a ``TensorDataset`` is sliced
-    directly) and ``loss(outputs, targets) -> scalar`` (a batch mean)."""
+    directly) and ``loss(outputs, targets) -> scalar`` (a batch mean); and
+    optionally ``metrics(outputs, targets) -> Mapping[str, float]`` (batch
+    means, reported with the loss; outputs are detached)."""
 
     model: Callable[[], Any]
     optimizer: Callable[[Any], Any]
     dataset: Callable[[], Any]
     loss: Callable[[Any, Any], Any]
+    metrics: Callable[[Any, Any], Mapping[str, Any]] | None = field(default=None, kw_only=True)
 
 
 def trainer_spec(trainer: str | Callable[..., Any]) -> str:
@@ -67,8 +77,9 @@ def load_trainer(spec: str, args: Mapping[str, Any] | None = None) -> Trainer:
             f"trainer '{spec}' returned a {type(made).__name__}, but must return "
             "thrifty.runtime.training.Trainer(model=..., optimizer=..., dataset=..., loss=...)"
         )
-    for name in ("model", "optimizer", "dataset", "loss"):
-        if not callable(getattr(made, name)):
-            raise ProblemError(f"trainer '{spec}': {name} is a {type(getattr(made, name)).__name__}, "
-                               "but must be callable")
+    for name in ("model", "optimizer", "dataset", "loss", "metrics"):
+        value = getattr(made, name)
+        if not callable(value) and not (name == "metrics" and value is None):
+            raise ProblemError(f"trainer '{spec}': {name} is a {type(value).__name__}, but must be callable"
+                               + (" or None" if name == "metrics" else ""))
     return made

@@ -12,7 +12,11 @@ Rank, world size and the rendezvous come from the torchrun environment
 ``init_method="env://"``); gloo on CPU, NCCL on GPUs. Each rank trains on its
 own local batch (`sharding`), its gradient is weighted by its share of the
 global batch before DDP's average (`reweight`), and every `checkpoint_every` iterations (or seconds, or when
-asked to stop) rank 0 writes an atomic checkpoint (`checkpoint`).
+asked to stop) rank 0 writes an atomic checkpoint (`checkpoint`). About once
+every `metrics_every_s` the ranks report the training loss (the global-batch
+mean: each rank's mean weighted by its batch share) and the trainer's own
+metrics, gathered on rank 0; the decision to report travels in the per-iteration
+flags all-reduce, so every rank takes part in the same iterations.
 
 When the thrifty driver launched it (``THRIFTY_CONTROL=1``; the driver hosts
 the rendezvous store, as torchrun's agent does with
@@ -58,11 +62,12 @@ from thrifty.runtime.training.sharding import ShardedStream, rank_offsets
 from thrifty.runtime.training.trainer import Trainer, load_trainer
 
 __all__ = ["main", "run_worker", "fetch_batch", "train_step", "prime_buckets", "single_process_reference",
-           "KEY_EVENTS", "KEY_PROGRESS", "KEY_STOP"]
+           "combine_reports", "KEY_EVENTS", "KEY_PROGRESS", "KEY_STOP", "KEY_METRICS"]
 
 KEY_EVENTS = "thrifty/events"  # JSON lines appended by the workers
 KEY_PROGRESS = "thrifty/progress"  # "<iterations done> <unix time>", set by rank 0
 KEY_STOP = "thrifty/stop"  # set by the driver: checkpoint and stop
+KEY_METRICS = "thrifty/metrics"  # the latest loss and metrics (JSON), set by rank 0
 TIMING_WARMUP = 3  # iterations left out of the throughput a finished world reports
 
 
@@ -94,6 +99,13 @@ class Control:
     def stop_requested(self) -> bool:
         return self.store is not None and self.store.check([KEY_STOP])
 
+    def metrics(self, report: dict[str, Any]) -> None:
+        # one key overwritten, not an event appended: the driver reads it every poll
+        if self.store is not None:
+            self.store.set(KEY_METRICS, json.dumps({"at": time.time(), **report}))
+        elif self.rank == 0:
+            print(f"[thrifty worker] metrics: {report}", flush=True)
+
 
 def fetch_batch(dataset: Any, indices: np.ndarray, device: Any) -> tuple[Any, Any]:
     """The samples at `indices` as one batch ``(inputs, targets)``; a
@@ -114,11 +126,50 @@ def _scaled_loss(loss_fn: Any, scale: float, outputs: Any, targets: Any) -> Any:
 
 
 def train_step(model: Any, optimizer: Any, loss_fn: Any, inputs: Any, targets: Any) -> Any:
+    return _step(model, optimizer, loss_fn, inputs, targets)[0]
+
+
+def _step(model: Any, optimizer: Any, loss_fn: Any, inputs: Any, targets: Any) -> tuple[Any, Any]:
+    """One optimizer step; (the loss, the detached outputs) for reports."""
     optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(model(inputs), targets)
+    outputs = model(inputs)
+    loss = loss_fn(outputs, targets)
     loss.backward()
     optimizer.step()
-    return loss
+    return loss, outputs.detach() if isinstance(outputs, torch.Tensor) else outputs
+
+
+def _rank_report(trainer: Trainer, spec: str, loss: Any, loss_unscale: float, outputs: Any,
+                 targets: Any) -> tuple[float, dict[str, float]]:
+    """This rank's batch-mean loss (undoing the reweighting's loss scale) and
+    the trainer's metrics on its batch."""
+    values: dict[str, float] = {}
+    if trainer.metrics is not None:
+        with torch.no_grad():
+            got = _call(spec, "metrics", trainer.metrics, outputs, targets)
+        if not isinstance(got, Mapping):
+            raise ProblemError(f"trainer '{spec}': metrics() returned a {type(got).__name__}, but must return a "
+                               "mapping of names to numbers")
+        for name, value in got.items():
+            try:
+                values[str(name)] = float(value)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ProblemError(f"trainer '{spec}': metrics() gave {name!r} = {value!r}, which is not a "
+                                   "number") from e
+    return float(loss.detach().item()) * loss_unscale, values
+
+
+def combine_reports(reports: Sequence[tuple[float, Mapping[str, float]]], batches: Sequence[int]) -> dict[str, Any]:
+    """The ranks' batch means as global-batch means: each weighted by its
+    rank's batch share (a metric that only some ranks report, over those)."""
+    total = sum(batches)
+    loss = sum(b * r[0] for b, r in zip(batches, reports)) / total
+    names = sorted({name for _, values in reports for name in values})
+    metrics = {}
+    for name in names:
+        pairs = [(b, values[name]) for b, (_, values) in zip(batches, reports) if name in values]
+        metrics[name] = sum(b * v for b, v in pairs) / sum(b for b, _ in pairs)
+    return {"loss": loss, "metrics": metrics}
 
 
 def prime_buckets(ddp: Any, loss_fn: Any, inputs: Any, targets: Any, cuda_device: Any = None) -> None:
@@ -214,10 +265,10 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
         model.load_state_dict(state["model"])
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
     batch = job.batches[rank]
-    loss_fn = trainer.loss
+    loss_fn, loss_unscale = trainer.loss, 1.0
     if job.weighting == "batch":  # Srifty 4.5: weight this rank's gradient by b_r * W / B before the average
         scale = loss_scale(batch, job.global_batch, world_size)
-        loss_fn = functools.partial(_scaled_loss, trainer.loss, scale)
+        loss_fn, loss_unscale = functools.partial(_scaled_loss, trainer.loss, scale), 1.0 / scale
     elif job.weighting == "hook":
         register_reweighting(ddp, batch, job.global_batch)
     optimizer = _call(job.trainer, "optimizer", trainer.optimizer, ddp.parameters())
@@ -249,10 +300,19 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
             })
             control.post("checkpoint", iteration=done, save_s=seconds, bytes=size)
 
-    flags = torch.zeros(2, dtype=torch.int64, device=device)
-    last_checkpoint_at = time.monotonic()
+    def report(done: int, loss: Any, outputs: Any, targets: Any) -> None:
+        mine = _rank_report(trainer, job.trainer, loss, loss_unscale, outputs, targets)
+        gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank == 0:
+            control.metrics({"iteration": done, **combine_reports(gathered, job.batches)})
+
+    # flags, agreed on by every rank after each iteration: [stop, checkpoint now (time), report next]
+    flags = torch.zeros(3, dtype=torch.int64, device=device)
+    last_checkpoint_at = last_report_at = time.monotonic()
     timing_from: tuple[int, float] | None = None
     done, stopped = start, False
+    report_next = job.metrics_every_s is not None  # the first iteration of a world reports
     while done < job.iterations and not stopped:
         for f in faults:
             if f.at_iteration == done and f.kind in ("kill", "notice", "hang"):
@@ -261,17 +321,23 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
         if extra > 0:
             time.sleep(extra)
         inputs, targets = fetch_batch(dataset, stream.indices(done), device)
-        train_step(ddp, optimizer, loss_fn, inputs, targets)
+        loss, outputs = _step(ddp, optimizer, loss_fn, inputs, targets)
         done += 1
+        if report_next or (job.metrics_every_s is not None and done == job.iterations):
+            report(done, loss, outputs, targets)
+            last_report_at = time.monotonic()
+        del loss, outputs
         if done == start + TIMING_WARMUP:
             timing_from = (done, time.perf_counter())
         flags.zero_()
         if rank == 0:
+            now = time.monotonic()
             flags[0] = int(control.stop_requested())
-            flags[1] = int(job.checkpoint_every_s is not None
-                           and time.monotonic() - last_checkpoint_at >= job.checkpoint_every_s)
+            flags[1] = int(job.checkpoint_every_s is not None and now - last_checkpoint_at >= job.checkpoint_every_s)
+            flags[2] = int(job.metrics_every_s is not None and now - last_report_at >= job.metrics_every_s)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         stopped = bool(flags[0].item())
+        report_next = bool(flags[2].item())
         due = job.checkpoint_every is not None and done % job.checkpoint_every == 0
         if stopped or due or bool(flags[1].item()) or done == job.iterations:
             checkpoint(done)
@@ -334,6 +400,8 @@ def _parse(argv: Sequence[str] | None) -> JobSpec:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds any collective may wait")
+    parser.add_argument("--metrics-every", type=float, default=1.0, metavar="SECONDS",
+                        help="report the loss and the trainer's metrics this often (0: never)")
     args = parser.parse_args(argv)
     if args.job:
         return JobSpec.read(args.job)
@@ -350,7 +418,8 @@ def _parse(argv: Sequence[str] | None) -> JobSpec:
     return JobSpec(trainer=args.trainer, trainer_args=trainer_args, global_batch=sum(batches),
                    iterations=args.iterations, batches=batches, checkpoint_path=args.checkpoint,
                    checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads,
-                   backend=args.backend, timeout_s=args.timeout)
+                   backend=args.backend, timeout_s=args.timeout,
+                   metrics_every_s=args.metrics_every if args.metrics_every > 0 else None)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

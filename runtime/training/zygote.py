@@ -55,7 +55,7 @@ def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in a for
         die_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the umask decides
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.environ.update(request["env"])

@@ -1,0 +1,114 @@
+"""A run's directory: what a run needs to be resumed with nothing but its path.
+
+::
+
+    RUN_DIR/
+      run.json         the run record: plan (the current one), problem, trainer, trainer args,
+                       run settings; written atomically at the start and after each re-plan
+      run.jsonl        the run log, one JSON object per line (`runlog`), appended by every session
+      checkpoint.pt    the last checkpoint (atomic)
+      job-segment*.json, logs/   what each world of workers was asked to do, and its output
+
+The default directory of a new run is ``./thrifty-runs/RUN_ID`` (under the
+working directory, like ``lightning_logs/`` or ``mlruns/``; ``thrifty-runs/``
+is in the repository's ``.gitignore``). ``thrifty run --resume RUN_DIR`` (or
+``train(resume=RUN_DIR)``) reads the record and continues from the checkpoint;
+`spent_before` reads from the log what the earlier sessions already spent, so
+the limits count the whole run. Files follow the umask, as any file the user
+creates (`thrifty.datasets.io`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.io import read_json, write_json
+
+__all__ = ["RUN_RECORD_FORMAT", "RUNS_FOLDER", "RunRecord", "new_run_id", "default_run_dir", "write_run_record",
+           "read_run_record", "spent_before", "absolute_paths"]
+
+RUN_RECORD_FORMAT = "thrifty.run/1"
+RUNS_FOLDER = "thrifty-runs"
+RECORD_NAME = "run.json"
+
+
+def new_run_id() -> str:
+    """A run id that sorts by start time: ``20250102-153000-1a2b``."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def default_run_dir(run_id: str) -> Path:
+    return Path.cwd() / RUNS_FOLDER / run_id
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What `train` was asked to run, as JSON values."""
+
+    run_id: str
+    plan: dict[str, Any]  # the current plan (the last re-plan's), DESIGN.md plan keys
+    problem: dict[str, Any]  # with absolute file paths, so a resume works from any folder
+    trainer: str
+    trainer_args: dict[str, Any]
+    config: dict[str, Any]  # RunConfig fields as given (window_s None: automatic)
+    first_plan: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": RUN_RECORD_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+
+def absolute_paths(problem: dict[str, Any]) -> dict[str, Any]:
+    """The problem's file references (catalog, allreduce model, model
+    profile) made absolute where they name existing files."""
+    out = dict(problem)
+    for key in ("catalog", "allreduce", "model"):
+        value = out.get(key)
+        if isinstance(value, str) and Path(value).exists():
+            out[key] = str(Path(value).resolve())
+    return out
+
+
+def write_run_record(folder: str | Path, record: RunRecord) -> None:
+    write_json(Path(folder) / RECORD_NAME, record.to_dict())
+
+
+def read_run_record(folder: str | Path) -> RunRecord | None:
+    """The record in `folder`; None when there is none (a run directory
+    written before records existed, or not a run directory)."""
+    path = Path(folder) / RECORD_NAME
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format") != RUN_RECORD_FORMAT:
+        raise ProblemError(f"is not a thrifty run record (format must be {RUN_RECORD_FORMAT!r})", source=str(path))
+    try:
+        return RunRecord(**{f.name: data[f.name] for f in fields(RunRecord) if f.name in data})
+    except TypeError as e:
+        raise ProblemError(f"is not a valid run record: {e}", source=str(path)) from None
+
+
+def spent_before(events: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """(seconds, USD) the sessions of the current run have spent so far, from
+    its run log: the run's clock and its spending are totals in every line
+    (``elapsed_s``; ``spent_usd``, ``cost_usd`` of ``finish``, ``carried_usd``
+    of ``start``), so the largest since the run's first ``start`` is the
+    answer, as of the log's last line (a session killed outright loses what
+    it spent after that, at most a throughput-log period)."""
+    first = 0
+    for i, e in enumerate(events):
+        if e.get("event") == "start" and not e.get("resumed"):
+            first = i  # a new run in the same folder: what came before is another run's
+    seconds = usd = 0.0
+    for e in events[first:]:
+        seconds = max(seconds, float(e.get("elapsed_s") or 0.0))
+        for key in ("spent_usd", "carried_usd") + (("cost_usd",) if e.get("event") == "finish" else ()):
+            value = e.get(key)
+            if isinstance(value, (int, float)):
+                usd = max(usd, float(value))
+    return seconds, usd
