@@ -4,21 +4,24 @@ Each plot is two functions: ``*_figure`` builds the figure and returns it with
 a `PlotRecord` of what it drew (the points of each series, the annotations,
 the title), so tests can check the picture's content; ``plot_*`` saves it.
 Figures use matplotlib's constrained layout, titles are wrapped to the
-figure's width, legends sit outside the axes, and annotations are placed
-where they overlap neither each other nor the axes' edges.
+figure's width, legends sit outside the axes, mathtext is off (a "$" is a
+dollar), annotations are placed where they overlap neither each other nor
+the axes' edges, and markers drawn on top of each other are magnified in
+zoom panels. Every text stays inside the figure (tests/test_plots.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PlotRecord", "plot_training_plan", "plot_tuning_plan", "training_plan_figure",
-           "tuning_plan_figure", "pareto_front", "pyplot", "save_png", "wrap_title", "place_annotation",
-           "padded_limits"]
+__all__ = ["TUNING_PLANNERS", "PlotRecord", "crowded_groups", "literal_text", "padded_limits", "pareto_front",
+           "place_annotation", "plot_training_plan", "plot_tuning_plan", "pyplot", "save_png",
+           "training_plan_figure", "tuning_plan_figure", "wrap_title"]
 
 FILL_MIN_POINTS = 200  # below this many recorded candidates, the plot adds lower bounds of the rest
 LOG_RATIO = 30.0       # an axis whose data span more than this factor is drawn on a log scale
@@ -44,6 +47,19 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def literal_text(build):
+    """`build` (a function that makes a figure) run with matplotlib's mathtext
+    off, so that the dollars of two costs in one label ("$0.07, more than
+    $0.06") are drawn as dollars, not as the ends of a formula."""
+
+    @functools.wraps(build)
+    def with_literal_text(*args, **kwargs):
+        with pyplot().rc_context({"text.parse_math": False}):
+            return build(*args, **kwargs)
+
+    return with_literal_text
 
 
 def save_png(plt, fig, path: str | Path) -> None:
@@ -165,6 +181,28 @@ def _text_box(ann, renderer):
 
 # -- training plans ------------------------------------------------------------------
 
+NEAREST_MARKERS = ["D", "P", "X", "s", "^", "v", "p", "h"]
+TAGS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+MAX_ZOOMS = 3        # zoom panels under the plane, one per group of plans drawn on top of each other
+CROWDED_PX = 20.0    # plans' markers (about 15 pixels wide) closer than this overlap
+AXES_PX = (840.0, 340.0)  # about the main axes' size in pixels, to find crowded plans before the layout
+
+
+@dataclass
+class _Key:
+    """A plan the plot names: the chosen plan, or a plan that a relaxation
+    of an infeasible problem allows."""
+
+    total_s: float
+    cost_usd: float
+    label: str   # what it is, for the legend
+    text: str    # with its configuration and figures, for an annotation
+    marker: str
+    color: str
+    ms: float
+    p95_s: float | None = None
+
+
 @dataclass
 class _Plane:
     """Everything the time-cost plane shows, in (total_s, cost_usd)."""
@@ -175,23 +213,18 @@ class _Plane:
     front: list[tuple[float, float]]
     time_limit: float | None
     cost_limit: float | None
-    plan: tuple[float, float, float] | None  # time, cost, p95 time
-    nearest: list[dict[str, Any]]
+    keys: list[_Key]
 
     def key_points(self) -> list[tuple[float, float]]:
-        pts = [(self.plan[0], self.plan[1])] if self.plan else []
-        return pts + [(n["total_s"], n["cost_usd"]) for n in self.nearest]
+        return [(k.total_s, k.cost_usd) for k in self.keys]
 
     def all_points(self) -> list[tuple[float, float]]:
         return self.feasible + self.infeasible + self.bounded + self.key_points()
 
 
-NEAREST_MARKERS = ["D", "P", "X", "s", "^", "v", "p", "h"]
-
-
-def _draw_plane(ax, plane: _Plane, tags: bool = False) -> None:
-    """The plane's layers on `ax` (its limits already set); with `tags`, the
-    plan and the nearest plans are marked A, B, ... next to their markers."""
+def _draw_plane(ax, plane: _Plane, tags: dict[int, str]) -> None:
+    """The plane's layers on `ax` (its limits already set); the keys of
+    `tags` (indexes into ``plane.keys``) get their letter beside the marker."""
     from matplotlib.patches import Rectangle
 
     if plane.time_limit is not None or plane.cost_limit is not None:
@@ -218,23 +251,18 @@ def _draw_plane(ax, plane: _Plane, tags: bool = False) -> None:
         ax.plot(fx, fy, color="#8172b2", lw=1.2, zorder=3.5)
     if front:
         ax.scatter(*zip(*front), s=60, facecolors="none", edgecolors="#8172b2", linewidths=1.4, zorder=4.5)
-    labels = iter("ABCDEFGHIJ")
-    if plane.plan is not None:
-        t, c, p95 = plane.plan
-        ax.errorbar([t], [c], xerr=[[0], [max(0.0, p95 - t)]], fmt="*", ms=18, color="#55a868", mec="black",
-                    ecolor="#2f6b3a", capsize=3, zorder=6)
-        if tags:
-            ax.annotate(next(labels), (t, c), xytext=(7, 7), textcoords="offset points", fontsize=9,
-                        fontweight="bold")
-    for i, n in enumerate(plane.nearest):
-        ax.scatter([n["total_s"]], [n["cost_usd"]], s=80, marker=NEAREST_MARKERS[i % len(NEAREST_MARKERS)],
-                   c="#dd8452", edgecolors="black", zorder=6)
-        if tags:
-            ax.annotate(next(labels), (n["total_s"], n["cost_usd"]), xytext=(7, 7), textcoords="offset points",
-                        fontsize=9, fontweight="bold")
+    for i, k in enumerate(plane.keys):
+        if k.p95_s is not None and k.p95_s > k.total_s:
+            ax.errorbar([k.total_s], [k.cost_usd], xerr=[[0], [k.p95_s - k.total_s]], fmt="none",
+                        ecolor="#2f6b3a", capsize=3, zorder=5.5)
+        ax.plot([k.total_s], [k.cost_usd], ls="", marker=k.marker, ms=k.ms, color=k.color, mec="black",
+                zorder=6, label=f"_key{i}")
+        if i in tags:
+            ax.annotate(tags[i], (k.total_s, k.cost_usd), xytext=(6, 5), textcoords="offset points", fontsize=9,
+                        fontweight="bold", zorder=7)
 
 
-def _set_limits(ax, xs: list[float], ys: list[float], log_x: bool, log_y: bool, **kw) -> None:
+def _set_limits(ax, xs: list[float], ys: list[float], log_x: bool, log_y: bool) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     for log, set_scale, axis in ((log_x, ax.set_xscale, ax.xaxis), (log_y, ax.set_yscale, ax.yaxis)):
@@ -243,136 +271,116 @@ def _set_limits(ax, xs: list[float], ys: list[float], log_x: bool, log_y: bool, 
             axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.6g}"))
             axis.set_minor_formatter(NullFormatter())
-    ax.set_xlim(*padded_limits(xs, log_x, **kw))
-    ax.set_ylim(*padded_limits(ys, log_y, **kw))
+    ax.set_xlim(*padded_limits(xs, log_x))
+    ax.set_ylim(*padded_limits(ys, log_y))
 
 
-def _crowded(ax, points: list[tuple[float, float]], min_px: float = 16.0) -> bool:
-    """Whether two of `points` are drawn closer than `min_px` pixels on `ax`."""
-    import numpy as np
+def crowded_groups(points: list[tuple[float, float]], xlim: tuple[float, float], ylim: tuple[float, float],
+                   log_x: bool = False, log_y: bool = False, size_px: tuple[float, float] = AXES_PX,
+                   min_px: float = CROWDED_PX) -> list[list[int]]:
+    """Groups of `points` (indexes, largest group first) that an axes of
+    `size_px` pixels over `xlim` x `ylim` draws within `min_px` of one another,
+    linked in chains; points apart from all others are in no group."""
+    def share(v: float, lim: tuple[float, float], log: bool) -> float:
+        f = math.log10 if log else float
+        return (f(v) - f(lim[0])) / (f(lim[1]) - f(lim[0]))
 
-    if len(points) < 2:
-        return False
-    d = ax.transData.transform(np.asarray(points))
-    gaps = np.hypot(*(d[:, None, :] - d[None, :, :]).transpose(2, 0, 1))
-    return bool((gaps[np.triu_indices(len(points), 1)] < min_px).any())
+    px = [(share(x, xlim, log_x) * size_px[0], share(y, ylim, log_y) * size_px[1]) for x, y in points]
+    parent = list(range(len(px)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i in range(len(px)):
+        for j in range(i + 1, len(px)):
+            if math.dist(px[i], px[j]) < min_px:
+                parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(px)):
+        groups.setdefault(root(i), []).append(i)
+    return sorted((g for g in groups.values() if len(g) > 1), key=lambda g: (-len(g), g[0]))
 
 
-def _zoom_inset(ax, plane: _Plane, log_x: bool, log_y: bool):
-    """An inset magnifying the plan and the nearest plans when they are drawn
-    on top of one another, in the corner of the axes that covers the fewest
-    points; None when they are apart."""
-    import numpy as np
+def _zoom_limits(vals: list[float], limit: float | None) -> tuple[float, float]:
+    """A zoom panel's range around `vals`, with `limit` when it is near."""
+    span = max(vals) - min(vals) or abs(vals[0]) * 0.01 or 1.0
+    if limit is not None and abs(limit - (max(vals) + min(vals)) / 2) < 4 * span:
+        vals = vals + [limit]
+    lo, hi = min(vals), max(vals)
+    half = max((hi - lo) * 0.5 * 1.5, span)
+    return (lo + hi) / 2 - half, (lo + hi) / 2 + half
 
-    keys = plane.key_points()
-    if not _crowded(ax, keys):
-        return None
-    disp = ax.transAxes.inverted().transform(ax.transData.transform(np.asarray(plane.all_points())))
-    kx, ky = ax.transAxes.inverted().transform(ax.transData.transform(np.asarray(keys))).mean(axis=0)
-    w = h = 0.38  # corners leave room for the inset's tick labels inside the axes
-    corners = [(0.59, 0.58), (0.14, 0.58), (0.59, 0.13), (0.14, 0.13)]
 
-    def cost(corner):
-        x0, y0 = corner
-        under = ((disp[:, 0] >= x0) & (disp[:, 0] <= x0 + w) & (disp[:, 1] >= y0) & (disp[:, 1] <= y0 + h)).sum()
-        covers_keys = x0 - 0.03 <= kx <= x0 + w + 0.03 and y0 - 0.03 <= ky <= y0 + h + 0.03
-        return (1 if covers_keys else 0, int(under))
-
-    x0, y0 = min(corners, key=cost)
-    inset = ax.inset_axes([x0, y0, w, h])
-    inset.set_in_layout(False)
-    kxs, kys = [x for x, _ in keys], [y for _, y in keys]
-    # wide enough that the key points are apart, and showing any limit nearby
-    span_x = max(kxs) - min(kxs) or abs(kxs[0]) * 0.01
-    span_y = max(kys) - min(kys) or abs(kys[0]) * 0.01
-    lim_x = [v for v in (plane.time_limit,) if v is not None and abs(v - np.mean(kxs)) < 4 * span_x]
-    lim_y = [v for v in (plane.cost_limit,) if v is not None and abs(v - np.mean(kys)) < 4 * span_y]
-    for set_lim, vals, span in ((inset.set_xlim, kxs + lim_x, span_x), (inset.set_ylim, kys + lim_y, span_y)):
-        lo, hi = min(vals), max(vals)
-        mid, half = (lo + hi) / 2, max((hi - lo) * 0.5 * 1.7, span)
-        set_lim(mid - half, mid + half)
-    _draw_plane(inset, plane, tags=True)
+def _zoom_panel(ax, zax, plane: _Plane, group: list[int], number: int, tags: dict[int, str]) -> None:
+    """`zax` magnifies the keys of `group`, drawn on top of each other on
+    `ax`, where a numbered box shows the region magnified."""
+    from matplotlib.patches import Rectangle
     from matplotlib.ticker import MaxNLocator
 
-    inset.xaxis.set_major_locator(MaxNLocator(4))
-    inset.yaxis.set_major_locator(MaxNLocator(4))
-    inset.tick_params(labelsize=7)
-    inset.grid(alpha=0.3)
-    inset.set_title("zoom", fontsize=8, pad=2)
-    for artist in ax.indicate_inset_zoom(inset, edgecolor="#444444"):
-        if hasattr(artist, "set_in_layout"):
-            artist.set_in_layout(False)
-    return inset
+    x0, x1 = _zoom_limits([plane.keys[i].total_s for i in group], plane.time_limit)
+    y0, y1 = _zoom_limits([plane.keys[i].cost_usd for i in group], plane.cost_limit)
+    zax.set_xlim(x0, x1)
+    zax.set_ylim(y0, y1)
+    _draw_plane(zax, plane, {i: tags[i] for i in group})
+    zax.xaxis.set_major_locator(MaxNLocator(3))
+    zax.yaxis.set_major_locator(MaxNLocator(4))
+    zax.tick_params(labelsize=7)
+    zax.set_xlabel("time (s)", fontsize=7)
+    zax.set_ylabel("cost (USD)", fontsize=7)
+    zax.grid(alpha=0.3)
+    zax.set_title(f"zoom {number}: " + ", ".join(tags[i] for i in group), fontsize=8)
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec="#444444", lw=0.9, zorder=7))
+    ax.annotate(str(number), (x1, y1), xytext=(3, 3), textcoords="offset points", fontsize=8,
+                fontweight="bold", color="#444444", zorder=7)
 
 
-def _nearest_feasible(space, plan) -> list[dict[str, Any]]:
-    """For an infeasible plan, the plans that each relaxation of the answer
-    makes feasible, ``{label, config, total_s, cost_usd}``: the figures the
-    relaxation carries (``total_s`` and ``cost_usd``, or both limits in
-    ``needed``), else the plan found by searching the relaxed problem (on the
-    space's simulator). When no relaxation gives a plan: the cheapest and the
-    fastest plans within the quotas. The same plan is listed once."""
-    out: list[dict[str, Any]] = []
-    for r in plan.infeasibility.relaxations:
-        needed = r.get("needed")
-        what = r.get("field") or " and ".join(r.get("fields", []))
-        label = r.get("note") or f"feasible with {what} {_fmt_needed(needed)}"
-        if r.get("total_s") is not None and r.get("cost_usd") is not None and isinstance(r.get("plan"), str):
-            out.append({"label": label, "config": r["plan"], "total_s": float(r["total_s"]),
-                        "cost_usd": float(r["cost_usd"])})
-        elif isinstance(needed, dict) and {"limits.time_s", "limits.cost_usd"} <= set(needed) \
-                and isinstance(r.get("plan"), str):
-            out.append({"label": label, "config": r["plan"], "total_s": float(needed["limits.time_s"]),
-                        "cost_usd": float(needed["limits.cost_usd"])})
-        else:
-            best = _search_small(_relaxed(space, r))
-            if best is not None:
-                out.append({"label": label, "config": space.describe(best.candidate), "total_s": best.total_s,
-                            "cost_usd": best.cost_usd})
-    if not out:
-        free = space.problem.limits.model_copy(update={"time_s": None, "cost_usd": None})
-        for objective, label in (("min_cost", "the cheapest plan within the quotas"),
-                                 ("min_time", "the fastest plan within the quotas")):
-            best = _search_small(space.derive(objective=objective, limits=free))
-            if best is not None:
-                out.append({"label": label, "config": space.describe(best.candidate), "total_s": best.total_s,
-                            "cost_usd": best.cost_usd})
+def _keys(plan, plane_plan: tuple[float, float, float] | None) -> list[_Key]:
+    keys = []
+    if plane_plan is not None:
+        t, c, p95 = plane_plan
+        keys.append(_Key(t, c, f"plan ({plan.status}), bar to its p95 time",
+                         f"plan {plan.config}\n{t:,.1f} s (p95 {p95:,.1f} s), ${c:,.4f}", "*", "#55a868", 18, p95))
+    for i, n in enumerate(_nearest_feasible(plan) if not plan.feasible else []):
+        keys.append(_Key(n["total_s"], n["cost_usd"], n["label"],
+                         f"{n['label']}:\n{n['config']}\n{n['total_s']:,.1f} s, ${n['cost_usd']:,.4f}",
+                         NEAREST_MARKERS[i % len(NEAREST_MARKERS)], "#dd8452", 9))
+    return keys
+
+
+def _nearest_feasible(plan) -> list[dict[str, Any]]:
+    """For an infeasible plan, the plans its relaxations allow, ``{label,
+    config, total_s, cost_usd}``, from the relaxations that carry them
+    (``total_s`` and ``cost_usd``); a plan that several allow is listed once."""
     merged: dict[str, dict[str, Any]] = {}
-    for n in out:
-        if n["config"] in merged:
-            merged[n["config"]]["label"] += "; " + n["label"]
+    for r in plan.infeasibility.relaxations:
+        if r.get("total_s") is None or r.get("cost_usd") is None:
+            continue
+        label = r.get("note") or _relaxation_label(r)
+        config = r["plan"] if isinstance(r.get("plan"), str) else label
+        if config in merged:
+            merged[config]["label"] += "; " + label
         else:
-            merged[n["config"]] = dict(n)
+            merged[config] = {"label": label, "config": config, "total_s": float(r["total_s"]),
+                              "cost_usd": float(r["cost_usd"])}
     return list(merged.values())
 
 
-def _relaxed(space, relaxation: dict[str, Any]):
-    """`space` with one relaxation of an infeasibility answer applied, or None
-    when it names no limit or quota this knows."""
-    field_name, needed = relaxation.get("field"), relaxation.get("needed")
-    problem = space.problem
-    if field_name in ("limits.time_s", "limits.cost_usd") and isinstance(needed, (int, float)):
-        return space.derive(limits=problem.limits.model_copy(update={field_name.split(".")[1]: needed}))
-    if isinstance(field_name, str) and field_name.startswith("instances[") and isinstance(needed, int):
-        i = int(field_name[len("instances["):field_name.index("]")])
-        instances = list(problem.instances)
-        instances[i] = instances[i].model_copy(update={"quota": needed})
-        return space.derive(instances=instances)
-    return None
+def _relaxation_label(r: dict[str, Any]) -> str:
+    """A relaxation in a few words: "with instances[0].quota 4 → 7 and limits.cost_usd 1.3 → 2.53439"."""
+    if "field" in r:
+        changes = {r["field"]: (r.get("current"), r.get("needed"))}
+    else:
+        current = r.get("current") if isinstance(r.get("current"), dict) else {}
+        needed = r.get("needed") if isinstance(r.get("needed"), dict) else {}
+        changes = {f: (current.get(f), needed.get(f)) for f in r.get("fields", [])}
+    return "with " + " and ".join(f"{f} {_fmt_value(now)} \u2192 {_fmt_value(new)}" if now is not None else
+                        f"{f} {_fmt_value(new)}" for f, (now, new) in changes.items())
 
 
-def _search_small(space):
-    """The best plan of `space` by the exact search, when it is small enough to
-    search while drawing (else None)."""
-    if space is None or space.size == 0 or space.size > 50_000:
-        return None
-    from thrifty.solver.search import search_exhaustive
-
-    return search_exhaustive(space).best
-
-
-def _fmt_needed(needed: Any) -> str:
-    return f"{needed:,.4g}" if isinstance(needed, float) else str(needed)
+def _fmt_value(value: Any) -> str:
+    return f"{value:,.6g}" if isinstance(value, float) else str(value)
 
 
 def _training_points(space) -> tuple[list, list, list]:
@@ -401,54 +409,40 @@ def _plane(space, plan) -> _Plane:
     ok, bad, bounded = _training_points(space)
     limits = space.problem.limits
     p = plan.predicted if plan.feasible else None
-    return _Plane(ok, bad, bounded, pareto_front(ok + bad), limits.time_s, limits.cost_usd,
-                  (p.total_s, p.cost_usd, p.total_s_p95) if p else None,
-                  _nearest_feasible(space, plan) if not plan.feasible else [])
+    # the front of everything drawn: a bound is never above its candidate's simulated figures, so
+    # no candidate of the drawn ones is both faster and cheaper than this staircase
+    return _Plane(ok, bad, bounded, pareto_front(ok + bad + bounded), limits.time_s, limits.cost_usd,
+                  _keys(plan, (p.total_s, p.cost_usd, p.total_s_p95) if p else None))
 
 
 def _subtitle(space, plan) -> str:
     sim = plan.solver.candidates_simulated
     size = int(space.size)
-    text = f"{plan.status} ({plan.solver.method}): {sim:,} of {size:,} candidates simulated"
+    head = f"{plan.status} ({plan.solver.method}): "
     exhaustive_proof = plan.solver.method == "exhaustive" and (
         plan.status == "optimal" or (not plan.feasible and plan.solver.details.get("proven", False)))
-    if exhaustive_proof and sim < size:
-        text += ", the other lower bounds cannot beat the plan" if plan.feasible else \
-            ", the other lower bounds already break a limit"
-    return text
+    if not exhaustive_proof or sim >= size:
+        return head + f"{sim:,} of {size:,} candidates simulated"
+    if sim == 0:
+        return head + f"none of the {size:,} candidates simulated: every lower bound already breaks a limit"
+    others = "the others' lower bounds " + ("cannot beat the plan" if plan.feasible else "already break a limit")
+    return head + f"{sim:,} of {size:,} candidates simulated; {others}"
 
 
-def training_plan_figure(space, plan):
-    """The time-cost plane of the candidates the search simulated (filled) or
-    ruled out by a lower bound (hollow, at the bound), their Pareto front, the
-    limits with the region within them shaded, the plan, and for an
-    infeasible problem the plans nearest to feasibility; an inset magnifies
-    those when they are drawn on top of each other. Returns (figure, record)."""
-    import numpy as np
+def _tagged_label(tag: str, key: _Key, width: int = 64) -> str:
+    """A key's legend entry: its tag and what it is, then its configuration
+    and figures on lines of their own, indented under the tag."""
+    lines = textwrap.wrap(f"{tag}: " + key.text.replace("\n", ", "), width, subsequent_indent="    ",
+                          break_on_hyphens=False)
+    if len(lines) > 1:  # break where the text does, not inside a configuration or a figure
+        lines = textwrap.wrap(f"{tag}: " + key.text.split("\n")[0], width, subsequent_indent="    ")
+        lines += ["    " + part for part in key.text.split("\n")[1:]]
+    return "\n".join(lines)
+
+
+def _plane_handles(plane: _Plane, key_labels: list[str]) -> list:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 6.2), dpi=120, layout="constrained")
-    plane = _plane(space, plan)
-    rec = PlotRecord()
-    pts = plane.all_points()
-    if plane.plan:
-        pts.append((plane.plan[2], plane.plan[1]))
-    xs = [x for x, _ in pts] + [v for v in (plane.time_limit,) if v is not None]
-    ys = [y for _, y in pts] + [v for v in (plane.cost_limit,) if v is not None]
-    if not xs or not ys:
-        xs, ys = xs or [1.0], ys or [1.0]
-    log_x, log_y = use_log(xs), use_log(ys)
-    _set_limits(ax, xs, ys, log_x, log_y)
-    rec.scales = {"x": "log" if log_x else "linear", "y": "log" if log_y else "linear"}
-    _draw_plane(ax, plane)
-    rec.series = {"simulated_feasible": plane.feasible, "simulated_infeasible": plane.infeasible,
-                  "bounded": plane.bounded, "pareto": plane.front}
-    if plane.plan:
-        rec.series["plan"] = [plane.plan[:2]]
-    if plane.nearest:
-        rec.series["nearest_feasible"] = [(n["total_s"], n["cost_usd"]) for n in plane.nearest]
 
     handles = []
     if plane.time_limit is not None or plane.cost_limit is not None:
@@ -468,49 +462,87 @@ def training_plan_figure(space, plan):
                               label=f"simulated, within the limits ({len(plane.feasible):,})"))
     if plane.front:
         handles.append(Line2D([], [], color="#8172b2", marker="o", mfc="none",
-                              label=f"Pareto front of the simulated ({len(plane.front)})"))
-    if plane.plan:  # the plan's and the nearest plans' handles stay last (tagged when zoomed)
-        handles.append(Line2D([], [], ls="", marker="*", ms=12, color="#55a868", mec="black",
-                              label=f"plan ({plan.status}), bar to its p95 time"))
-    for i, n in enumerate(plane.nearest):
-        handles.append(Line2D([], [], ls="", marker=NEAREST_MARKERS[i % len(NEAREST_MARKERS)], color="#dd8452",
-                              mec="black", label=n["label"]))
+                              label=f"Pareto front of the candidates ({len(plane.front)})"))
+    for k, label in zip(plane.keys, key_labels):
+        handles.append(Line2D([], [], ls="", marker=k.marker, ms=min(k.ms, 11), color=k.color, mec="black",
+                              label=label))
+    return handles
+
+
+def _training_layout(zooms: int, handles: list):
+    """The figure, its plane's axes and `zooms` zoom panels under it; taller
+    for a long legend (two columns, in order: the left one holds the first half)."""
+    plt = pyplot()
+    lines = [h.get_label().count("\n") + 1 for h in handles]
+    half = -(-len(lines) // 2)
+    legend_lines = max(sum(lines[:half]), sum(lines[half:]))
+    height = 6.2 + (2.4 if zooms else 0.0) + 0.15 * max(0, legend_lines - 6)
+    fig = plt.figure(figsize=(8, height), dpi=120, layout="constrained")
+    if not zooms:
+        return fig, fig.add_subplot(), []
+    grid = fig.add_gridspec(2, zooms, height_ratios=[2.3, 1])
+    return fig, fig.add_subplot(grid[0, :]), [fig.add_subplot(grid[1, k]) for k in range(zooms)]
+
+
+@literal_text
+def training_plan_figure(space, plan):
+    """The time-cost plane of the candidates the search simulated (filled) or
+    ruled out by a lower bound (hollow, at the bound), their Pareto front, the
+    limits with the region within them shaded, the plan, and for an
+    infeasible problem the plans its relaxations allow. Plans drawn on top of
+    one another are magnified in zoom panels under the plane and tagged A, B,
+    ... (the legend says what each is); else each has a box with its
+    figures. Returns (figure, record)."""
+    import numpy as np
+
+    plane = _plane(space, plan)
+    rec = PlotRecord()
+    pts = plane.all_points() + [(k.p95_s, k.cost_usd) for k in plane.keys if k.p95_s is not None]
+    xs = [x for x, _ in pts] + [v for v in (plane.time_limit,) if v is not None]
+    ys = [y for _, y in pts] + [v for v in (plane.cost_limit,) if v is not None]
+    xs, ys = xs or [1.0], ys or [1.0]
+    log_x, log_y = use_log(xs), use_log(ys)
+    groups = crowded_groups(plane.key_points(), padded_limits(xs, log_x), padded_limits(ys, log_y),
+                            log_x, log_y)[:MAX_ZOOMS]
+    tagged = bool(groups) or len(plane.keys) > 3  # boxes of text for more would cover the plane
+    tags = {i: TAGS[i % len(TAGS)] for i in range(len(plane.keys))} if tagged else {}
+    key_labels = [_tagged_label(tags[i], k) if tagged else k.label for i, k in enumerate(plane.keys)]
+    handles = _plane_handles(plane, key_labels)
+    fig, ax, zoom_axes = _training_layout(len(groups), handles)
+    _set_limits(ax, xs, ys, log_x, log_y)
+    in_zoom = {i for g in groups for i in g}
+    _draw_plane(ax, plane, {i: t for i, t in tags.items() if i not in in_zoom})
+    for number, (group, zax) in enumerate(zip(groups, zoom_axes), start=1):
+        _zoom_panel(ax, zax, plane, group, number, tags)
 
     name = space.problem.name or space.problem.model
-    fig.suptitle(wrap_title(name, 8, 12), fontsize=12)
-    ax.set_title(wrap_title(_subtitle(space, plan), 8, 9), fontsize=9)
-    rec.title = wrap_title(name, 8, 12) + "\n" + wrap_title(_subtitle(space, plan), 8, 9)
+    title, subtitle = wrap_title(name, 8, 12), wrap_title(_subtitle(space, plan), 8, 9)
+    fig.suptitle(title, fontsize=12)
+    ax.set_title(subtitle, fontsize=9)
     ax.set_xlabel("predicted total time (s)" + (", log scale" if log_x else ""))
     ax.set_ylabel("predicted cost (USD)" + (", log scale" if log_y else ""))
     ax.grid(alpha=0.3, which="both" if (log_x or log_y) else "major")
-    legend = fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
-    fig.canvas.draw()  # the inset and the annotations are placed against the laid-out axes
-    inset = _zoom_inset(ax, plane, log_x, log_y)
-    rec.notes["zoom"] = inset is not None
-    texts = []
-    if plane.plan:
-        t, c, p95 = plane.plan
-        texts.append(((t, c), f"plan {plan.config}\n{t:,.1f} s (p95 {p95:,.1f} s), ${c:,.4f}"))
-    for n in plane.nearest:
-        texts.append(((n["total_s"], n["cost_usd"]),
-                      f"{n['label']}:\n{n['config']}\n{n['total_s']:,.1f} s, ${n['cost_usd']:,.4f}"))
-    if inset is not None:
-        # the inset tags the points A, B, ...; their legend entries say what they are (a box of
-        # text in the axes would cover points); the inset moves with the axes when the legend grows
-        key_texts = legend.get_texts()[len(handles) - len(texts):]
-        for tag, label, (_, body) in zip("ABCDEFGHIJ", key_texts, texts):
-            text = f"{tag}: " + body.replace(":\n", ": ", 1).replace("\n", ", ", 1)
-            label.set_text(textwrap.fill(text, 60, subsequent_indent="    "))
-            rec.annotations.append(text)
-        fig.canvas.draw()
-    else:  # the layout is final: annotations are kept out of it
-        placed: list = []
-        avoid = ax.transData.transform(np.asarray(plane.all_points())) if plane.all_points() else None
-        keys = ax.transData.transform(np.asarray([xy for xy, _ in texts])) if texts else ()
-        for xy, body in texts:
-            place_annotation(ax, xy, body, placed, avoid, keys)
-            rec.annotations.append(body)
-    rec.notes["handles"] = [t.get_text() for t in legend.get_texts()]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    rec.title = title + "\n" + subtitle
+    rec.scales = {"x": "log" if log_x else "linear", "y": "log" if log_y else "linear"}
+    rec.series = {"simulated_feasible": plane.feasible, "simulated_infeasible": plane.infeasible,
+                  "bounded": plane.bounded, "pareto": plane.front}
+    if plan.feasible:
+        rec.series["plan"] = plane.key_points()[:1]
+    else:
+        rec.series["nearest_feasible"] = plane.key_points()
+    rec.notes.update(handles=[h.get_label() for h in handles], zoom_groups=[[tags[i] for i in g] for g in groups],
+                     tags=[tags.get(i) for i in range(len(plane.keys))])
+    if tagged:
+        rec.annotations = key_labels
+        return fig, rec
+    fig.canvas.draw()  # the boxes are placed against the final layout, and kept out of it
+    placed: list = []
+    avoid = ax.transData.transform(np.asarray(plane.all_points()))
+    keys = ax.transData.transform(np.asarray(plane.key_points())) if plane.keys else ()
+    for k in plane.keys:
+        place_annotation(ax, (k.total_s, k.cost_usd), k.text, placed, avoid, keys)
+        rec.annotations.append(k.text)
     return fig, rec
 
 
@@ -528,72 +560,145 @@ _TUNING_STYLES = {  # drawn in this order: the widest line first, so narrower on
     "static": {"color": "#c44e52", "lw": 2.0, "ls": ":"},
     "naive elastic": {"color": "#dd8452", "lw": 1.6, "ls": "-."},
     "greedy": {"color": "#4c72b0", "lw": 1.4, "ls": "--"},
-    "fastest plan": {"color": "#8172b2", "lw": 2.0, "ls": "-"},
+    "exact": {"color": "#8172b2", "lw": 2.0, "ls": "-"},
 }
+TUNING_PLANNERS = ("static", "naive elastic", "greedy", "exact")  # every planner `plan_tuning` runs
 
 
-def _tuning_runs(plan) -> list[tuple[str, list[dict], dict | None]]:
+@dataclass
+class _TuningRun:
+    """One planner's line: its style key, legend label and stages (none when it has no plan)."""
+
+    key: str
+    label: str
+    stages: list[dict[str, Any]]
+    cost_usd: float | None = None  # the predicted total, with what no stage is charged
+
+
+def _tuning_runs(plan, unit: str) -> list[_TuningRun]:
+    """The answer (named after the planner it came from) and every baseline;
+    the exact planner's plan when it is not the answer (its model figures,
+    or for an infeasible problem the fastest plan, with the deadline it needs).
+    Times in the labels are in `unit` ("s" or "min")."""
+    chosen = plan.solver.get("chosen", "exact")
     runs = []
     if plan.stages:
-        runs.append(("thrifty", plan.stages, plan.predicted))
+        p = plan.predicted
+        runs.append(_TuningRun("thrifty", f"thrifty = {chosen}: {_duration(p['jct_s'], unit)}, {_usd(p['cost_usd'])}",
+                               plan.stages, p["cost_usd"]))
     for key, name in (("static", "static"), ("naive_elastic", "naive elastic"), ("greedy", "greedy")):
-        b = plan.baselines.get(key)
-        if b is not None:
-            runs.append((name, b.get("stages") or [], b.get("predicted")))
-    if not plan.feasible and plan.infeasibility:
-        for r in plan.infeasibility.get("relaxations", []):
-            if r.get("plan"):
-                runs.append(("fastest plan", r["plan"], {"needs": r}))
+        b = plan.baselines.get(key) or {}
+        p = b.get("predicted")
+        label = f"{name}: {_duration(p['jct_s'], unit)}, {_usd(p['cost_usd'])}" if p else \
+            f"{name}: no plan meets the deadline"
+        runs.append(_TuningRun(name, label, b.get("stages") or [], p["cost_usd"] if p else None))
+    if plan.feasible and chosen == "exact":
+        return runs
+    fastest = [(r, stages) for r in (plan.infeasibility or {}).get("relaxations", [])
+               if (stages := _relaxation_stages(r))]
+    if fastest:
+        r, stages = fastest[0]
+        jct = r.get("total_s", stages[-1]["end_s"])
+        cost = r.get("cost_usd", sum(s["cost_usd"] for s in stages))
+        runs.append(_TuningRun("exact", f"exact, the fastest plan (needs {r.get('field', 'deadline_s')} >= "
+                                        f"{r['needed']:,.0f} s): {_duration(jct, unit)}, {_usd(cost)}", stages,
+                               r.get("cost_usd")))
+    elif plan.solver.get("exact_model_cost_usd") is not None:
+        runs.append(_TuningRun("exact", f"exact, not chosen (not drawn): its model predicted "
+                                        f"{_duration(plan.solver['exact_model_jct_s'], unit)}, "
+                                        f"{_usd(plan.solver['exact_model_cost_usd'])}", []))
+    else:
+        runs.append(_TuningRun("exact", "exact: no plan meets the deadline", []))
     return runs
 
 
+def _relaxation_stages(relaxation: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The stages of the plan a relaxation of a tuning problem allows, if it carries them."""
+    for key in ("stages", "plan"):
+        stages = relaxation.get(key)
+        if isinstance(stages, list) and stages and isinstance(stages[0], dict) and "start_s" in stages[0]:
+            return stages
+    return None
+
+
+def _duration(seconds: float, unit: str) -> str:
+    return f"{seconds / 60:,.1f} min" if unit == "min" else f"{seconds:,.1f} s"
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}" if value >= 1 else f"${value:,.4f}"
+
+
+def _tuning_unit(plan) -> str:
+    """Minutes for a job whose plans or deadline pass 5 minutes, else seconds."""
+    ends = [plan.deadline_s] + [s["end_s"] for s in plan.stages]
+    ends += [s["end_s"] for b in plan.baselines.values() for s in b.get("stages") or []]
+    ends += [s["end_s"] for r in (plan.infeasibility or {}).get("relaxations", []) for s in _relaxation_stages(r) or []]
+    return "min" if max(ends) > 300 else "s"
+
+
+def _cumulative_cost(stages: list[dict[str, Any]], total_usd: float | None) -> list[float]:
+    """The cost at each stage boundary; a last value, at the end, when the
+    predicted total adds what no stage is charged (billing minimums, data)."""
+    cost = [0.0]
+    for s in stages:
+        cost.append(cost[-1] + s["cost_usd"])
+    if total_usd is not None and total_usd - cost[-1] > 1e-3 * max(total_usd, 1e-9):
+        cost.append(total_usd)
+    return cost
+
+
+@literal_text
 def tuning_plan_figure(plan):
     """A tuning plan over time, with every baseline: GPUs per trial and
     instances per stage, and the cumulative cost; the deadline on each panel.
-    Returns (figure, record); a planner with no plan is named in the legend."""
+    Returns (figure, record: a series per planner, empty when it has no plan
+    to draw; ``notes["yticks"]``, the tick values of the two count axes)."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
-    fig, (ax_gpu, ax_inst, ax_cost) = plt.subplots(3, 1, figsize=(8, 8), dpi=120, sharex=True,
+    fig, (ax_gpu, ax_inst, ax_cost) = plt.subplots(3, 1, figsize=(8, 8.5), dpi=120, sharex=True,
                                                    layout="constrained")
     rec = PlotRecord()
     handles = []
-    for name, stages, predicted in _tuning_runs(plan):
-        style = _TUNING_STYLES[name]
-        if not stages:
-            handles.append(Line2D([], [], color=style["color"], ls=style["ls"], lw=1.5,
-                                  label=f"{name}: no plan meets the deadline"))
-            rec.series[name] = []
+    unstaged = False
+    unit = _tuning_unit(plan)
+    per = 60.0 if unit == "min" else 1.0
+    for run in _tuning_runs(plan, unit):
+        style = _TUNING_STYLES[run.key]
+        rec.series[run.key] = []
+        if not run.stages:
+            handles.append(Line2D([], [], color=style["color"], ls=style["ls"], lw=1.5, label=run.label))
             continue
-        xs = [s["start_s"] / 60 for s in stages] + [stages[-1]["end_s"] / 60]
+        stages = run.stages
+        xs = [s["start_s"] / per for s in stages] + [stages[-1]["end_s"] / per]
         ax_gpu.step(xs, [s["gpus_per_trial"] for s in stages] + [stages[-1]["gpus_per_trial"]], where="post",
                     **style)
         ax_inst.step(xs, [s["instances"] for s in stages] + [stages[-1]["instances"]], where="post", **style)
-        cost = [0.0]
-        for s in stages:
-            cost.append(cost[-1] + s["cost_usd"])
-        ax_cost.plot(xs, cost, marker="o", ms=3.5, **style)
-        if predicted and "needs" in predicted:
-            r = predicted["needs"]
-            label = f"{name} (needs {r['field']} {r['needed']:,.0f}): {xs[-1]:,.1f} min, ${cost[-1]:,.2f}"
-        else:
-            label = f"{name}: {predicted['jct_s'] / 60:,.1f} min, ${predicted['cost_usd']:,.2f}"
-        handles.append(Line2D([], [], **style, label=label))
-        rec.series[name] = list(zip(xs, cost))
-    deadline = plan.deadline_s / 60
+        cost = _cumulative_cost(stages, run.cost_usd)
+        cost_xs = xs + [xs[-1]] * (len(cost) - len(xs))
+        unstaged |= len(cost) > len(xs)
+        ax_cost.plot(cost_xs, cost, marker="o", ms=3.5, **style)
+        handles.append(Line2D([], [], **style, label=run.label))
+        rec.series[run.key] = list(zip(cost_xs, cost))
+    deadline = plan.deadline_s / per
     for ax in (ax_gpu, ax_inst, ax_cost):
         ax.axvline(deadline, color="black", ls="--", lw=1)
         ax.grid(alpha=0.3)
-    handles.append(Line2D([], [], color="black", ls="--", lw=1, label=f"deadline {plan.deadline_s:g} s"))
+    handles.append(Line2D([], [], color="black", ls="--", lw=1, label=f"deadline {plan.deadline_s:,.1f}".removesuffix(".0") + " s"))
+    if unstaged:
+        handles.append(Line2D([], [], ls="", label="a step up at a run's end: billing minimums and data,\n"
+                                                   "charged to no stage"))
     for ax in (ax_gpu, ax_inst):
         ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 4, 5, 10]))  # GPUs come in 2^k
         lo, hi = ax.get_ylim()
         ax.set_ylim(min(0, lo), hi + 0.5)
+    ax_cost.set_ylim(bottom=0)
     ax_gpu.set_ylabel("GPUs per trial")
     ax_inst.set_ylabel("instances")
     ax_cost.set_ylabel("cumulative cost (USD)")
-    ax_cost.set_xlabel("time since the job started (min)")
+    ax_cost.set_xlabel(f"time since the job started ({unit})")
     name = plan.problem_name or "tuning plan"
     if plan.feasible:
         status = f"{plan.status} ({plan.solver.get('note', plan.solver.get('chosen', ''))})"

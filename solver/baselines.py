@@ -50,14 +50,14 @@ def _min_machines(space: TrainingSpace, batches: dict[int, int]) -> Candidate | 
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
-    counts = {i: m.NewIntVar(0, space.choices[i].quota, f"c{i}") for i in batches}
-    m.Add(sum(b * counts[i] for i, b in batches.items()) == space.problem.global_batch)
-    m.Minimize(sum(counts.values()))
+    counts = {i: m.new_int_var(0, space.choices[i].quota, f"c{i}") for i in batches}
+    m.add(sum(b * counts[i] for i, b in batches.items()) == space.problem.global_batch)
+    m.minimize(sum(counts.values()))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
-    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return tuple(sorted((i, solver.Value(c), batches[i]) for i, c in counts.items() if solver.Value(c)))
+    return tuple(sorted((i, solver.value(c), batches[i]) for i, c in counts.items() if solver.value(c)))
 
 
 def anchor(space: TrainingSpace) -> SearchResult:

@@ -74,106 +74,106 @@ class _Model:
         for key in co.pairs:
             i, b = key
             quota = len(co.forward[key]) - 1
-            x = m.NewIntVar(0, quota, f"x_{i}_{b}")
-            u = m.NewBoolVar(f"u_{i}_{b}")
-            m.Add(x >= 1).OnlyEnforceIf(u)
-            m.Add(x == 0).OnlyEnforceIf(u.Not())
-            f = m.NewIntVar(0, max(co.forward[key]), f"f_{i}_{b}")
-            w = m.NewIntVar(0, max(co.backward[key]), f"w_{i}_{b}")
+            x = m.new_int_var(0, quota, f"x_{i}_{b}")
+            u = m.new_bool_var(f"u_{i}_{b}")
+            m.add(x >= 1).only_enforce_if(u)
+            m.add(x == 0).only_enforce_if(u.Not())
+            f = m.new_int_var(0, max(co.forward[key]), f"f_{i}_{b}")
+            w = m.new_int_var(0, max(co.backward[key]), f"w_{i}_{b}")
             for c in staircase(quota):  # (3)
-                at_least = u if c == 1 else m.NewBoolVar(f"x_{i}_{b}_ge_{c}")
+                at_least = u if c == 1 else m.new_bool_var(f"x_{i}_{b}_ge_{c}")
                 if c > 1:
-                    m.Add(x >= c).OnlyEnforceIf(at_least)
-                    m.Add(x < c).OnlyEnforceIf(at_least.Not())
-                m.Add(f >= co.forward[key][c]).OnlyEnforceIf(at_least)
-                m.Add(w >= co.backward[key][c]).OnlyEnforceIf(at_least)
+                    m.add(x >= c).only_enforce_if(at_least)
+                    m.add(x < c).only_enforce_if(at_least.Not())
+                m.add(f >= co.forward[key][c]).only_enforce_if(at_least)
+                m.add(w >= co.backward[key][c]).only_enforce_if(at_least)
             self.x[key], self.u[key] = x, u
             fs.append(f)
             ws.append(w)
             steps.append((co.step[key], u))
         for i in {i for i, _ in co.pairs}:  # (1)
-            m.Add(sum(self.u[k] for k in co.pairs if k[0] == i) <= 1)
-        m.Add(sum(b * self.x[(i, b)] for i, b in co.pairs) == p.global_batch)  # (2)
+            m.add(sum(self.u[k] for k in co.pairs if k[0] == i) <= 1)
+        m.add(sum(b * self.x[(i, b)] for i, b in co.pairs) == p.global_batch)  # (2)
         t_max = (max((max(t) for t in co.forward.values()), default=0)
                  + max((max(t) for t in co.backward.values()), default=0)
                  + max((max(t) for t in (*co.exchange.values(), *co.exchange_multi.values())), default=0)
                  + max(co.step.values(), default=0))
-        fmax = m.NewIntVar(0, t_max, "fmax")
-        wmax = m.NewIntVar(0, t_max, "wmax")
-        smax = m.NewIntVar(0, t_max, "smax")
-        m.AddMaxEquality(fmax, fs)
-        m.AddMaxEquality(wmax, ws)
+        fmax = m.new_int_var(0, t_max, "fmax")
+        wmax = m.new_int_var(0, t_max, "wmax")
+        smax = m.new_int_var(0, t_max, "smax")
+        m.add_max_equality(fmax, fs)
+        m.add_max_equality(wmax, ws)
         for s, u in steps:
-            m.Add(smax >= s).OnlyEnforceIf(u)
+            m.add(smax >= s).only_enforce_if(u)
         # (4) the exchange bound of the present types at the world size's grid cell
-        world = m.NewIntVar(0, co.max_world, "W")
-        m.Add(world == sum(co.gpus[i] * self.x[(i, b)] for i, b in co.pairs))
+        world = m.new_int_var(0, co.max_world, "W")
+        m.add(world == sum(co.gpus[i] * self.x[(i, b)] for i, b in co.pairs))
         grid = co.world_grid
-        cell = m.NewIntVar(0, len(grid) - 1, "k")
-        lo = m.NewIntVar(0, grid[-1], "grid_k")
-        hi = m.NewIntVar(1, grid[-1] + 1, "grid_k1")
-        m.AddElement(cell, grid, lo)
-        m.AddElement(cell, grid[1:] + [grid[-1] + 1], hi)
-        m.Add(lo <= world)
-        m.Add(world < hi)
-        exch = m.NewIntVar(0, t_max, "E")
-        multi = m.NewBoolVar("two_or_more_machines")
+        cell = m.new_int_var(0, len(grid) - 1, "k")
+        lo = m.new_int_var(0, grid[-1], "grid_k")
+        hi = m.new_int_var(1, grid[-1] + 1, "grid_k1")
+        m.add_element(cell, grid, lo)
+        m.add_element(cell, grid[1:] + [grid[-1] + 1], hi)
+        m.add(lo <= world)
+        m.add(world < hi)
+        exch = m.new_int_var(0, t_max, "E")
+        multi = m.new_bool_var("two_or_more_machines")
         machines = sum(self.x.values())
-        m.Add(machines >= 2).OnlyEnforceIf(multi)
-        m.Add(machines <= 1).OnlyEnforceIf(multi.Not())
+        m.add(machines >= 2).only_enforce_if(multi)
+        m.add(machines <= 1).only_enforce_if(multi.Not())
         present_of = {}
         for name, indices in co.types.items():
             us = [self.u[k] for k in co.pairs if k[0] in indices]
             if not us:
                 continue
-            present = present_of[name] = m.NewBoolVar(f"present_{name}")
-            m.AddBoolOr(us).OnlyEnforceIf(present)
+            present = present_of[name] = m.new_bool_var(f"present_{name}")
+            m.add_bool_or(us).only_enforce_if(present)
             for u in us:
-                m.AddImplication(u, present)
+                m.add_implication(u, present)
             for label, table, when in (("X", co.exchange[name], [present]),
                                        ("Xm", co.exchange_multi[name], [present, multi])):
-                xt = m.NewIntVar(0, max(table), f"{label}_{name}")
-                m.AddElement(cell, table, xt)
-                m.Add(exch >= xt).OnlyEnforceIf(when)
+                xt = m.new_int_var(0, max(table), f"{label}_{name}")
+                m.add_element(cell, table, xt)
+                m.add(exch >= xt).only_enforce_if(when)
         # (5)
-        t = self.t = m.NewIntVar(0, t_max, "T")
-        m.Add(t >= fmax + wmax + smax)
-        m.Add(t >= fmax + exch + smax)
+        t = self.t = m.new_int_var(0, t_max, "T")
+        m.add(t >= fmax + wmax + smax)
+        m.add(t >= fmax + exch + smax)
         for rho, phi in co.tail:  # the exchange's tail after the gradients become ready
-            m.Add(1000 * t >= 1000 * fmax + rho * wmax + phi * exch + 1000 * smax)
+            m.add(1000 * t >= 1000 * fmax + rho * wmax + phi * exch + 1000 * smax)
         for name in co.shared_core & present_of.keys():  # communication after the backward pass
-            m.Add(t >= fmax + wmax + exch + smax).OnlyEnforceIf(present_of[name])
+            m.add(t >= fmax + wmax + exch + smax).only_enforce_if(present_of[name])
         launch = int(p.overheads.launch_s * US)
-        total = self.total = m.NewIntVar(0, launch + p.iterations * t_max, "total")
-        m.Add(total == launch + p.iterations * t)
+        total = self.total = m.new_int_var(0, launch + p.iterations * t_max, "total")
+        m.add(total == launch + p.iterations * t)
         if p.limits.time_s is not None:  # (6)
-            m.Add(total <= int(math.floor(p.limits.time_s * US)))
+            m.add(total <= int(math.floor(p.limits.time_s * US)))
         need_cost = p.objective == "min_cost" or p.limits.cost_usd is not None
         if need_cost:  # (7) cost in PRICE_SCALE * ms units: rate * billed_ms
             rate_max = sum(co.price[i] * (len(co.forward[(i, b)]) - 1) for i, b in co.pairs)
-            rate = m.NewIntVar(0, max(rate_max, 0), "R")
-            m.Add(rate == sum(co.price[i] * self.x[(i, b)] for i, b in co.pairs))
+            rate = m.new_int_var(0, max(rate_max, 0), "R")
+            m.add(rate == sum(co.price[i] * self.x[(i, b)] for i, b in co.pairs))
             billed_max = (launch + p.iterations * t_max) // 1000 + int(p.overheads.min_billed_s * 1000) + 1
-            billed = m.NewIntVar(0, billed_max, "D_ms")
-            m.Add(billed * 1000 + 999 >= total)
-            m.Add(billed >= int(p.overheads.min_billed_s * 1000))
-            cost = self.cost = m.NewIntVar(0, max(rate_max, 0) * billed_max, "C")
-            m.AddMultiplicationEquality(cost, [rate, billed])
+            billed = m.new_int_var(0, billed_max, "D_ms")
+            m.add(billed * 1000 + 999 >= total)
+            m.add(billed >= int(p.overheads.min_billed_s * 1000))
+            cost = self.cost = m.new_int_var(0, max(rate_max, 0) * billed_max, "C")
+            m.add_multiplication_equality(cost, [rate, billed])
             self.cost_scale = PRICE_SCALE * 1000 * 3600.0  # C / cost_scale = USD
             if p.limits.cost_usd is not None:
-                m.Add(cost <= int(math.floor(p.limits.cost_usd * self.cost_scale)))
+                m.add(cost <= int(math.floor(p.limits.cost_usd * self.cost_scale)))
         if p.objective == "min_cost":
             self.objective = self.cost
             self.objective_scale = self.cost_scale
         else:
             self.objective = total
             self.objective_scale = US
-        m.Minimize(self.objective)
+        m.minimize(self.objective)
 
     def require_better(self, value: float) -> None:
         """Incumbent cut: only candidates whose bound is below `value` (the
         best simulated objective) are of interest from now on."""
-        self.model.Add(self.objective <= math.ceil(value * self.objective_scale) - 1)
+        self.model.add(self.objective <= math.ceil(value * self.objective_scale) - 1)
 
     def exclude(self, candidate: Candidate) -> None:
         """No-good cut: at least one count differs from `candidate`'s."""
@@ -182,24 +182,24 @@ class _Model:
         literals = []
         for key in self.co.pairs:
             if key in used:
-                eq = m.NewBoolVar("")
-                m.Add(self.x[key] == used[key]).OnlyEnforceIf(eq)
-                m.Add(self.x[key] != used[key]).OnlyEnforceIf(eq.Not())
+                eq = m.new_bool_var("")
+                m.add(self.x[key] == used[key]).only_enforce_if(eq)
+                m.add(self.x[key] != used[key]).only_enforce_if(eq.Not())
                 literals.append(eq.Not())
             else:
                 literals.append(self.u[key])
-        m.AddBoolOr(literals)
+        m.add_bool_or(literals)
 
     def hint(self, candidate: Candidate) -> None:
-        self.model.ClearHints()
+        self.model.clear_hints()
         used = {(i, b): count for i, count, b in candidate}
         for key, x in self.x.items():
-            self.model.AddHint(x, used.get(key, 0))
+            self.model.add_hint(x, used.get(key, 0))
 
     def candidate(self, solver) -> Candidate:
         out = []
         for (i, b), x in self.x.items():
-            count = solver.Value(x)
+            count = solver.value(x)
             if count:
                 out.append((i, count, b))
         return tuple(sorted(out))
@@ -238,7 +238,7 @@ def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: i
             if left <= 0:
                 break
             solver.parameters.max_time_in_seconds = left
-        status = solver.Solve(model.model)
+        status = solver.solve(model.model)
         rounds += 1
         if status == cp_model.INFEASIBLE:  # no candidate left can beat the best one
             complete = True
@@ -247,9 +247,9 @@ def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: i
             break
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if status == cp_model.MODEL_INVALID:
-                raise SolverError(f"CP-SAT rejected the model: {model.model.Validate()}")
+                raise SolverError(f"CP-SAT rejected the model: {model.model.validate()}")
             break  # out of time
-        round_bound = solver.BestObjectiveBound() / model.objective_scale
+        round_bound = solver.best_objective_bound / model.objective_scale
         bound = round_bound if bound is None else max(bound, round_bound)
         if best is not None and round_bound >= best.objective_value * (1 - 1e-9):
             complete = True

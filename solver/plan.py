@@ -5,7 +5,9 @@ JSON keys every consumer may rely on (DESIGN.md, training): ``kind``,
 ``allocation: [{instance_type, market, count, batch_per_instance}]``,
 ``predicted: {iteration_s, total_s, cost_usd, total_s_p95}``,
 ``solver: {method, wall_s, gap}``, and for infeasible problems
-``infeasibility: {conflicts: [...], relaxations: [...]}``.
+``infeasibility: {conflicts: [...], relaxations: [...]}`` (with
+``conflict_sets``, ``conflict_reasons``, ``conflict_sets_complete`` and
+``reason``; `Infeasibility`).
 """
 
 from __future__ import annotations
@@ -49,17 +51,26 @@ class Infeasibility:
     """Why no plan exists.
 
     `conflict_sets`: every minimal set of constraints that cannot hold
-    together (`conflict_sets_complete` False when only one was searched for);
-    `conflicts`: every constraint in some set. `relaxations`: the least change
-    of one field (``field``, ``current``, ``needed``, ``direction``) or of
-    both limits (``fields``, ``needed``) that admits a plan, with that plan's
-    consequence (``plan``, ``total_s``, ``cost_usd``; `thrifty.solver.explain`)."""
+    together (`conflict_sets_complete` False when the search stopped early),
+    each with one sentence in `conflict_reasons`; `conflicts`: every
+    constraint in some set (the key of the first contract). `relaxations`:
+    the least change of one field (``field``, ``current``, ``needed``,
+    ``direction``) or of several (``fields``, ``current`` and ``needed`` by
+    field) that admits a plan, always with ``changes`` (``{field: value}``)
+    and that plan (``plan``, ``allocation``, ``total_s``, ``cost_usd``).
+    `thrifty.solver.explain` documents every key and how tight each value is."""
 
     conflicts: list[str]
     relaxations: list[dict[str, Any]]
     reason: str = ""
     conflict_sets: list[list[str]] = field(default_factory=list)
     conflict_sets_complete: bool = True
+    conflict_reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conflict_sets": self.conflict_sets, "conflict_reasons": self.conflict_reasons,
+                "conflict_sets_complete": self.conflict_sets_complete, "conflicts": self.conflicts,
+                "reason": self.reason, "relaxations": self.relaxations}
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,7 @@ class Plan:
             "solver": asdict(self.solver),
         }
         if self.infeasibility is not None:
-            out["infeasibility"] = asdict(self.infeasibility)
+            out["infeasibility"] = self.infeasibility.to_dict()
         if self.problem_name:
             out["name"] = self.problem_name
         return out

@@ -18,8 +18,9 @@ Every method returns the same `Plan`. Tuning problems (``kind: "tuning"``)
 go to `thrifty.solver.tuning_plan.solve_tuning` and return a `TuningPlan`
 (``method`` is ignored: the exact CP-SAT planner is verified against
 RubberBand's greedy planner). An infeasible problem is a plan with
-status ``infeasible`` and an `Infeasibility`: the conflicting limits and
-quotas, and the least change of each limit that makes the problem feasible.
+status ``infeasible`` and an `Infeasibility`: every minimal set of
+conflicting limits and quotas, and each least change that admits a plan, with
+that plan (`thrifty.solver.explain`).
 """
 
 from __future__ import annotations

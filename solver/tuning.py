@@ -587,11 +587,10 @@ def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0, fallback_to_gree
         else:
             note = (f"the exact plan costs ${verified.cost:.4f} under simulation, more than greedy's "
                     f"${greedy.cost:.4f}; greedy's plan is returned")
-    elif verified is not None and ok:
-        best, chosen, note = verified, "exact", "exact plan, verified by simulation"
-    elif verified is not None:
+    elif verified is not None:  # it misses the deadline under simulation, and greedy's plan is not taken
+        why_not_greedy = "greedy found none either" if fallback_to_greedy else "no fallback to greedy"
         best, chosen, note = None, "none", (f"the exact plan misses the deadline under simulation "
-                                            f"({space.jct(verified):.1f} s); no fallback to greedy")
+                                            f"({space.jct(verified):.1f} s); {why_not_greedy}")
     else:
         best, chosen, note = None, "none", "no plan meets the deadline"
     fastest = None

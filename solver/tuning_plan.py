@@ -7,14 +7,15 @@ JSON keys every consumer may rely on: ``kind``, ``status``
 ``predicted: {jct_s, cost_usd, jct_s_p95}`` (plus ``cost_usd_p95``),
 ``baselines: {static, naive_elastic, greedy}`` (each ``{status, stages,
 predicted}``), ``solver: {method, chosen, note, wall_s, planning_s}`` and, for
-infeasible problems, ``infeasibility: {conflicts, relaxations, reason}`` whose
-relaxation gives the shortest feasible deadline.
+infeasible problems, ``infeasibility: {conflict_sets, conflict_reasons,
+conflict_sets_complete, conflicts, relaxations, reason}`` whose relaxations
+give the shortest feasible deadline and the least fleet bounds, each with the
+plan it admits (`thrifty.solver.explain.explain_tuning_infeasibility`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,13 +94,7 @@ def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
         body = candidate_json(space, res.best)
         status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"
         return TuningPlan("tuning", status, body["stages"], body["predicted"], baselines, solver, **common)
-    relax = []
-    if res.fastest is not None:
-        needed = math.ceil(space.jct(res.fastest))
-        relax.append({"field": "deadline_s", "current": problem.deadline_s, "needed": float(needed),
-                      "note": f"the fastest plan takes {space.jct(res.fastest):.1f} s "
-                              f"({problem.deadline_on} JCT)",
-                      "plan": candidate_json(space, res.fastest)["stages"]})
-    why = {"conflicts": ["deadline_s"], "relaxations": relax,
-           "reason": f"no allocation finishes the job within deadline_s {problem.deadline_s:g} s"}
+    from thrifty.solver.explain import explain_tuning_infeasibility
+
+    why = explain_tuning_infeasibility(space, res.fastest, time_limit_s or 10.0)
     return TuningPlan("tuning", "infeasible", [], None, baselines, solver, why, **common)

@@ -125,6 +125,14 @@ def test_greedy_from_the_static_cluster_step_by_step(toy, monkeypatch):
         ((4, 1, 2), 54.5, 95.0),        # late
         ((4, 2, 1), 53.0, 92.0),        # late: no candidate left, Algorithm 2 stops
     ]
+    # Round by round: the candidates are the current vector with one stage decremented (stage
+    # order), and the next round starts from the one taken; none is taken in the last round.
+    current = [(4, 4, 4), (4, 4, 3), (4, 4, 2), (4, 2, 2)]  # the warm start, then each vector taken
+    for r, vec in enumerate(current):
+        candidates = [v for v, _, _ in log[1 + 3 * r: 4 + 3 * r]]
+        assert candidates == [vec[:k] + (_decrement(toy, k, vec[k], "local-a"),) + vec[k + 1:] for k in range(3)]
+        assert r + 1 == len(current) or current[r + 1] in candidates
+    assert len(log) == 1 + 3 * len(current)
     assert instances(best) == (4, 2, 2)
     assert [a.gpus_per_trial for a in best.plan] == [1, 1, 2]
     assert best.result.jct_s == pytest.approx(39.5)

@@ -69,7 +69,15 @@ def parse_fault(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"'{text}': {e}") from None
 
 
+EPILOG = """exit codes: 0 every iteration done within the limits; 4 every iteration done, but past the time
+limit or the budget (printed with by how much); 3 no plan meets the limits (at the start or after a
+re-plan); 2 bad input; 1 a failure; 130 interrupted. After 1, 3 or 130 the last checkpoint is kept and
+`thrifty run --resume RUN_DIR` goes on from it."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("plan", metavar="PLAN.json", nargs="?",
                         help="a plan from `thrifty solve --out`, or a training problem (JSON or YAML) to solve "
                              "first; not needed with --resume RUN_DIR")
@@ -119,23 +127,19 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from pathlib import Path
 
     from thrifty.datasets.errors import ProblemError
-    from thrifty.runtime.training.plans import plan_and_problem, plan_from_dict
+    from thrifty.runtime.training.plans import plan_and_problem
     from thrifty.runtime.training.rundir import read_run_record
-    from thrifty.solver.problem import parse_problem
 
     resume: Any = False
     if args.resume:
-        resume = Path(args.resume if isinstance(args.resume, str) else (args.run_dir or ""))
-        if not str(resume):
+        folder = args.resume if isinstance(args.resume, str) else args.run_dir
+        if not folder:
             raise ProblemError("--resume needs the run directory: --resume RUN_DIR")
+        resume = Path(folder)
     record = read_run_record(resume) if resume else None
-    if args.plan is None:
-        if record is None:
-            raise ProblemError("give a plan or a problem file" + (f" ({resume} holds no run record to resume)"
-                                                                 if resume else ""))
-        return (plan_from_dict(record.plan, source=str(resume / "run.json")),
-                parse_problem(record.problem, source=str(resume / "run.json")), record, resume)
-    plan, problem = plan_and_problem(args.plan, args.problem)
+    if args.plan is None and not resume:
+        raise ProblemError("give a plan or a problem file (or --resume RUN_DIR)")
+    plan, problem = plan_and_problem(args.plan, args.problem, record, resume or None)
     return plan, problem, record, resume
 
 
@@ -152,7 +156,7 @@ def _config(args: argparse.Namespace, record: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from thrifty.datasets.errors import ProblemError
     from thrifty.runtime.training.driver import train
-    from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted
+    from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, TrainingError
     from thrifty.runtime.training.hooks import Hooks
 
     plan, problem, record, resume = _load(args)
@@ -188,8 +192,11 @@ def run(args: argparse.Namespace) -> int:
                            faults=args.inject, run_dir=args.run_dir, trainer_args=trainer_args,
                            resume=resume, on_progress=bar.update)
     except ReplanInfeasible as e:
-        print(f"thrifty run: infeasible after re-planning: {e}", file=sys.stderr)
+        print(f"thrifty run: infeasible after re-planning: {e}{_kept(e)}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except TrainingError as e:
+        print(f"thrifty run: failed: {e}{_kept(e)}", file=sys.stderr)
+        return EXIT_FAILURE
     except RunInterrupted as e:
         print(f"thrifty run: {e}; resume with: thrifty run --resume {e.run_dir}", file=sys.stderr)
         return 130
@@ -215,6 +222,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _kept(error: Any) -> str:
+    """Where a stopped run's checkpoint is and how to go on from it."""
+    if error.run_dir is None:
+        return ""
+    return (f"\nthe checkpoint at iteration {error.checkpoint_iteration} is kept; resume with: "
+            f"thrifty run --resume {error.run_dir}")
+
+
 class _ProgressBar:
     """A rich progress bar: iterations, the measured throughput with its sd,
     and the elapsed time and cost against what the current plan predicted."""
@@ -224,28 +239,34 @@ class _ProgressBar:
         self.progress = self.task = None
 
     def __enter__(self) -> "_ProgressBar":
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                     TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[rate]}"),
-                                     TextColumn("{task.fields[time]}"), TextColumn("{task.fields[cost]}"),
-                                     transient=False, redirect_stdout=False)
-            self.progress.__enter__()
-            self.task = self.progress.add_task("starting", total=1, rate="", time="", cost="")
         return self
+
+    def _start(self) -> None:
+        """Shown from the first report on, so that bad input is one line, not a bar."""
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20),
+                                 TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[rate]}"),
+                                 TextColumn("{task.fields[time]}"), TextColumn("{task.fields[cost]}"),
+                                 transient=False, redirect_stdout=False)
+        self.progress.__enter__()
+        self.task = self.progress.add_task("starting", total=1, rate="", time="", cost="")
 
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)
 
     def say(self, text: str) -> None:
+        if self.enabled and self.progress is None:
+            self._start()
         if self.progress is not None:
             self.progress.console.print(text)
 
     def update(self, s: Any) -> None:
-        if self.progress is None:
+        if not self.enabled:
             return
+        if self.progress is None:
+            self._start()
         w = s.window
         rate = f"{w.mean:.1f}±{w.sd:.1f} it/s" if w is not None else "-- it/s"
         if s.eta_s is not None:

@@ -72,14 +72,8 @@ def _print_human(problem, plan) -> None:
         limits.append(f"cost <= ${problem.limits.cost_usd:g}")
     console.print(f"[bold]{title}[/bold]" + (f"  ({', '.join(limits)})" if limits else ""))
     if not plan.feasible:
-        why = plan.infeasibility
-        console.print(f"[bold red]infeasible[/bold red]: {why.reason}")
-        sets = why.conflict_sets or [why.conflicts]
-        label = "conflicting" if len(sets) == 1 else "conflict sets (each must change)"
-        console.print(f"{label}: " + "; ".join("{" + ", ".join(s) + "}" for s in sets if s)
-                      + ("" if why.conflict_sets_complete else " (one minimal set; there may be others)"))
-        for r in why.relaxations:
-            console.print("  " + _relaxation_text(r))
+        for line in infeasibility_lines(plan.infeasibility):
+            console.print(line, highlight=False)
         console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s[/dim]")
         return
     table = Table(title=f"plan ({plan.status})")
@@ -97,29 +91,89 @@ def _print_human(problem, plan) -> None:
                   f"{plan.solver.candidates_simulated} candidates simulated, {gap}[/dim]")
 
 
-def _relaxation_text(r: dict) -> str:
-    """One relaxation in words, with what it buys: "instances[0].quota >= 32
-    (now 4): 32xg4dn.8xlarge@128 takes 41.2 s, $0.5432"."""
-    then = f": {r['plan']} takes {r['total_s']:,.1f} s, ${r['cost_usd']:,.4f}" if "plan" in r else ""
-    if "fields" in r:
-        needed = " and ".join(f"{k} >= {_fmt_up(v)}" for k, v in r["needed"].items())
-        return f"{needed} ({r['note']}){then}"
-    field, needed, current = r["field"], r["needed"], r["current"]
-    if isinstance(needed, bool) or isinstance(needed, str):
-        return f"{field} = {json.dumps(needed)} (now {json.dumps(current)}){then}"
-    op = "<=" if r.get("direction") == "lower" else ">="
-    shown = str(needed) if isinstance(needed, int) else _fmt_up(needed)
-    note = f"; {r['note']}" if r.get("note") else ""
-    return f"{field} {op} {shown} (now {_fmt(current)}{note}){then}"
+def infeasibility_lines(why) -> list[str]:
+    """An infeasible answer in plain words (a training `Infeasibility` or a
+    tuning plan's dict of the same keys): every minimal conflict set with its
+    reason, and every relaxation with the plan it admits."""
+    if not isinstance(why, dict):
+        why = why.to_dict()
+    sets = why.get("conflict_sets") or [why["conflicts"]]
+    reasons = why.get("conflict_reasons") or []
+    if len(reasons) != len(sets):
+        reasons = [why["reason"]] * len(sets)
+    if not any(sets):
+        lines = [f"[bold red]infeasible[/bold red]: {why['reason']}"]
+    elif len(sets) == 1:
+        lines = [f"[bold red]infeasible[/bold red]: {reasons[0]}",
+                 "conflict: " + ", ".join(sets[0]) + " (relax one of them)"]
+    else:
+        lines = [f"[bold red]infeasible[/bold red]: {len(sets)} separate conflicts (relax one member of each)"]
+        lines += [f"  {k}. " + ", ".join(s) + f": {r}" for k, (s, r) in enumerate(zip(sets, reasons), 1)]
+    if not why.get("conflict_sets_complete", True):
+        lines.append("  (the search for conflict sets stopped early: there may be others)")
+    if why["relaxations"]:
+        lines.append("each of these admits a plan:")
+        lines += ["  - " + relaxation_text(r) for r in why["relaxations"]]
+    else:
+        lines.append("no relaxation that admits a plan was found")
+    return lines
 
 
-def _fmt_up(value: float) -> str:
+def relaxation_text(r: dict) -> str:
+    """One relaxation in words, with what it buys: "raise instances[0].quota
+    from 4 to 32: then 32xg4dn.8xlarge@128 takes 49.8 s and costs $0.4297"."""
+    changes = r.get("changes") or ({r["field"]: r["needed"]} if "field" in r else r["needed"])
+    current = r["current"] if isinstance(r.get("current"), dict) else {r.get("field"): r.get("current")}
+    parts: list[str] = []
+    last = None  # the verb of the previous part, not repeated
+    for name, value in changes.items():
+        now = current.get(name)
+        if isinstance(value, (bool, str)):
+            parts.append(f"set {name} to {json.dumps(value)} (now {json.dumps(now)})")
+        else:
+            verb = "lower" if now is not None and value < now else "raise"
+            said = verb == last
+            last = verb
+            parts.append(f"{'' if said else verb + ' '}{name} from {_with_unit(name, now, up=False)} to "
+                         f"{_with_unit(name, value)}")
+    text = " and ".join(parts)
+    if r.get("note"):
+        text += f" ({r['note']})"
+    if "plan" in r:
+        plan = r["plan"]
+        if isinstance(plan, list):  # a tuning plan's stages
+            most = max((s["instances"] for s in plan), default=0)
+            plan = f"the plan ({len(plan)} stages, at most {most} instances)"
+        text += f": then {plan} takes {r['total_s']:,.1f} s and costs ${r['cost_usd']:,.4f}"
+    return text
+
+
+def _with_unit(name: str, value, up: bool = True) -> str:
+    """A field's value as printed: limits rounded up (`limit_text`) with their unit."""
+    if value is None:
+        return "none"
+    if name in ("limits.time_s", "deadline_s"):
+        return f"{limit_text(value) if up else _fmt(value)} s"
+    if name == "limits.cost_usd":
+        return f"${limit_text(value) if up else _fmt(value)}"
+    return str(value)
+
+
+def limit_text(value: float) -> str:
     """A limit that must be raised to `value`, rounded up at 4 significant
-    digits, so the printed figure is never below what is needed."""
-    if not isinstance(value, float) or value <= 0 or not math.isfinite(value):
+    digits: the printed figure is never below what is needed, and at most 0.1%
+    above it (so 1% below it is still short)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or not math.isfinite(value):
         return _fmt(value)
-    step = 10.0 ** (math.floor(math.log10(value)) - 3)
-    return f"{math.ceil(value / step - 1e-9) * step:,.{max(0, 3 - math.floor(math.log10(value)))}f}"
+    exponent = math.floor(math.log10(value))
+    decimals = max(0, 3 - exponent)
+    step = 10.0 ** (exponent - 3)
+    units = math.ceil(value / step)
+    while True:
+        text = f"{units * step:,.{decimals}f}"
+        if float(text.replace(",", "")) >= value:
+            return text
+        units += 1
 
 
 def _fmt(value) -> str:
@@ -157,10 +211,8 @@ def _print_tuning(problem, plan) -> None:
     console.print(f"[bold]{problem.name or problem.model}: {plan.experiment}, {problem.billing.replace('_', '-')} "
                   f"billing[/bold]  ({problem.deadline_on} JCT <= {problem.deadline_s:g} s)")
     if not plan.feasible:
-        why = plan.infeasibility
-        console.print(f"[bold red]infeasible[/bold red]: {why['reason']}")
-        for r in why["relaxations"]:
-            console.print(f"  feasible if {r['field']} were {_fmt(r['needed'])} (now {_fmt(r['current'])}): {r['note']}")
+        for line in infeasibility_lines(plan.infeasibility):
+            console.print(line, highlight=False)
         console.print(f"[dim]solver: {plan.solver['wall_s']:.2f} s[/dim]")
         return
     table = Table(title=f"tuning plan ({plan.status}, {plan.solver['chosen']})")

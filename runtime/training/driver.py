@@ -14,7 +14,9 @@ the progress monitor. What it does on each event:
   plan uses them; the others are given back.
 - **slowdown**: the monitor says the limits will be missed with high
   certainty; re-solve with what is left and switch only if the answer is a
-  different configuration.
+  different configuration. A re-plan that changes nothing (the same
+  configuration, or none meets the limits) is asked for again only after a
+  hold-off that doubles each time (`slowdown_hold_off_s`).
 - **finished**: all iterations done and checkpointed; every machine is given
   back.
 
@@ -43,17 +45,19 @@ from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.training.job import JobSpec
 from thrifty.runtime.training.launcher import RankSlot, Segment, SegmentPoll
 from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
-from thrifty.runtime.training.plans import check_plan, plan_and_problem, plan_from_dict
+from thrifty.runtime.training.plans import check_plan, plan_and_problem
 from thrifty.runtime.training.replan import Replan, Replanner
-from thrifty.runtime.training.rundir import (RunRecord, absolute_paths, default_run_dir, new_run_id,
-                                             read_run_record, spent_before, write_run_record)
+from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_paths, carried_over, default_run_dir,
+                                             new_run_id, read_run_record, write_run_record)
 from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.training.sharding import split_batch
 from thrifty.runtime.training.trainer import load_trainer, trainer_spec
+from thrifty.runtime.training.zygote import start_zygote
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem
 
-__all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "train", "rank_slots"]
+__all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "train", "rank_slots", "resumed_prediction",
+           "slowdown_hold_off_s"]
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,33 @@ class ProgressSnapshot:
         return None if self.projected_total_s is None else max(0.0, self.projected_total_s - self.elapsed_s)
 
 
+MAX_HOLD_OFF_WINDOWS = 8
+SAME_INTERRUPT_S = 1.0  # a second SIGINT sooner than this after the first is the same Ctrl-C
+
+
+def slowdown_hold_off_s(window_s: float, fruitless_replans: int) -> float:
+    """How long the monitor holds off after `fruitless_replans` slowdown
+    re-plans in a row that changed nothing: one window after the first, then
+    twice as long after each, at most `MAX_HOLD_OFF_WINDOWS` windows (a
+    persistent slowdown with no better plan is then re-solved, and logged,
+    a few times in a short job, not every window)."""
+    return window_s * min(2 ** max(0, fruitless_replans - 1), MAX_HOLD_OFF_WINDOWS)
+
+
+def resumed_prediction(plan: Plan, remaining_iterations: int, launch_s: float, carried_s: float,
+                       carried_usd: float) -> tuple[float | None, float | None]:
+    """What `plan` predicts for a run resumed with `remaining_iterations` to
+    go, as totals of the whole run (elapsed seconds, USD): what the earlier
+    sessions spent, one launch and the remaining iterations at the plan's
+    predicted iteration time, priced at the plan's predicted cost per second.
+    (The plan's own totals are for the iterations it was solved for.)"""
+    p = plan.predicted
+    if p is None or not p.total_s > 0:
+        return None, None
+    seconds = launch_s + remaining_iterations * p.iteration_s
+    return carried_s + seconds, carried_usd + p.cost_usd * seconds / p.total_s
+
+
 def rank_slots(plan: Plan, machines: Sequence[Sequence[Machine]], catalog: Catalog) -> list[RankSlot]:
     """The workers of a plan: for each allocation (in order) and each of its
     machines, one worker per device, the machine's batch split over them."""
@@ -265,8 +296,6 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
         raise ProblemError("resume=True needs run_dir (or give resume=RUN_DIR)", path="resume")
     record = read_run_record(folder) if resuming else None
     if record is not None:
-        plan = plan if plan is not None else plan_from_dict(record.plan, source=str(folder / "run.json"))
-        problem = problem if problem is not None else record.problem
         trainer = trainer if trainer is not None else record.trainer
         trainer_args = trainer_args if trainer_args is not None else record.trainer_args
         config = config if config is not None else RunConfig(**record.config)
@@ -274,7 +303,7 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     if trainer is None:
         raise ProblemError("no trainer: give MODULE:FACTORY" + (" (this run directory has no run record)"
                                                                if resuming else ""), path="trainer")
-    plan, problem = plan_and_problem(plan, problem)
+    plan, problem = plan_and_problem(plan, problem, record, folder if resuming else None)
     catalog = load_catalog(problem.catalog)
     check_plan(plan, problem, catalog)
     spec = trainer_spec(trainer)
@@ -288,13 +317,14 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
                            path="run_dir")
     if resuming and not checkpoint.exists():
         raise ProblemError(f"has no checkpoint to resume ({checkpoint})", path="run_dir")
-    carried = spent_before(read_run_log(folder / "run.jsonl")) if resuming and (folder / "run.jsonl").exists() \
-        else (0.0, 0.0)
+    carried = carried_over(read_run_log(folder / "run.jsonl")) if resuming and (folder / "run.jsonl").exists() \
+        else CarriedOver()
     folder.mkdir(parents=True, exist_ok=True)
     record = RunRecord(run_id, plan.to_dict(), absolute_paths(problem.model_dump(mode="json")), spec,
                        dict(trainer_args or {}), dataclasses.asdict(config),
                        first_plan=record.first_plan if record is not None else plan.to_dict())
     write_run_record(folder, record)
+    start_zygote()  # local workers are forked by it: while the machines boot, it imports torch
     own_provider = provider is None
     if provider is None:
         from thrifty.runtime.providers.local import LocalProvider
@@ -312,14 +342,14 @@ class _Driver:
     def __init__(self, plan: Plan, problem: TrainingProblem, catalog: Catalog, spec: str,
                  trainer_args: dict[str, Any], provider: Provider, hooks: Hooks, config: RunConfig,
                  injector: FaultInjector, folder: Path, run_id: str,
-                 on_progress: Callable[[ProgressSnapshot], None] | None, record: RunRecord,
-                 carried: tuple[float, float] = (0.0, 0.0)):
+                 on_progress: Callable[[ProgressSnapshot], None] | None, record: RunRecord, carried: CarriedOver):
         self.plan, self.problem, self.catalog = plan, problem, catalog
         self.spec, self.trainer_args, self.provider, self.hooks = spec, trainer_args, provider, hooks
         self.config, self.injector, self.folder, self.run_id = config, injector, folder, run_id
         self.on_progress, self.record = on_progress, record
         # a resumed run's clock goes on from what its earlier sessions spent (seconds, USD)
-        self.carried_s, self.carried_usd = carried
+        self.carried_s, self.carried_usd = carried.seconds, carried.usd
+        self.first_segment = carried.segments  # segments are numbered across the run's sessions
         self.start = time.time() - self.carried_s
         self.log = RunLog(folder / "run.jsonl", start=self.start)
         self.replanner = Replanner(problem, method=config.solver_method, time_limit_s=config.replan_time_limit_s)
@@ -335,7 +365,8 @@ class _Driver:
         self.plans: list[Plan] = [plan]
         self.replans: list[Replan] = []
         self.preemptions: list[Preemption] = []
-        self.segments: list[SegmentRecord] = []
+        self.segments: list[SegmentRecord] = []  # this session's
+        self.fruitless_replans = 0  # slowdown re-plans in a row that changed nothing (kept or infeasible)
         self.done = 0
         self.launch_s = problem.overheads.launch_s
         # the current plan's own prediction, as elapsed time and cost of the whole run
@@ -396,11 +427,15 @@ class _Driver:
             from thrifty.runtime.training.checkpoint import load_checkpoint
 
             self.done = int(load_checkpoint(self.folder / "checkpoint.pt")["iteration"])
+            self.predicted_total_s, self.predicted_cost_usd = resumed_prediction(
+                self.plan, self.problem.iterations - self.done, self.problem.overheads.launch_s, self.carried_s,
+                self.carried_usd)
         self.log.write("start", run_id=self.run_id, trainer=self.spec, trainer_args=self.trainer_args,
                        plan=self.plan.to_dict(), iterations=self.problem.iterations, start_iteration=self.done,
                        global_batch=self.problem.global_batch, limits=self.problem.limits.model_dump(),
                        config=self.config.__dict__, window_s=self.window_s, resumed=resume,
-                       carried_s=self.carried_s, carried_usd=self.carried_usd)
+                       carried_s=self.carried_s, carried_usd=self.carried_usd,
+                       predicted_total_s=self.predicted_total_s, predicted_cost_usd=self.predicted_cost_usd)
         plan = self.plan
         try:
             while self.done < self.problem.iterations:
@@ -408,6 +443,8 @@ class _Driver:
                     raise TrainingError(f"re-planned {len(self.replans)} times, more than max_replans "
                                         f"{self.config.max_replans}; the last checkpoint is kept")
                 acquire_at = time.time()
+                self.monitor.reset(self.done)  # a new world is measured afresh
+                self.report(acquire_at, "launching", plan)  # before machines that may take minutes to boot
                 try:
                     groups = self._acquire(plan)
                 except CapacityError as e:
@@ -423,6 +460,8 @@ class _Driver:
             raise RunInterrupted("SIGINT", reached, self._last_checkpoint(), self.folder) from None
         except BaseException as e:
             self.log.write("error", error=f"{type(e).__name__}: {e}", iteration=max(self.done, self.monitor.iterations))
+            if isinstance(e, TrainingError):
+                e.run_dir, e.checkpoint_iteration = self.folder, self._last_checkpoint()
             raise
         now = time.time()
         result = RunResult(self.run_id, self.folder, self.done, self.problem.iterations, now - self.start,
@@ -436,6 +475,18 @@ class _Driver:
                        predicted_cost_usd=predicted.cost_usd if predicted else None)
         self.hooks.emit("finished", result)
         return result
+
+    def report(self, now: float, state: str, plan: Plan) -> None:
+        """Tell `on_progress` where the run is."""
+        if self.on_progress is None:
+            return
+        verdict = self.monitor.check(now, self.machines.values())
+        self.on_progress(ProgressSnapshot(
+            state, plan.config, self.monitor.iterations, self.problem.iterations, now - self.start,
+            verdict.spent_usd, self.predicted_total_s, self.predicted_cost_usd, verdict.projected_total_s,
+            verdict.projected_cost_usd, verdict.window, self.problem.limits.time_s, self.problem.limits.cost_usd,
+            None if self.metrics is None else self.metrics.get("loss"),
+            None if self.metrics is None else self.metrics.get("metrics")))
 
     def _last_checkpoint(self) -> int:
         saved = [e["iteration"] for e in self.log.events if e["event"] == "checkpoint"]
@@ -478,7 +529,7 @@ class _Driver:
 
     def _run_segment(self, plan: Plan, groups: list[list[Machine]], acquire_at: float) -> Plan:
         """Run one world until it finishes or stops; returns the plan to go on with."""
-        index = len(self.segments)
+        index = self.first_segment + len(self.segments)
         slots = rank_slots(plan, groups, self.catalog)
         cfg = self.config
         backend = cfg.backend
@@ -490,7 +541,7 @@ class _Driver:
                       checkpoint_path=str(self.folder / "checkpoint.pt"), checkpoint_every=cfg.checkpoint_every,
                       checkpoint_every_s=cfg.checkpoint_every_s, seed=cfg.seed, threads=cfg.threads,
                       backend=backend, timeout_s=cfg.collective_timeout_s, weighting=cfg.weighting,
-                      faults=self.injector.worker_faults(index, slots, self.done),
+                      faults=self.injector.worker_faults(len(self.segments), slots, self.done),
                       machine_ids=tuple(s.machine_id for s in slots))
         watch = _SegmentWatch(self, plan, slots, index, acquire_at)
         self.monitor.reset(self.done)
@@ -532,26 +583,37 @@ class _SegmentWatch:
     def _stop_on_interrupt(self) -> None:
         """Ctrl-C: ask the workers to checkpoint and stop, and wait for them up
         to the stop timeout; a second Ctrl-C stops waiting (the workers are
-        then killed and the run resumes from its last checkpoint)."""
+        then killed and the run resumes from its last checkpoint). A SIGINT
+        within `SAME_INTERRUPT_S` of the first is the same one delivered twice
+        (to the process and to its process group, as ``timeout`` does)."""
         seg, d = self.segment, self.d
         if seg is None:
             return
+        first = time.monotonic()
+        deadline = first + d.config.stop_timeout_s
         try:
             seg.request_stop()
-            deadline = time.monotonic() + d.config.stop_timeout_s
-            while time.monotonic() < deadline:
-                poll = seg.poll()
-                self._worker_events(poll)
-                if poll.iteration is not None:
-                    self.reached = max(self.reached, poll.iteration)
-                    d.monitor.iterations = max(d.monitor.iterations, poll.iteration)
-                if poll.ended or poll.lost:
-                    return
-                time.sleep(d.config.poll_s)
-        except KeyboardInterrupt:
-            return
         except Exception:  # noqa: BLE001 - a failure while stopping: the workers are killed on exit
             return
+        while time.monotonic() < deadline:
+            try:
+                if self._stopped_after_interrupt(seg):
+                    return
+                time.sleep(d.config.poll_s)
+            except KeyboardInterrupt:
+                if time.monotonic() - first >= SAME_INTERRUPT_S:
+                    return
+            except Exception:  # noqa: BLE001 - a failure while stopping: the workers are killed on exit
+                return
+
+    def _stopped_after_interrupt(self, seg: Segment) -> bool:
+        d = self.d
+        poll = seg.poll()
+        self._worker_events(poll)
+        if poll.iteration is not None:
+            self.reached = max(self.reached, poll.iteration)
+            d.monitor.iterations = max(d.monitor.iterations, poll.iteration)
+        return bool(poll.ended or poll.lost)
 
     def _follow(self) -> str:
         d, seg = self.d, self.segment
@@ -680,31 +742,32 @@ class _SegmentWatch:
             d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
         if not verdict.replan or not d.config.replan_on_slowdown:
             return
-        d.monitor.reset(d.monitor.iterations)  # judge again only on a fresh window
+        d.monitor.hold_off(now, d.window_s)  # judge again only on a fresh window
         d.log.write("slowdown", at=now, segment=self.index, **verdict.to_dict())
         d.hooks.emit("slowdown", verdict)
         try:
             replan = d._solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
         except ReplanInfeasible as e:
             d.log.write("replan_infeasible", reason="slowdown", error=str(e))
+            self._fruitless(now)
             return
         if replan.new_config == self.plan.config:  # the same machines: switching would only cost
             d.log.write("replan_kept", config=self.plan.config, latency_s=replan.latency_s)
+            self._fruitless(now)
             return
+        d.fruitless_replans = 0
         self.next_plan = d._commit(replan)
         self.segment.request_stop()
 
-    def _report(self, now: float, state: str) -> None:
+    def _fruitless(self, now: float) -> None:
+        """A slowdown re-plan changed nothing: ask again later, and later still
+        after each one that changes nothing."""
         d = self.d
-        if d.on_progress is None:
-            return
-        verdict = d.monitor.check(now, d.machines.values())
-        d.on_progress(ProgressSnapshot(
-            state, self.plan.config, d.monitor.iterations, d.problem.iterations, now - d.start, verdict.spent_usd,
-            d.predicted_total_s, d.predicted_cost_usd, verdict.projected_total_s, verdict.projected_cost_usd,
-            verdict.window, d.problem.limits.time_s, d.problem.limits.cost_usd,
-            None if d.metrics is None else d.metrics.get("loss"),
-            None if d.metrics is None else d.metrics.get("metrics")))
+        d.fruitless_replans += 1
+        d.monitor.hold_off(now, slowdown_hold_off_s(d.window_s, d.fruitless_replans))
+
+    def _report(self, now: float, state: str) -> None:
+        self.d.report(now, state, self.plan)
 
     def finish(self, ended: str) -> Plan:
         d, seg = self.d, self.segment

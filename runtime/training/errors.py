@@ -14,7 +14,12 @@ __all__ = ["TrainingError", "WorldFormationError", "WorkerFailed", "StallError",
 
 
 class TrainingError(ThriftyError, RuntimeError):
-    """A training run could not go on."""
+    """A training run could not go on. `train` sets `run_dir` (where the run
+    lives) and `checkpoint_iteration` (where its last checkpoint is, from
+    which ``train(resume=run_dir)`` goes on) on the way out."""
+
+    run_dir: object = None
+    checkpoint_iteration: int | None = None
 
 
 class WorldFormationError(TrainingError):

@@ -17,6 +17,9 @@ A re-plan is called for only then, and only once the window is full and the
 certain violation has held for at least one bin width. That last condition is
 ours, not the paper's: it keeps a single outlying poll from triggering a
 switch, whose overheads (stop, relaunch) a transient slowdown never repays.
+After a call for a re-plan the monitor holds off (`hold_off`): it goes on
+measuring (the live bar keeps its rate and ETA), but calls again only on a
+violation seen afresh after the hold, so on a window of new measurements.
 
 Srifty's K = 5 minutes fits jobs of hours. A 30-second job would never fill
 such a window: it would show no throughput and never re-plan. So the window
@@ -150,6 +153,7 @@ class ProgressMonitor:
         self.spent_before_usd = spent_before_usd
         self._points: deque[tuple[float, int]] = deque()
         self._violating_since: float | None = None
+        self._quiet_until = -math.inf
         self.iterations = 0
 
     def reset(self, iterations: int) -> None:
@@ -157,7 +161,13 @@ class ProgressMonitor:
         window restarts, since the old one measured other machines."""
         self._points.clear()
         self._violating_since = None
+        self._quiet_until = -math.inf
         self.iterations = iterations
+
+    def hold_off(self, now: float, seconds: float) -> None:
+        """Call for no re-plan before ``now + seconds``; the measurements go on."""
+        self._quiet_until = now + seconds
+        self._violating_since = None
 
     def observe(self, at: float, iterations: int) -> None:
         if self._points and at <= self._points[-1][0]:
@@ -193,7 +203,7 @@ class ProgressMonitor:
                 violation.append("cost")
         elif window is not None and left > 0:  # no progress at all over a full window
             violation = [k for k, v in (("time", self.time_limit_s), ("cost", self.cost_limit_usd)) if v is not None]
-        if violation:
+        if violation and now >= self._quiet_until:
             self._violating_since = self._violating_since if self._violating_since is not None else now
         else:
             self._violating_since = None

@@ -9,7 +9,8 @@ JSON path of the field.
 
 `plan_and_problem` takes what ``thrifty run`` and `train` accept: a plan and
 its problem, or a training problem alone (a file, a dict or a `Problem`),
-which is solved first.
+which is solved first; when a run is resumed, its run record fills in what is
+not given.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document, read_json
+from thrifty.runtime.training.rundir import RECORD_NAME, RunRecord
 from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 
@@ -78,12 +80,21 @@ def as_training_problem(problem: Problem | dict[str, Any] | str | Path) -> Train
 
 
 def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
-                     problem: Problem | dict[str, Any] | str | Path | None) -> tuple[Plan, TrainingProblem]:
+                     problem: Problem | dict[str, Any] | str | Path | None,
+                     resumed: RunRecord | None = None,
+                     run_dir: str | Path | None = None) -> tuple[Plan, TrainingProblem]:
     """(plan, problem) from a plan and its problem, or from a training problem
     alone (given in place of the plan, as a file, a dict or a `Problem`),
-    solved here; the plan may be infeasible (`Plan.feasible`)."""
+    solved here; the plan may be infeasible (`Plan.feasible`).
+
+    `resumed` is the record of the run being resumed (in `run_dir`): it gives
+    the plan when none is given (its plan in force), and the problem when a
+    plan comes without one."""
+    if plan is None and resumed is not None:
+        plan = plan_from_dict(resumed.plan, source=str(Path(run_dir or ".") / RECORD_NAME))
     if plan is None:
-        raise ProblemError("nothing to run: give a plan and its problem, or a training problem")
+        raise ProblemError("nothing to run: give a plan and its problem, or a training problem"
+                           + (f" ({run_dir} holds no run record to resume)" if run_dir is not None else ""))
     source = str(plan) if isinstance(plan, (str, Path)) else None
     data: Any = plan
     if isinstance(plan, (str, Path)):
@@ -102,6 +113,8 @@ def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
 
         training = as_training_problem(given)
         return solve(training), training
+    if problem is None and resumed is not None:
+        problem = resumed.problem
     if problem is None:
         raise ProblemError("--problem PROBLEM.json is required with a plan (problem= in train()): the runtime "
                            "re-plans with it", source=source)

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from thrifty.runtime.plots import PlotRecord, literal_text, pyplot, save_png, wrap_title
+
 __all__ = ["timeline", "format_timeline", "plot_run", "run_figure"]
 
 _KEY_EVENTS = ("start", "launch", "world_formed", "preemption", "slowdown", "replan", "replan_kept",
@@ -88,18 +90,22 @@ _MARKERS = {  # event: (line style, marker at the top of the axes, label); disti
     "replan_infeasible": ({"color": "#937860", "lw": 1.2, "ls": (0, (3, 2))}, "X", "re-plan: no plan fits"),
     "slowdown": ({"color": "#dd8452", "lw": 1.2, "ls": (0, (1, 1))}, "s", "violation certain"),
 }
-_NUDGE_PT = 3.5  # points between event lines that fall at (nearly) the same time
+_NUDGE_PT = 3.5      # points between event lines that fall at (nearly) the same time
+_CLOSE_SHARE = 0.02  # events closer than this share of the time axis (about a marker's width) are nudged
+_MARKER_STEP_PT = 12  # points between the stacked markers of events that are nudged apart
+_PREDICTED_COLORS = ["#55a868", "#dd8452", "#8172b2", "#937860"]
 
 
 def _event_marks(events: Sequence[dict[str, Any]], span_s: float) -> list[tuple[str, float, float]]:
     """(event, time, offset in points) of the events drawn as vertical lines:
-    an event within 0.5% of the time axis of the one before it is moved
-    `_NUDGE_PT` points further right, so lines at one time stay apart."""
+    an event within `_CLOSE_SHARE` of the time axis of the one before it is
+    moved `_NUDGE_PT` points further right (and its marker one step down), so
+    lines and markers at one time stay apart."""
     marks: list[tuple[str, float, float]] = []
     for e in sorted((e for e in events if e["event"] in _MARKERS), key=lambda e: e["elapsed_s"]):
         t = e["elapsed_s"]
         offset = 0.0
-        if marks and t - marks[-1][1] <= 0.005 * span_s:
+        if marks and t - marks[-1][1] <= _CLOSE_SHARE * span_s:
             offset = marks[-1][2] + _NUDGE_PT
         marks.append((e["event"], t, offset))
     return marks
@@ -114,86 +120,114 @@ def _mark_text(kind: str, events: Sequence[dict[str, Any]], t: float) -> str:
     return _MARKERS[kind][2]
 
 
-def run_figure(events: Sequence[dict[str, Any]], title: str | None = None):
-    """The figure of `plot_run` and a record of what it drew
-    (`thrifty.runtime.plots.PlotRecord`: series ``actual``, ``spent`` and
-    ``predicted: CONFIG``; ``notes["marks"]``, the (event, time, offset in
-    points) of each event line)."""
-    from matplotlib import transforms
-    from matplotlib.lines import Line2D
-
-    from thrifty.runtime.plots import PlotRecord, pyplot, wrap_title
-
-    plt = pyplot()
-    fig, (ax_it, ax_cost) = plt.subplots(2, 1, figsize=(8, 7), dpi=120, sharex=True, layout="constrained")
-    rec = PlotRecord()
-    handles = []
+def _predictions(events: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[float, float]]]]:
+    """(configuration, predicted progress) of the first plan and of each
+    re-plan: flat while machines launch, then straight to the last iteration."""
     start = next(e for e in events if e["event"] == "start")
     total = start["iterations"]
+    predicted = start["plan"]["predicted"]
+    launch = predicted["total_s"] - total * predicted["iteration_s"]
+    out = [(_config(start["plan"]), [(0.0, 0), (launch, 0), (predicted["total_s"], total)])]
+    for e in events:
+        if e["event"] == "replan":
+            t0, done, p = e["elapsed_s"], total - e["problem"]["iterations"], e["plan"]["predicted"]
+            out.append((e["new_config"], [(t0, done), (t0 + e["problem"]["launch_s"], done),
+                                          (t0 + p["total_s"], total)]))
+    return out
+
+
+def _draw_progress(ax, events: Sequence[dict[str, Any]], rec, handles: list) -> None:
+    """Iterations done (reports and checkpoints) and each plan's prediction."""
+    from matplotlib.lines import Line2D
+
     progress = sorted([(e["elapsed_s"], e["iterations"]) for e in events if e["event"] == "throughput"]
                       + [(e["elapsed_s"], e["iteration"]) for e in events if e["event"] == "checkpoint"])
     if progress:
-        ax_it.plot(*zip(*progress), ".-", color="#4c72b0", ms=4, zorder=3)
+        ax.plot(*zip(*progress), ".-", color="#4c72b0", ms=4, zorder=3)
         handles.append(Line2D([], [], color="#4c72b0", marker=".", label="actual (reports and checkpoints)"))
         rec.series["actual"] = progress
-    predictions = [(0.0, 0, start["plan"]["predicted"], _config(start["plan"]), None)]
-    for e in events:
-        if e["event"] == "replan":
-            predictions.append((e["elapsed_s"], total - e["problem"]["iterations"], e["plan"]["predicted"],
-                                e["new_config"], e["problem"]["launch_s"]))
-    colors = ["#55a868", "#dd8452", "#8172b2", "#937860"]
-    for k, (t0, base, predicted, config, launch) in enumerate(predictions):
-        if launch is None:
-            launch = start["plan"]["predicted"]["total_s"] - total * predicted["iteration_s"]
-        line = [(t0, base), (t0 + launch, base), (t0 + predicted["total_s"], total)]
-        color = colors[k % len(colors)]
-        ax_it.plot(*zip(*line), "--", color=color, lw=1.4, zorder=2)
+    for k, (config, line) in enumerate(_predictions(events)):
+        color = _PREDICTED_COLORS[k % len(_PREDICTED_COLORS)]
+        ax.plot(*zip(*line), "--", color=color, lw=1.4, zorder=2)
         handles.append(Line2D([], [], color=color, ls="--", label=f"predicted: {config}"))
         rec.series[f"predicted: {config}"] = line
+
+
+def _draw_spent(ax, events: Sequence[dict[str, Any]], budget: float | None, rec, handles: list) -> None:
+    """The money spent over time, and the budget (with room above it for the event markers)."""
+    from matplotlib.lines import Line2D
+
     spent = [(e["elapsed_s"], e["spent_usd"]) for e in events if e["event"] == "throughput"]
     finish = next((e for e in events if e["event"] == "finish"), None)
     if finish is not None:
         spent.append((finish["elapsed_s"], finish["cost_usd"]))
     spent.sort()
     if spent:
-        ax_cost.step(*zip(*spent), where="post", color="#4c72b0", marker=".", ms=4, zorder=3)
+        ax.step(*zip(*spent), where="post", color="#4c72b0", marker=".", ms=4, zorder=3)
         handles.append(Line2D([], [], color="#4c72b0", label="spent (per-second billing, 60 s minimum)"))
         rec.series["spent"] = spent
-    limits = start.get("limits") or {}
-    if limits.get("time_s") is not None:
-        for ax in (ax_it, ax_cost):
-            ax.axvline(limits["time_s"], color="black", ls="--", lw=1)
-        handles.append(Line2D([], [], color="black", ls="--", label=f"time limit {limits['time_s']:g} s"))
-    if limits.get("cost_usd") is not None:
-        ax_cost.axhline(limits["cost_usd"], color="#dd8452", ls="--", lw=1)
-        handles.append(Line2D([], [], color="#dd8452", ls="--", label=f"budget ${limits['cost_usd']:g}"))
+    if budget is not None:
+        ax.axhline(budget, color="#dd8452", ls="--", lw=1)
+        handles.append(Line2D([], [], color="#dd8452", ls="--", label=f"budget ${budget:g}"))
+    top = max([c for _, c in spent] + [budget or 0.0]) or 1.0
+    ax.set_ylim(0, top * 1.18)
 
-    times = [e["elapsed_s"] for e in events] + [v for v in (limits.get("time_s"),) if v is not None]
-    marks = _event_marks(events, max(times) - min(times) or 1.0)
-    rec.notes["marks"] = marks
+
+def _draw_marks(fig, axes, events: Sequence[dict[str, Any]], marks, handles: list) -> None:
+    """A vertical line on every panel for each event of `marks`, moved right
+    by its offset, with a marker on top (stacked downwards when nudged), and
+    on the first panel the event's name when there are few."""
+    from matplotlib import transforms
+    from matplotlib.lines import Line2D
+
     seen = set()
     for k, (kind, t, offset) in enumerate(marks):
         style, marker, label = _MARKERS[kind]
-        level = int(round(offset / _NUDGE_PT))  # events at one time: markers stacked downwards
-        for ax in (ax_it, ax_cost):
+        level = round(offset / _NUDGE_PT)
+        for ax in axes:
             line = transforms.offset_copy(ax.get_xaxis_transform(), fig=fig, x=offset, units="points")
             ax.plot([t, t], [0, 1], transform=line, zorder=4, **style)
-            top = transforms.offset_copy(ax.get_xaxis_transform(), fig=fig, x=offset, y=-12 * level,
-                                         units="points")
+            top = transforms.offset_copy(ax.get_xaxis_transform(), fig=fig, x=offset,
+                                         y=-_MARKER_STEP_PT * level, units="points")
             ax.plot([t], [1.0], transform=top, marker=marker, ms=7, color=style["color"], mec="black",
                     mew=0.6, clip_on=False, zorder=5)
         if len(marks) <= 6:  # name each event beside its marker, away from the one it shares a time with
             left = level == 0 and k + 1 < len(marks) and marks[k + 1][2] > 0
-            at = transforms.offset_copy(ax_it.get_xaxis_transform(), fig=fig, x=offset + (-7 if left else 7),
-                                        y=-12 * level - (4 if level == 0 else 0), units="points")
-            ax_it.text(t, 1.0, _mark_text(kind, events, t), transform=at, fontsize=7.5,
-                       va="top" if level == 0 else "center",
-                       ha="right" if left else "left", color=style["color"], zorder=6,
-                       bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+            at = transforms.offset_copy(axes[0].get_xaxis_transform(), fig=fig, x=offset + (-7 if left else 7),
+                                        y=-_MARKER_STEP_PT * level - (4 if level == 0 else 0), units="points")
+            axes[0].text(t, 1.0, _mark_text(kind, events, t), transform=at, fontsize=7.5,
+                         va="top" if level == 0 else "center", ha="right" if left else "left",
+                         color=style["color"], zorder=6,
+                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
         if kind not in seen:
             seen.add(kind)
             handles.append(Line2D([], [], marker=marker, ms=6, mec="black", mew=0.6, **style, label=label))
-    ax_cost.set_ylim(bottom=0)
+
+
+@literal_text
+def run_figure(events: Sequence[dict[str, Any]], title: str | None = None):
+    """The figure of `plot_run` and a record of what it drew
+    (`thrifty.runtime.plots.PlotRecord`: series ``actual``, ``spent`` and
+    ``predicted: CONFIG``; ``notes["marks"]``, the (event, time, offset in
+    points) of each event line; ``notes["handles"]``, the legend's labels)."""
+    from matplotlib.lines import Line2D
+
+    plt = pyplot()
+    fig, (ax_it, ax_cost) = plt.subplots(2, 1, figsize=(8, 7), dpi=120, sharex=True, layout="constrained")
+    rec = PlotRecord()
+    handles: list = []
+    start = next(e for e in events if e["event"] == "start")
+    limits = start.get("limits") or {}
+    _draw_progress(ax_it, events, rec, handles)
+    _draw_spent(ax_cost, events, limits.get("cost_usd"), rec, handles)
+    if limits.get("time_s") is not None:
+        for ax in (ax_it, ax_cost):
+            ax.axvline(limits["time_s"], color="black", ls="--", lw=1)
+        handles.append(Line2D([], [], color="black", ls="--", label=f"time limit {limits['time_s']:g} s"))
+    times = [e["elapsed_s"] for e in events] + [v for v in (limits.get("time_s"),) if v is not None]
+    rec.notes["marks"] = _event_marks(events, max(times) - min(times) or 1.0)
+    _draw_marks(fig, (ax_it, ax_cost), events, rec.notes["marks"], handles)
+    total = start["iterations"]
     ax_it.set_ylim(-0.03 * total, total * 1.2)  # a band above the finish for the events' names
     ax_it.set_ylabel("iterations done")
     ax_cost.set_ylabel("spent (USD)")
@@ -211,8 +245,6 @@ def plot_run(events: Sequence[dict[str, Any]], path: str | Path, title: str | No
     """Iterations and spent cost over time, each plan's predicted progress,
     the preemptions and re-plans (lines with a marker on top, moved apart when
     they fall at one time), and the limits; returns what it drew (`run_figure`)."""
-    from thrifty.runtime.plots import pyplot, save_png
-
     fig, rec = run_figure(events, title)
     save_png(pyplot(), fig, path)
     return rec

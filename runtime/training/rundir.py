@@ -13,9 +13,10 @@ The default directory of a new run is ``./thrifty-runs/RUN_ID`` (under the
 working directory, like ``lightning_logs/`` or ``mlruns/``; ``thrifty-runs/``
 is in the repository's ``.gitignore``). ``thrifty run --resume RUN_DIR`` (or
 ``train(resume=RUN_DIR)``) reads the record and continues from the checkpoint;
-`spent_before` reads from the log what the earlier sessions already spent, so
-the limits count the whole run. Files follow the umask, as any file the user
-creates (`thrifty.datasets.io`).
+`carried_over` reads from the log what the earlier sessions already spent, so
+the limits count the whole run, and how many worlds they ran, so a resumed
+session numbers its segments (and their job files and logs) after theirs.
+Files follow the umask, as any file the user creates (`thrifty.datasets.io`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_json, write_json
 
 __all__ = ["RUN_RECORD_FORMAT", "RUNS_FOLDER", "RunRecord", "new_run_id", "default_run_dir", "write_run_record",
-           "read_run_record", "spent_before", "absolute_paths"]
+           "read_run_record", "CarriedOver", "carried_over", "absolute_paths"]
 
 RUN_RECORD_FORMAT = "thrifty.run/1"
 RUNS_FOLDER = "thrifty-runs"
@@ -93,9 +94,18 @@ def read_run_record(folder: str | Path) -> RunRecord | None:
         raise ProblemError(f"is not a valid run record: {e}", source=str(path)) from None
 
 
-def spent_before(events: Sequence[dict[str, Any]]) -> tuple[float, float]:
-    """(seconds, USD) the sessions of the current run have spent so far, from
-    its run log: the run's clock and its spending are totals in every line
+@dataclass(frozen=True)
+class CarriedOver:
+    """What the earlier sessions of a run left to the next one."""
+
+    seconds: float = 0.0  # the run's clock
+    usd: float = 0.0  # its spending
+    segments: int = 0  # worlds of workers launched: the next one's index
+
+
+def carried_over(events: Sequence[dict[str, Any]]) -> CarriedOver:
+    """What the sessions of the current run have spent so far, from its run
+    log: the run's clock and its spending are totals in every line
     (``elapsed_s``; ``spent_usd``, ``cost_usd`` of ``finish``, ``carried_usd``
     of ``start``), so the largest since the run's first ``start`` is the
     answer, as of the log's last line (a session killed outright loses what
@@ -105,10 +115,13 @@ def spent_before(events: Sequence[dict[str, Any]]) -> tuple[float, float]:
         if e.get("event") == "start" and not e.get("resumed"):
             first = i  # a new run in the same folder: what came before is another run's
     seconds = usd = 0.0
+    segments = 0
     for e in events[first:]:
         seconds = max(seconds, float(e.get("elapsed_s") or 0.0))
         for key in ("spent_usd", "carried_usd") + (("cost_usd",) if e.get("event") == "finish" else ()):
             value = e.get(key)
             if isinstance(value, (int, float)):
                 usd = max(usd, float(value))
-    return seconds, usd
+        if e.get("event") == "launch" and isinstance(e.get("segment"), int):
+            segments = max(segments, e["segment"] + 1)
+    return CarriedOver(seconds, usd, segments)

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Zygote", "WorkerProcess", "zygote", "die_with_parent"]
+__all__ = ["Zygote", "WorkerProcess", "zygote", "start_zygote", "die_with_parent"]
 
 
 def die_with_parent() -> None:
@@ -229,7 +229,7 @@ class Zygote:
                 pass
             try:
                 self.proc.wait(timeout=10.0)
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):  # a Ctrl-C while closing: no waiting then
                 self.proc.kill()
                 self.proc.wait(timeout=10.0)
 
@@ -248,6 +248,19 @@ def zygote() -> Zygote:
             _shared = Zygote()
             atexit.register(_shared.close)
         return _shared
+
+
+def start_zygote() -> None:
+    """Start this process's zygote in the background (its torch import takes
+    seconds), so that a run's first world does not wait for it while its
+    machines boot; a failure is reported by the `zygote()` call that needs it."""
+    def start() -> None:
+        try:
+            zygote()
+        except Exception:  # noqa: BLE001 - the launch that needs the zygote tries again and says why
+            pass
+
+    threading.Thread(target=start, name="thrifty-zygote-start", daemon=True).start()
 
 
 if __name__ == "__main__":
