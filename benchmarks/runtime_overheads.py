@@ -73,7 +73,7 @@ def srifty54_problem():
 def replan_latencies(problem, key, survivors, remaining, elapsed_s, spent_usd, launch_s, repeats):
     """(first latency, median of the others, the re-plan) for one preemption."""
     replanner = Replanner(problem)
-    replanner.space  # built at run start, while the workers start: not part of the latency
+    _ = replanner.space  # built at run start, while the workers start: not part of the latency
     times, replan = [], None
     for _ in range(repeats):
         replanner.depleted.clear()
@@ -246,7 +246,8 @@ def section_miniature(plot: Path | None, kill_at: int, fresh_profile: bool) -> l
     failure = None
     with tempfile.TemporaryDirectory() as folder:
         try:
-            train(plan, ZOO, problem=problem, run_dir=folder, config=config, faults=[KillWorker(1, at_iteration=kill_at)])
+            train(plan, ZOO, problem=problem, run_dir=folder, config=config,
+                  faults=[KillWorker(1, at_iteration=kill_at)])
         except ReplanInfeasible as e:  # reported below: the run log tells what happened
             failure = e
         events = read_run_log(Path(folder) / "run.jsonl")

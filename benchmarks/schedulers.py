@@ -146,7 +146,7 @@ def table_1b(cells, runs, seeds: int, jobs: int) -> None:
     for col in ("atoms", "deadline", "scaling", "ASHA", "HyperSched", "entrance always open", "no speculation"):
         t.add_column(col, justify="right")
     for a, d, s in cells:
-        def mean(name, table):
+        def mean(name, table, a=a, d=d, s=s):
             return f"{np.mean([table[(name, a, d, s, k)][0] for k in range(seeds)]):.3f}"
 
         t.add_row(str(a), str(d), s, mean("asha", runs), mean("hypersched", runs), mean("hs-open-entrance", more),

@@ -75,7 +75,8 @@ def table(title, label, rows):
     t = Table(title=title, title_justify="left")
     for col in (label, "static", "naive elastic", "greedy", "thrifty", "chosen", "thr/greedy", "thr/static",
                 "thrifty plan (GPUs/trial x instances)", "plan s", "exact s"):
-        t.add_column(col, justify="left" if col in (label, "thrifty plan (GPUs/trial x instances)", "chosen") else "right")
+        left = col in (label, "thrifty plan (GPUs/trial x instances)", "chosen")
+        t.add_column(col, justify="left" if left else "right")
     worst = 0.0
     for key, (res, wall) in rows:
         b, g, s = res.best, res.greedy, res.static

@@ -81,8 +81,9 @@ from typing import Any
 import numpy as np
 
 from thrifty.datasets.catalog import InstanceType
-from thrifty.datasets.errors import MissingDependencyError, ProblemError
+from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import atomic_write_text, read_json
+from thrifty.datasets.optional import require
 from thrifty.perfmodels.bandwidth import MTU_BYTES, AnalyticAllreduce, BandwidthModel, bus_bandwidth_from_time
 
 __all__ = [
@@ -620,11 +621,7 @@ def _from_target(target: str, raw: np.ndarray, X: np.ndarray, offset: float, sca
 
 
 def _import_xgboost() -> Any:
-    try:
-        import xgboost
-    except ImportError as e:  # pragma: no cover - a core dependency
-        raise MissingDependencyError("xgboost", "all") from e
-    return xgboost
+    return require("xgboost", "all")
 
 
 def _train(

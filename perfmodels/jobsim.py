@@ -50,7 +50,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -181,7 +180,8 @@ class JobSimulator:
         hit = self._scale_cache.get(key)
         if hit is None:
             c = self.clouds[itype]
-            hit = self._scale_cache[key] = np.maximum(c.scale_latency_s + c.scale_latency_sd_s * self.draws(k).scale, 0.0)
+            hit = self._scale_cache[key] = np.maximum(
+                c.scale_latency_s + c.scale_latency_sd_s * self.draws(k).scale, 0.0)
         return hit
 
     def init_latencies(self, k: int, itype: str, new: int) -> np.ndarray:

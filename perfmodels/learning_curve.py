@@ -672,11 +672,13 @@ def _check_curve(epochs, values, max_epoch, lower, upper) -> tuple[np.ndarray, n
     if upper is not None:
         upper = _finite("upper", upper)
         if np.any(y > upper):
-            raise ValueError(f"values exceed upper={upper:g} (max {y.max():g}); pass upper=None for an unbounded metric")
+            raise ValueError(f"values exceed upper={upper:g} (max {y.max():g}); "
+                             "pass upper=None for an unbounded metric")
     if lower is not None:
         lower = _finite("lower", lower)
         if np.any(y < lower):
-            raise ValueError(f"values are below lower={lower:g} (min {y.min():g}); pass lower=None for an unbounded metric")
+            raise ValueError(f"values are below lower={lower:g} (min {y.min():g}); "
+                             "pass lower=None for an unbounded metric")
     if lower is not None and upper is not None and not lower < upper:
         raise ValueError(f"lower {lower:g} must be smaller than upper {upper:g}")
     return x, y

@@ -50,8 +50,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError
+from thrifty.datasets.errors import ProblemError, ThriftyError
 from thrifty.datasets.io import atomic_write_text
+from thrifty.datasets.optional import require
 from thrifty.perfmodels.allreduce import PROBE_COLUMNS
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 
@@ -195,12 +196,8 @@ def instances_for(world_size: int, gpus_per_instance: int) -> int:
 
 
 def _import_torch() -> Any:
-    try:
-        import torch
-        import torch.distributed  # noqa: F401
-    except ImportError as e:
-        raise MissingDependencyError("torch", "torch") from e
-    return torch
+    require("torch.distributed", "torch", package="torch")
+    return require("torch", "torch")
 
 
 def resolve_backend(requested: str = "auto") -> str:

@@ -47,7 +47,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_json, write_json
 from thrifty.datasets.validation import FieldPathError, validate_model
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError, closest_names
+from thrifty.datasets.optional import require
 from thrifty.perfmodels.profile import ColocatedPoints, ComputeProfile, LayerGrad, ProfilePoint, Provenance
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,11 +101,7 @@ DEFAULT_LR, DEFAULT_MOMENTUM = 1e-3, 0.9  # small: profiling must not make the w
 
 
 def _import_torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:
-        raise MissingDependencyError("torch", "torch") from e
-    return torch
+    return require("torch", "torch")
 
 
 # --- factories ----------------------------------------------------------------------
@@ -751,7 +748,8 @@ def profile_workload(
 
             samples = _measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
             tick = report(f"gradient-ready trace at batch {ready_at}")
-            ready, hooked_backward = timed_without_gc(lambda: _measure_readiness(trainer, ready_at, ready_repeats, tick))
+            ready, hooked_backward = timed_without_gc(
+                lambda: _measure_readiness(trainer, ready_at, ready_repeats, tick))
             ddp_s = 0.0
             if factory is not None:
                 bar.update(task, description=f"profiling {model_name}: DDP overhead at batch {ready_at}")
@@ -780,7 +778,8 @@ def profile_workload(
         extra["unused_parameters"] = unused
     if command is None:
         command = _python_command(
-            model_name, batches=list(sweep), repeats=repeats, warmup=warmup, rounds=rounds, threads=threads, device=device
+            model_name, batches=list(sweep), repeats=repeats, warmup=warmup, rounds=rounds, threads=threads,
+            device=device
         )
     return ComputeProfile(
         model=model_name,
@@ -829,7 +828,8 @@ def measure_colocated(
              for _ in range(workers)]
     per_worker = len(sweep) * (rounds * warmup + repeats)
     task = bar.add_task(f"{workers} co-located workers", total=per_worker * workers)
-    results = gather_children(procs, out, "a co-located worker", on_wait=lambda: bar.update(task, completed=ticks.value))
+    results = gather_children(procs, out, "a co-located worker",
+                              on_wait=lambda: bar.update(task, completed=ticks.value))
     bar.update(task, completed=per_worker * workers)
     pooled = {b: _Samples([], [], []) for b in sweep}
     for result in results:
@@ -883,7 +883,8 @@ def _measure_sweep(
     for round_index, round_repeats in enumerate(_split(repeats, rounds)):
         for batch in sweep:
             tick = report(f"batch {batch}, pass {round_index + 1} of {rounds}")
-            measured = timed_without_gc(lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))
+            measured = timed_without_gc(  # the lambda runs now, within this iteration
+                lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))  # noqa: B023
             samples[batch].extend(measured)
     return samples
 
@@ -918,7 +919,8 @@ def _check_settings(
             raise ProblemError(f"{name} is {value!r}, but must be an integer of at least {least}")
 
 
-def make_trainer(torch: Any, workload: "Workload", device: str, make_optimizer: Callable[[Any], Any] | None) -> _Trainer:
+def make_trainer(torch: Any, workload: "Workload", device: str,
+                 make_optimizer: Callable[[Any], Any] | None) -> _Trainer:
     """A timed training step for `workload` on `device` (a copy of its model; SGD unless
     `make_optimizer` is given), shared by `thrifty profile` and `thrifty profile-scaling`."""
     try:

@@ -450,7 +450,8 @@ class IterationSimulator:
         model = cm.colocated if workers >= cm.colocated_workers else cm
         return model, (max(1.0, workers / cm.host_cores) if cm.host_cores else 1.0)
 
-    def _device_stats(self, cm: ComputeModel, batch: int, colocated: bool = False) -> tuple[float, float, float, float, float]:
+    def _device_stats(self, cm: ComputeModel, batch: int,
+                      colocated: bool = False) -> tuple[float, float, float, float, float]:
         """(forward mean, forward sd, backward mean, backward sd, step) at a per-device batch."""
         key = (cm.device, colocated, batch)
         stats = self._stats.get(key)

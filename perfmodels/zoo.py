@@ -29,13 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from thrifty.datasets.errors import MissingDependencyError
+from thrifty.datasets.optional import require
 
-try:
-    import torch
-    from torch import Tensor, nn
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise MissingDependencyError("torch", "torch") from e
+torch = require("torch", "torch")
+from torch import Tensor, nn  # noqa: E402 - after `require` has said how to install torch
 
 __all__ = ["Workload", "SyntheticBatches", "mlp", "small_cnn", "tiny_transformer", "FACTORIES"]
 

@@ -686,7 +686,8 @@ def tuning_plan_figure(plan):
     for ax in (ax_gpu, ax_inst, ax_cost):
         ax.axvline(deadline, color="black", ls="--", lw=1)
         ax.grid(alpha=0.3)
-    handles.append(Line2D([], [], color="black", ls="--", lw=1, label=f"deadline {plan.deadline_s:,.1f}".removesuffix(".0") + " s"))
+    deadline = f"deadline {plan.deadline_s:,.1f}".removesuffix(".0") + " s"
+    handles.append(Line2D([], [], color="black", ls="--", lw=1, label=deadline))
     if unstaged:
         handles.append(Line2D([], [], ls="", label="a step up at a run's end: billing minimums and data,\n"
                                                    "charged to no stage"))

@@ -1,4 +1,22 @@
-import os
-import sys
+"""Markers by suite, in one place: ``-m "not process"`` runs the tests that
+start no worker processes, ``-m "not moto"`` those that start no moto server.
+The shared helpers of the tests (``aws_fakes``, ``helpers``) import as
+top-level modules through ``pythonpath`` in pyproject.toml."""
 
-sys.path.insert(0, os.path.dirname(__file__))
+from __future__ import annotations
+
+import pytest
+
+PROCESS_SUITES = {"test_training_runtime_processes", "test_run_behaviour", "test_tuning_executors",
+                  "test_profiler", "test_scaling_profiler", "test_probe", "test_ray_schedulers",
+                  "test_cli_hygiene"}
+MOTO_SUITES = {"test_ec2_provider", "test_catalog", "test_imds"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        suite = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if suite in PROCESS_SUITES:
+            item.add_marker(pytest.mark.process)
+        if suite in MOTO_SUITES:
+            item.add_marker(pytest.mark.moto)

@@ -51,7 +51,8 @@ def _itype(name: str, device: str = "cpu", network_gbps: float = 10.0) -> Instan
     )
 
 
-def _row(n: int, size: int, k: int, repeat: int, seconds: float, itype: str = "synth", stamp: str = "2025-01-01T00:00:00Z") -> dict:
+def _row(n: int, size: int, k: int, repeat: int, seconds: float, itype: str = "synth",
+         stamp: str = "2025-01-01T00:00:00Z") -> dict:
     return {
         "timestamp": stamp,
         "instance_type": itype,

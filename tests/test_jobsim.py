@@ -1,6 +1,5 @@
 """RubberBand 4.2 job simulator: specs, DAG construction and costs checked by hand."""
 
-import math
 
 import numpy as np
 import pytest

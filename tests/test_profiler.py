@@ -180,7 +180,8 @@ def user_module(tmp_path, monkeypatch):
     return "thrifty_test_factories"
 
 
-@pytest.mark.parametrize("spec", ["thrifty.perfmodels.zoo", "thrifty.perfmodels.zoo:", ":mlp", "a b:c", "zoo:mlp()", ""])
+@pytest.mark.parametrize("spec", ["thrifty.perfmodels.zoo", "thrifty.perfmodels.zoo:", ":mlp", "a b:c", "zoo:mlp()",
+                                  ""])
 def test_malformed_spec(spec):
     with pytest.raises(ProblemError, match="must be 'package.module:function'"):
         load_factory(spec)

@@ -147,7 +147,8 @@ def test_quota_relaxation_is_tight():
     quota = [r for r in plan.infeasibility.relaxations if r.get("field") == "instances[0].quota"]
     assert quota, plan.infeasibility
     needed = quota[0]["needed"]
-    assert solve(_apply(problem, "instances[0].quota", needed), space=space_of(_apply(problem, "instances[0].quota", needed))).feasible
+    relaxed = _apply(problem, "instances[0].quota", needed)
+    assert solve(relaxed, space=space_of(relaxed)).feasible
     smaller = _apply(problem, "instances[0].quota", needed - 1)
     assert not solve(smaller, space=space_of(smaller)).feasible
     assert "instances[0].quota" in plan.infeasibility.conflicts

@@ -253,7 +253,8 @@ def test_capacity_error_and_spot_notice_replan_without_losing_work(tmp_path):
     assert [e.source for e in result.preemptions] == ["capacity", "injector"]
     assert result.preemptions[1].time_left_s == 120.0
     assert [r.reason for r in result.replans] == ["capacity", "preemption"]
-    assert all((a.instance_type, a.market) != ("local-b", "spot") for r in result.replans for a in r.new_plan.allocation)
+    assert all((a.instance_type, a.market) != ("local-b", "spot")
+               for r in result.replans for a in r.new_plan.allocation)
     noticed, last = result.segments
     assert noticed.ended == "stopped" and noticed.lost_iterations == 0 and noticed.committed_iteration >= 20
     check_accounting(result, 50, every=10)

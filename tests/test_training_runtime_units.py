@@ -7,6 +7,7 @@ test_training_runtime_processes.py.)"""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -317,7 +318,7 @@ def test_checkpoint_write_is_atomic_and_a_failed_save_keeps_the_last_one(tmp_pat
     path = tmp_path / "checkpoint.pt"
     seconds, size = save_checkpoint(path, {"iteration": 5, "model": {"w": torch.ones(3)}})
     assert size == path.stat().st_size and seconds >= 0
-    with pytest.raises(Exception):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # which one depends on the pickler
         save_checkpoint(path, {"iteration": 6, "model": lambda: None})  # cannot be pickled
     state = load_checkpoint(path)
     assert state["iteration"] == 5 and torch.equal(state["model"]["w"], torch.ones(3))

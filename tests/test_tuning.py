@@ -107,7 +107,8 @@ BASE = {"kind": "tuning", "experiment": {"algorithm": "sha", "trials": 32, "min_
 
 
 @pytest.mark.parametrize("patch, path", [
-    ({"experiment": {"algorithm": "sha", "trials": 32, "min_iters": 60, "max_iters": 50, "eta": 3}}, "experiment.min_iters"),
+    ({"experiment": {"algorithm": "sha", "trials": 32, "min_iters": 60, "max_iters": 50, "eta": 3}},
+     "experiment.min_iters"),
     ({"experiment": {"algorithm": "sha", "trials": 32, "min_iters": 1, "max_iters": 50, "eta": 1}}, "experiment.eta"),
     ({"experiment": {"algorithm": "sha", "trials": 0, "min_iters": 1, "max_iters": 50, "eta": 3}}, "experiment.trials"),
     ({"cloud": {"scale_latency_s": -1}}, "cloud.scale_latency_s"),

@@ -208,7 +208,7 @@ def sha_problem(**changes):
 def check_placements(record, gpus_per_instance):
     for snapshot in record.placements:
         used = {}
-        for trial, where in snapshot.items():
+        for where in snapshot.values():
             assert sum(where.values()) == record.gpus_per_trial
             for node, gpus in where.items():
                 assert node in record.machines
@@ -266,8 +266,9 @@ def test_sha_plan_runs_stage_by_stage_on_the_simulated_backend():
 
 def test_a_plan_that_changes_types_resizes_queues_and_starts_a_bracket():
     problem = sha_problem(instance_type=["p3.2xlarge", "p3.8xlarge"])
-    stage = lambda n, iters, itype, inst, g: {"trials": n, "iters_per_trial": iters, "instance_type": itype,
-                                              "instances": inst, "gpus_per_trial": g, "gpus": inst}
+    def stage(n, iters, itype, inst, g):
+        return {"trials": n, "iters_per_trial": iters, "instance_type": itype, "instances": inst,
+                "gpus_per_trial": g, "gpus": inst}
     plan = {"kind": "tuning", "status": "feasible", "billing": "per_instance", "stages": [
         stage(4, 1, "p3.2xlarge", 2, 1),   # 2 slots for 4 trials: two queue
         stage(2, 2, "p3.8xlarge", 1, 2),   # another type: the fleet is replaced; trials grow 1 -> 2

@@ -168,7 +168,8 @@ def test_scheduler_contract(name):
     assert result.ended_at <= 40.0 + 1e-9
     for t in result.trials:
         # the history is the workload's, iteration by iteration, whatever the pauses and resizes
-        expected = [synthetic_score(k, t.config["b0"], t.config["b1"], t.config["b2"]) for k in range(1, t.iteration + 1)]
+        expected = [synthetic_score(k, t.config["b0"], t.config["b1"], t.config["b2"])
+                    for k in range(1, t.iteration + 1)]
         assert t.metrics == pytest.approx(expected)
         assert all(at <= 40.0 + 1e-9 for at in t.reported_at)
         assert t.atoms == 0 and t.state != TrialState.RUNNING

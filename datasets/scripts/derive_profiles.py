@@ -998,7 +998,8 @@ def calibrate() -> Calibration:
         dev = DEVICES[c.device]
         target = c.rn50_batch / c.rn50_img_s
         eta[c.name] = solve_increasing(
-            lambda e: Timing.of(rn50, dev, e, k_host).iteration(c.rn50_batch, 1.0, c.include_step), target,
+            lambda e: Timing.of(rn50, dev, e, k_host).iteration(c.rn50_batch, 1.0, c.include_step),  # noqa: B023
+            target,
             1e-3, 10.0)
     # batch-1 inference must be host-bound for the floor calibration to hold
     for dname, ctx in (("V100", "lambda-pt-V100"), ("T4", "srifty-T4")):
@@ -1014,7 +1015,8 @@ def calibrate() -> Calibration:
         t = Timing.of(net, DEVICES[ctx.device], eta[a.context], k_host)
         if a.model == "dlrm":
             t.step = 0.0  # sparse embedding updates of the DLE model: per-sample cost only
-        k = solve_increasing(lambda kk: t.iteration(a.batch, kk, a.include_step), a.batch / a.samples_s)
+        k = solve_increasing(lambda kk: t.iteration(a.batch, kk, a.include_step),  # noqa: B023 - solved here
+                             a.batch / a.samples_s)
         assert t.fwd(a.batch, k) > t.floor_f, f"anchor {a} is latency-bound: cannot calibrate"
         fitted.append((a, k))
     # relative anchors: k(here) = k(reference GPU) * published ratio / ratio predicted with k = 1
@@ -1026,7 +1028,7 @@ def calibrate() -> Calibration:
         k_ref = _geomean([k for b, k in fitted
                           if b.model == a.model and HARDWARE[CONTEXTS[b.context].device] == ref_hw])
 
-        def predicted(ctx_name: str) -> float:
+        def predicted(ctx_name: str, net=net, a=a) -> float:
             c = CONTEXTS[ctx_name]
             t = Timing.of(net, DEVICES[c.device], eta[ctx_name], k_host)
             return a.batch / (t.fwd(a.batch, 1.0) if a.forward_only else t.iteration(a.batch, 1.0, a.include_step))

@@ -24,7 +24,8 @@ derive it, for every model and p3 type, as
 
 Workloads (RubberBand section 6): ResNet-50 on ImageNet-size images at batch 512,
 one iteration = one step (6.1.1-6.1.3), and at batch 2048 (``resnet50-b2048``,
-6.1.4; the experiments override the 1-GPU latency with the paper's 4 s and 12 s); ResNet-101 on CIFAR-10 at batch 1024, one
+6.1.4; the experiments override the 1-GPU latency with the paper's 4 s and 12 s);
+ResNet-101 on CIFAR-10 at batch 1024, one
 iteration = one epoch of 50,000 images (6.3.1, Tables 2-3); ResNet-152 on
 CIFAR-100 at batch 1024, one epoch (its 1-GPU epoch scales ResNet-101's by the
 ratio of their derived V100 step times); BERT-base on RTE (2,490 training

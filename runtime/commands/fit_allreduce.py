@@ -65,7 +65,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.perfmodels.allreduce import DEFAULT_GRID, MAPE_WEIGHTED_GRID, LearnedAllreduce, file_digest, load_probes
+    from thrifty.perfmodels.allreduce import (DEFAULT_GRID, MAPE_WEIGHTED_GRID, LearnedAllreduce, file_digest,
+                                              load_probes)
 
     table = load_probes(args.probes)
     provenance = {
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
 def describe(h) -> str:
     """``pseudohubererror, log_time, depth 3, 300 x 0.05, 1/busbw weights``."""
-    text = f"{h.objective.removeprefix('reg:')}, {h.target}, depth {h.max_depth}, {h.n_estimators} x {h.learning_rate:g}"
+    text = (f"{h.objective.removeprefix('reg:')}, {h.target}, depth {h.max_depth}, "
+            f"{h.n_estimators} x {h.learning_rate:g}")
     return text + (", 1/busbw weights" if h.relative_weights else "")
 
 

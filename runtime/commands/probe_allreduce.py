@@ -81,8 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--catalog", metavar="CATALOG.json", help="catalog file (default: the shipped one)")
     parser.add_argument("--device", help="device key of the rows (default: the catalog's)")
     parser.add_argument("--rated-network-gbps", type=float, help="rated network of the rows (default: the catalog's)")
-    parser.add_argument("--gpus-per-instance", type=int_at_least(1), help="workers per instance (default: the catalog's)")
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default: nccl with CUDA, else gloo")
+    parser.add_argument("--gpus-per-instance", type=int_at_least(1),
+                        help="workers per instance (default: the catalog's)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="default: nccl with CUDA, else gloo")
     parser.add_argument(
         "--timeout", type=positive_float, default=120.0, metavar="S",
         help="timeout of each collective and of the rendezvous (default 120)",

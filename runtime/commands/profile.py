@@ -33,7 +33,8 @@ def parse_batches(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("factory", metavar="MODULE:FACTORY", help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
+    parser.add_argument("factory", metavar="MODULE:FACTORY",
+                        help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
     parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
     sweep = parser.add_mutually_exclusive_group()
@@ -44,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=int_at_least(1), default=10, help="timed iterations per batch (default 10)")
     parser.add_argument(
-        "--warmup", type=int_at_least(0), default=3, help="untimed iterations before each batch's timed ones (default 3)"
+        "--warmup", type=int_at_least(0), default=3,
+        help="untimed iterations before each batch's timed ones (default 3)"
     )
     parser.add_argument(
         "--rounds", type=int_at_least(1), default=3,
@@ -52,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads (default 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run (default auto)")
-    parser.add_argument("--device-name", metavar="NAME", help="the profile's device key (default: cpu, or the GPU model)")
+    parser.add_argument("--device-name", metavar="NAME",
+                        help="the profile's device key (default: cpu, or the GPU model)")
     parser.add_argument(
         "--ready-batch", type=int_at_least(1), metavar="N",
         help="the batch of the gradient-ready trace (default: the swept batch nearest 32)",

@@ -31,13 +31,17 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("factory", metavar="MODULE:FACTORY", help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
+    parser.add_argument("factory", metavar="MODULE:FACTORY",
+                        help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
-    parser.add_argument("--batch", required=True, type=int, metavar="N", help="the trial's batch, split evenly over the workers")
+    parser.add_argument("--batch", required=True, type=int, metavar="N",
+                        help="the trial's batch, split evenly over the workers")
     parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the scaling profile")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
-    parser.add_argument("--instance-type", default="local", help="the instance type the profile describes (default local)")
-    parser.add_argument("--iterations", type=int_at_least(1), default=20, help="timed iterations per world size (default 20)")
+    parser.add_argument("--instance-type", default="local",
+                        help="the instance type the profile describes (default local)")
+    parser.add_argument("--iterations", type=int_at_least(1), default=20,
+                        help="timed iterations per world size (default 20)")
     parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed iterations before them (default 3)")
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per worker (default 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run (default auto)")

@@ -14,7 +14,8 @@ HELP = ("choose machines and batches for a training job, or per-stage allocation
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("problem", metavar="PROBLEM.json", help="a problem file (see `thrifty schema training` and `thrifty schema tuning`)")
+    parser.add_argument("problem", metavar="PROBLEM.json",
+                        help="a problem file (see `thrifty schema training` and `thrifty schema tuning`)")
     parser.add_argument("--method", choices=("auto", "exhaustive", "ilp", "smt"), default="auto",
                         help="auto (default): exhaustive for small spaces, else ilp")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop searching after this long")
@@ -86,7 +87,8 @@ def _print_human(problem, plan) -> None:
     console.print(f"iteration {p.iteration_s * 1e3:,.1f} ms (p95 {p.iteration_s_p95 * 1e3:,.1f} ms), "
                   f"{p.throughput_samples_s:,.0f} samples/s")
     console.print(f"total {p.total_s:,.1f} s (p95 {p.total_s_p95:,.1f} s), cost ${p.cost_usd:,.4f}")
-    gap = "proven optimal" if plan.solver.gap == 0 else f"gap {plan.solver.gap:.2%}" if plan.solver.gap else "gap unknown"
+    gap = ("proven optimal" if plan.solver.gap == 0 else f"gap {plan.solver.gap:.2%}" if plan.solver.gap
+           else "gap unknown")
     console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s, "
                   f"{plan.solver.candidates_simulated} candidates simulated, {gap}[/dim]")
 

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from thrifty.datasets.errors import MissingDependencyError, ProblemError, ProviderError
+from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.datasets.optional import require
 
 __all__ = ["boto3_module", "make_session", "make_client", "verify_credentials", "api_errors", "error_code",
            "is_botocore_error", "CredentialsError"]
@@ -22,11 +23,7 @@ class CredentialsError(ProviderError):
 
 
 def boto3_module() -> Any:
-    try:
-        import boto3
-    except ImportError:
-        raise MissingDependencyError("boto3", "aws") from None
-    return boto3
+    return require("boto3", "aws")
 
 
 def make_session(profile: str | None = None, region: str | None = None) -> Any:

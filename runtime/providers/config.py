@@ -39,8 +39,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from thrifty.datasets.errors import MissingDependencyError, ProblemError
-from thrifty.datasets.io import read_json
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.io import read_document
 from thrifty.datasets.validation import validate_model
 
 __all__ = ["ClusterConfig", "RetryConfig", "load_cluster_config", "parse_cluster_config", "user_data"]
@@ -118,28 +118,8 @@ def parse_cluster_config(data: Any, source: str | None = None) -> ClusterConfig:
 def load_cluster_config(path: str | Path) -> ClusterConfig:
     """Load a ``.yaml``/``.yml`` or ``.json`` cluster config file."""
     path = Path(path)
-    if path.suffix.lower() in (".yaml", ".yml"):
-        data = _read_yaml(path)
-    else:
-        data = read_json(path)
+    data = read_document(path)  # YAML for .yaml/.yml, else JSON
     config = parse_cluster_config(data, source=str(path))
     if config.catalog is not None and not Path(config.catalog).is_absolute():
         config = config.model_copy(update={"catalog": str(path.parent / config.catalog)})
     return config
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        import yaml
-    except ImportError:
-        raise MissingDependencyError("pyyaml", "aws") from None
-    try:
-        with path.open(encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except OSError as e:
-        raise ProblemError(f"cannot read file: {e.strerror}", source=str(path)) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise ProblemError(f"not valid YAML: {problem}{where}", source=str(path)) from None

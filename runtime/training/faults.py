@@ -115,7 +115,8 @@ class FaultInjector:
                 out.append(WorkerFault(ranks[f.machine][0], "notice", f.at_iteration, seconds=f.warning_s))
         for f in self.faults:
             if isinstance(f, SlowWorker) and f.machine in ranks:
-                out += [WorkerFault(r, "slow", f.from_iteration, f.until_iteration, f.extra_s) for r in ranks[f.machine]]
+                out += [WorkerFault(r, "slow", f.from_iteration, f.until_iteration, f.extra_s)
+                        for r in ranks[f.machine]]
             elif isinstance(f, DelayStart) and f.segment == segment and f.machine in ranks:
                 out += [WorkerFault(r, "delay_start", seconds=f.seconds) for r in ranks[f.machine]]
         return tuple(out)

@@ -3,7 +3,8 @@
 The driver hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
 127.0.0.1, so no port can be raced for) and starts one worker process per rank
 (forked by `zygote`, which has torch imported; the same code as
-``python -m thrifty.runtime.training.worker``) with the torchrun environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+``python -m thrifty.runtime.training.worker``) with the torchrun environment
+(``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` and
 ``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun's agent sets them). The
 workers report through the same store (`worker.Control`); `Segment.poll` reads
@@ -91,7 +92,8 @@ class Segment:
                                "(python -m thrifty.runtime.training.worker --help)")
         self.job, self.slots, self.index = job, list(slots), index
         self.folder = Path(folder)
-        self.world_timeout_s, self.stall_timeout_s, self.stop_timeout_s = world_timeout_s, stall_timeout_s, stop_timeout_s
+        self.world_timeout_s, self.stall_timeout_s = world_timeout_s, stall_timeout_s
+        self.stop_timeout_s = stop_timeout_s
         self.extra_env = dict(env or {})
         self.procs: list[WorkerProcess] = []
         self.store: Any = None

@@ -64,7 +64,8 @@ def batch_weighted_allreduce(state: ReweightState, bucket: dist.GradBucket) -> t
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def register_reweighting(ddp_model: Any, local_batch: int, global_batch: int, process_group: Any = None) -> ReweightState:
+def register_reweighting(ddp_model: Any, local_batch: int, global_batch: int,
+                         process_group: Any = None) -> ReweightState:
     """Install the hook on a `DistributedDataParallel` model; returns its state."""
     state = ReweightState(batch_weight(local_batch, global_batch), process_group)
     ddp_model.register_comm_hook(state, batch_weighted_allreduce)

@@ -116,10 +116,10 @@ class Scheduler(ABC):
         """Atoms `trial` should hold after a CONTINUE (default: keep them)."""
         return trial.atoms
 
-    def on_trial_start(self, trial: Trial) -> None:
+    def on_trial_start(self, trial: Trial) -> None:  # noqa: B027 - an optional hook
         """`trial` was just launched, new or resumed."""
 
-    def on_trial_end(self, trial: Trial) -> None:
+    def on_trial_end(self, trial: Trial) -> None:  # noqa: B027 - an optional hook
         """`trial` reached a final state (completed, terminated or failed)."""
 
 

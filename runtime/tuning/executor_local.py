@@ -351,7 +351,8 @@ class LocalExecutor:
         self.clock = clock if clock is not None else RealClock()
         self.seed, self.threads = seed, threads
         self.start_timeout_s, self.iteration_timeout_s = start_timeout_s, iteration_timeout_s
-        self.save_timeout_s, self.decision_timeout_s, self.stop_grace_s = save_timeout_s, decision_timeout_s, stop_grace_s
+        self.save_timeout_s, self.decision_timeout_s = save_timeout_s, decision_timeout_s
+        self.stop_grace_s = stop_grace_s
         self.launches: list[LaunchRecord] = []
         self._worlds: dict[int, _World] = {}
         self._ready: deque[Report | Crash] = deque()

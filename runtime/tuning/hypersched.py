@@ -15,7 +15,8 @@ Exploration (4.2):
   measured median time of one iteration on one atom, T' the longest duration
   any trial has trained, and T_n the time left until the deadline (ablation:
   ``deadline_entrance=False`` admits whenever atoms are free; see deviation
-  (6) for atoms no running trial would use). When it admits, the next trial is chosen as in Algorithm 1's ``start_next_trial``:
+  (6) for atoms no running trial would use). When it admits, the next trial is
+  chosen as in Algorithm 1's ``start_next_trial``:
   the best paused trial in the top floor(n / eta) of its rung (rungs in
   descending order, and it must also pass the speculative check at every
   rung it reached), else a new configuration; each starts on one atom.

@@ -43,7 +43,8 @@ offers it, the cumulative probabilities are those of that first passage
 each epoch's chance is small but the chance of some epoch reaching it is not,
 and Eq. 2's single-epoch reading ranked such trials as poor. Forecasts with
 only ``prob_at_least`` are read as the paper does, made non-decreasing in m
-(a running maximum) so that every p_m >= 0 (the model may predict a dip); other jobs' confidences are those computed at their own last
+(a running maximum) so that every p_m >= 0 (the model may predict a dip);
+other jobs' confidences are those computed at their own last
 boundary, as in 5.3 ("the tail distribution across all currently active
 job's p values"). The predictor is injected (`forecasting`), the project's own
 (perfmodels.learning_curve) by default.

@@ -62,7 +62,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from thrifty.datasets.errors import MissingDependencyError, ProblemError
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.optional import require
 from thrifty.runtime.tuning.base import Decision, ExperimentState, Scheduler, check_positive
 from thrifty.runtime.tuning.clock import RealClock
 from thrifty.runtime.tuning.executor_plan import record_result
@@ -71,13 +72,11 @@ from thrifty.runtime.tuning.loop import SchedulerError
 from thrifty.runtime.tuning.pop import POP
 from thrifty.runtime.tuning.trial import Report, Trial, TrialState
 
-try:
-    from ray.tune.execution.placement_groups import PlacementGroupFactory
-    from ray.tune.experiment import Trial as RayTrial
-    from ray.tune.result import RESULT_DUPLICATE
-    from ray.tune.schedulers import TrialScheduler
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise MissingDependencyError("ray", "ray") from e
+require("ray.tune", "ray")  # this module is the Ray integration: loaded only when asked for
+from ray.tune.execution.placement_groups import PlacementGroupFactory  # noqa: E402
+from ray.tune.experiment import Trial as RayTrial  # noqa: E402
+from ray.tune.result import RESULT_DUPLICATE  # noqa: E402
+from ray.tune.schedulers import TrialScheduler  # noqa: E402
 
 __all__ = ["TuneScheduler", "HyperSchedScheduler", "POPScheduler"]
 
