@@ -49,8 +49,9 @@ Choices beyond the paper, documented here and selectable:
 - Devices of a shared-host type (``shared_host_types``, default
   ``{"local"}``: worker processes on this machine) run at the profile's
   co-located points when at least that many workers share the host
-  (`host_model`); measured here, the 2-process MLP pass is up to 27% slower
-  than alone. With more such workers than the host has cores (the
+  (`host_model`): co-located passes contend for memory bandwidth and
+  caches, so they are slower than alone (the profile measures by how
+  much). With more such workers than the host has cores (the
   co-located points' ``host_cores``), each pass takes ``workers / cores``
   times as long: the cores are time-shared.
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient

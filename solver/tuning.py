@@ -319,43 +319,43 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
     mmax = {t: max([o.alloc.instances for k in range(K) for o in opts[k] if o.itype == t], default=0) for t in types}
     _check_integer_range(space, opts, mmax)
     model = cp_model.CpModel()
-    x = {(k, i): model.NewBoolVar(f"x_{k}_{i}") for k in range(K) for i in range(len(opts[k]))}
+    x = {(k, i): model.new_bool_var(f"x_{k}_{i}") for k in range(K) for i in range(len(opts[k]))}
     time_terms, p95_terms, cost_terms = [], [], []
     prev = {t: 0 for t in types}
     for k in range(K):
-        model.AddExactlyOne(x[k, i] for i in range(len(opts[k])))                      # (1)
-        b = model.NewBoolVar(f"b_{k}")
+        model.add_exactly_one(x[k, i] for i in range(len(opts[k])))                      # (1)
+        b = model.new_bool_var(f"b_{k}")
         taus, tau_ub = [], 0
         for t in types:
             if mmax[t] == 0:
                 continue
             cloud = space.clouds[t]
-            M = model.NewIntVar(0, mmax[t], f"M_{k}_{t}")
-            model.Add(M == sum(o.alloc.instances * x[k, i] for i, o in enumerate(opts[k]) if o.itype == t))
-            keep = model.NewIntVar(0, mmax[t], f"keep_{k}_{t}")
+            M = model.new_int_var(0, mmax[t], f"M_{k}_{t}")
+            model.add(M == sum(o.alloc.instances * x[k, i] for i, o in enumerate(opts[k]) if o.itype == t))
+            keep = model.new_int_var(0, mmax[t], f"keep_{k}_{t}")
             if isinstance(prev[t], int):
-                model.Add(keep == 0)
+                model.add(keep == 0)
             else:
-                model.AddMinEquality(keep, [prev[t], M])
-            new = model.NewIntVar(0, mmax[t], f"new_{k}_{t}")
-            model.Add(new == M - keep)
-            model.Add(new <= mmax[t] * b)                                                 # (2)
+                model.add_min_equality(keep, [prev[t], M])
+            new = model.new_int_var(0, mmax[t], f"new_{k}_{t}")
+            model.add(new == M - keep)
+            model.add(new <= mmax[t] * b)                                                 # (2)
             table = [int(round(v * TIME_SCALE)) for v in space.scale_table(k, t, mmax[t])]
-            tau_t = model.NewIntVar(0, max(table), f"tau_{k}_{t}")
-            model.AddElement(new, table, tau_t)                                           # (3)
+            tau_t = model.new_int_var(0, max(table), f"tau_{k}_{t}")
+            model.add_element(new, table, tau_t)                                           # (3)
             taus.append(tau_t)
             tau_ub = max(tau_ub, max(table))
             if cloud.billing == "per_instance":                                           # (4)
                 coef_m = int(round(cloud.usd_per_second * cloud.init_latency_s * COST_SCALE))
                 coef_k = int(round(cloud.usd_per_second * cloud.scale_latency_s * COST_SCALE))
                 big = coef_m * mmax[t] + coef_k * mmax[t]
-                hold = model.NewIntVar(0, big, f"H_{k}_{t}")
-                model.Add(hold >= coef_m * M + coef_k * keep - big * (1 - b))
+                hold = model.new_int_var(0, big, f"H_{k}_{t}")
+                model.add(hold >= coef_m * M + coef_k * keep - big * (1 - b))
                 cost_terms.append(hold)
             cost_terms.append(int(round(cloud.data_usd_per_instance * COST_SCALE)) * new)
             prev[t] = M
-        tau = model.NewIntVar(0, tau_ub, f"tau_{k}")
-        model.AddMaxEquality(tau, taus)
+        tau = model.new_int_var(0, tau_ub, f"tau_{k}")
+        model.add_max_equality(tau, taus)
         time_terms.append(tau)
         p95_terms.append(tau)
         for i, o in enumerate(opts[k]):
@@ -365,20 +365,20 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
     total_time = sum(time_terms)
     if deadline is not None:
         limit = int(math.floor(deadline * TIME_SCALE))
-        model.Add(total_time <= limit)                                                    # (5)
+        model.add(total_time <= limit)                                                    # (5)
         if space.problem.deadline_on == "p95":
-            model.Add(sum(p95_terms) <= limit)                                            # (5')
-    model.Minimize(sum(cost_terms) if objective == "min_cost" else total_time)
+            model.add(sum(p95_terms) <= limit)                                            # (5')
+    model.minimize(sum(cost_terms) if objective == "min_cost" else total_time)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 2
-    status = solver.Solve(model)
+    status = solver.solve(model)
     wall = time.perf_counter() - start
     if status == cp_model.INFEASIBLE:
         return ExactResult(None, None, None, "infeasible", wall)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise SolverError(f"CP-SAT returned {solver.StatusName(status)} within {time_limit_s} s")
-    chosen = tuple(next(o for i, o in enumerate(opts[k]) if solver.Value(x[k, i])) for k in range(K))
+        raise SolverError(f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s")
+    chosen = tuple(next(o for i, o in enumerate(opts[k]) if solver.value(x[k, i])) for k in range(K))
     t, _, c = model_value(space, chosen)
     return ExactResult(chosen, t, c, "optimal" if status == cp_model.OPTIMAL else "feasible", wall,
                        {"options": sum(len(v) for v in opts.values()), "objective": objective})

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -64,6 +65,7 @@ from thrifty.runtime.training.trainer import Trainer, load_trainer
 __all__ = ["main", "run_worker", "fetch_batch", "train_step", "prime_buckets", "single_process_reference",
            "combine_reports", "KEY_EVENTS", "KEY_PROGRESS", "KEY_STOP", "KEY_METRICS"]
 
+log = logging.getLogger(__name__)  # to the worker's log file (stderr), never to the driver's terminal
 KEY_EVENTS = "thrifty/events"  # JSON lines appended by the workers
 KEY_PROGRESS = "thrifty/progress"  # "<iterations done> <unix time>", set by rank 0
 KEY_STOP = "thrifty/stop"  # set by the driver: checkpoint and stop
@@ -90,7 +92,7 @@ class Control:
             line = json.dumps({"event": event, "rank": self.rank, "at": time.time(), **data})
             self.store.append(KEY_EVENTS, line + "\n")
         elif self.rank == 0 and event in ("checkpoint", "done", "stopped"):
-            print(f"[thrifty worker] {event}: {data}", flush=True)
+            log.info("%s: %s", event, data)
 
     def progress(self, done: int) -> None:
         if self.store is not None:
@@ -104,7 +106,7 @@ class Control:
         if self.store is not None:
             self.store.set(KEY_METRICS, json.dumps({"at": time.time(), **report}))
         elif self.rank == 0:
-            print(f"[thrifty worker] metrics: {report}", flush=True)
+            log.info("metrics: %s", report)
 
 
 def fetch_batch(dataset: Any, indices: np.ndarray, device: Any) -> tuple[Any, Any]:
@@ -422,8 +424,17 @@ def _parse(argv: Sequence[str] | None) -> JobSpec:
                    metrics_every_s=args.metrics_every if args.metrics_every > 0 else None)
 
 
+def configure_logging(rank: int) -> None:
+    """Worker log lines on stderr (the worker's log file), stamped with the rank,
+    unless the process already configured logging."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                            format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
+    configure_logging(rank)
     control = Control(None, rank)
     code = 0
     try:
@@ -436,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BaseException as e:  # noqa: BLE001 - report anything; the driver decides
         code = 1
         text = traceback.format_exc()
-        sys.stderr.write(text)
+        log.error("failed:\n%s", text)
         try:
             control.post("error", message=f"{type(e).__name__}: {e}", traceback=text)
         except Exception:  # noqa: BLE001 - the driver also sees the exit code

@@ -1,8 +1,8 @@
 """A fork server for worker processes: torch is imported once, workers are forked.
 
 Starting a worker as a fresh interpreter costs an interpreter start and a
-torch import per rank (1.5-2 s of CPU each; several seconds per world on a
-busy 2-core host), and every re-plan pays it again as switching overhead. The
+torch import per rank (seconds of CPU each; `benchmarks/runtime_overheads.py`
+measures it), and every re-plan pays it again as switching overhead. The
 driver instead starts one *zygote* (``python -m thrifty.runtime.training.zygote``,
 a subprocess) that imports the worker module and then forks a worker for each
 launch request. Unlike multiprocessing's forkserver it never imports the

@@ -49,6 +49,7 @@ by rank 0 alone, on the whole validation set.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -68,6 +69,7 @@ from thrifty.runtime.tuning.trial import Crash, Report, Trial
 
 __all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "accuracy", "example_trainer"]
 
+log = logging.getLogger(__name__)
 KEY_EVENTS = "tune/events"   # JSON lines appended by the workers
 COMMAND = "tune/command/{}"  # the loop's decision after iteration n: go | save | stop
 POLL_S = 0.01
@@ -186,6 +188,9 @@ def _worker_process(env: dict[str, str], spec: dict[str, Any], log_path: str) ->
     os.close(fd)
     die_with_parent()
     os.environ.update(env)
+    from thrifty.runtime.training.worker import configure_logging  # preloaded by the fork server
+
+    configure_logging(int(env["RANK"]))
     code = 0
     store = None
     rank = int(env["RANK"])
@@ -200,7 +205,7 @@ def _worker_process(env: dict[str, str], spec: dict[str, Any], log_path: str) ->
 
         code = 1
         text = traceback.format_exc()
-        print(text, flush=True)
+        log.error("trial rank %d failed:\n%s", rank, text)
         if store is not None:
             try:
                 _post(store, "error", rank=rank, message=f"{type(e).__name__}: {e}")
