@@ -5,14 +5,15 @@ the rule broken and the value given."""
 from __future__ import annotations
 
 import json
-
+import re
+import reprlib
 from typing import Any, TypeVar
 
 import pydantic
 
 from thrifty.datasets.errors import ProblemError
 
-__all__ = ["FieldPathError", "json_path", "validate_model"]
+__all__ = ["FieldPathError", "json_path", "validate_model", "short_value"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -50,16 +51,29 @@ _BOUNDS = {
 }
 
 
-def _given(value: Any) -> str:
-    """The value given, short: huge integers and floats in exponent form."""
+# A bounded repr: a YAML file's aliases can nest a list of 9 lists of 9 ... (a
+# "billion laughs"), whose full repr would take minutes and gigabytes.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+
+
+def short_value(value: Any) -> str:
+    """The value given, short, for a message: huge integers and floats in
+    exponent form, containers and strings cut."""
     if isinstance(value, bool):
         return repr(value)
     if isinstance(value, int) and abs(value) >= 10**12:
-        return f"{float(value):.3g}" if abs(value) < 10**308 else f"an integer of {len(str(abs(value)))} digits"
+        return f"{float(value):.3g}" if abs(value) < 10**308 else f"an integer of {_digits(value)} digits"
     if isinstance(value, float):
         return f"{value:g}"
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _digits(value: int) -> str:
+    """Roughly how many digits, without `str` (Python refuses more than 4,300)."""
+    return f"about {int(abs(value).bit_length() * 0.30103):,}"
 
 
 def _number(value: Any) -> str:
@@ -75,14 +89,49 @@ def _describe(error: dict[str, Any]) -> str:
         return "is not a known field"
     if kind in _BOUNDS and "input" in error:  # Optuna's shape: what was given, what is required
         key, words = _BOUNDS[kind]
-        return f"is {_given(error['input'])}, but must be {words} {_number(error['ctx'][key])}"
+        return f"is {short_value(error['input'])}, but must be {words} {_number(error['ctx'][key])}"
     if kind == "finite_number" and "input" in error:
-        return f"is {_given(error['input'])}, but must be a finite number"
+        return f"is {short_value(error['input'])}, but must be a finite number"
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
     if "input" in error and kind not in ("model_type", "dict_type"):
-        return f"{msg[0].lower() + msg[1:]} (given {_given(error['input'])})"
+        return f"{msg[0].lower() + msg[1:]} (given {short_value(error['input'])})"
     return msg[0].lower() + msg[1:]
+
+
+# pydantic names the member of a union (and a validator function) inside an
+# error's location: ``('batch_sizes', 'list[function-before[...]]', 0)``. Such
+# a tag is not part of the JSON path.
+_UNION_TAG = re.compile(r"^(function-[a-z]+\[|(list|literal|dict|tuple|set|nullable)\[|constrained-|lax-)")
+
+
+def _is_tag(part: Any) -> bool:
+    return isinstance(part, str) and _UNION_TAG.match(part) is not None
+
+
+def _field(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The location up to its first union tag: every member's error of one union is one field's."""
+    for i, part in enumerate(loc):
+        if _is_tag(part):
+            return loc[:i]
+    return loc
+
+
+def _first_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error to report: the first, except that a list given to a field
+    that is a string or a list (``batch_sizes``, ``instance_type``) is
+    reported by the list member of the union ("batch_sizes[0]: is 0, ..."),
+    not by the string member ("input should be 'gpu_pow2' or 'pow2'")."""
+    first = errors[0]
+    loc = first["loc"]
+    if not (loc and _is_tag(loc[-1]) and isinstance(first.get("input"), list)):
+        return first
+    at = len(loc) - 1
+    for error in errors[1:]:
+        other = error["loc"]
+        if other[:at] == loc[:at] and len(other) > at and str(other[at]).startswith("list["):
+            return error
+    return first
 
 
 def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
@@ -90,9 +139,12 @@ def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        more = len(e.errors()) - 1
+        errors = e.errors(include_url=False)
+        first = _first_error(errors)
+        extra = first["type"] == "extra_forbidden"  # there the last part is the user's own key
+        loc = tuple(p for i, p in enumerate(first["loc"])
+                    if not (_is_tag(p) and not (extra and i == len(first["loc"]) - 1)))
+        more = len({_field(error["loc"]) for error in errors}) - 1  # a union's members: one field
         suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
         cause = first.get("ctx", {}).get("error")
         if isinstance(cause, FieldPathError):

@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document
-from thrifty.datasets.validation import FieldPathError, validate_model
+from thrifty.datasets.validation import FieldPathError, short_value, validate_model
 
 __all__ = [
     "Limits",
@@ -221,7 +221,7 @@ def parse_problem(data: Any, source: str | None = None, base: Path | None = None
     if kind is None:
         raise ProblemError("is required: 'training' or 'tuning'", path="kind", source=source)
     if kind not in ("training", "tuning"):
-        raise ProblemError(f"is '{kind}', but must be 'training' or 'tuning'", path="kind", source=source)
+        raise ProblemError(f"is {short_value(kind)}, but must be 'training' or 'tuning'", path="kind", source=source)
     if base is not None:
         data = _resolve_paths(data, base)
     return validate_model(TrainingProblem if kind == "training" else TuningProblem, data, source=source)
