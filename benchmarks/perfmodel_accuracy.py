@@ -24,11 +24,11 @@ Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quic
 from __future__ import annotations
 
 import argparse
-import socket
+import json
 import statistics
 import sys
 import time
-from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 
@@ -49,60 +49,52 @@ LARGER = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank(argv: list[str]) -> None:
+    """One rank of a measured DDP run (a worker world's rank)."""
+    from thrifty.perfmodels.measure.worlds import serve_rank
+
+    settings = json.loads(argv[0])
+    serve_rank(lambda channel: channel.finish(_train(channel, **settings)))
 
 
-def _worker(rank: int, world: int, port: int, factory: str, batches: tuple[int, ...],
-            warmup: int, iters: int, out: "object") -> None:
-    from thrifty.perfmodels.profiler import report_from_child
+def _train(channel: "object", factory: str, batches: list[int], warmup: int, iters: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    def train() -> tuple[int, list[float]]:
-        import torch
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    from thrifty.perfmodels.measure import zoo
+    from thrifty.perfmodels.measure.worlds import join_world
 
-        from thrifty.perfmodels import zoo
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=60))
-        work = getattr(zoo, factory)(seed=0)
-        model = DDP(work.model)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        data = [work.make_batch(batches[rank]) for _ in range(4)]
-        times = []
-        for i in range(warmup + iters):
-            if i == warmup:
-                dist.barrier()
-            t0 = time.perf_counter()
-            x, y = data[i % 4]
-            loss = work.loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)  # as the profiler does
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        dist.barrier()
-        dist.destroy_process_group()
-        return rank, times
-
-    report_from_child(out, train)
+    torch.set_num_threads(1)
+    join_world(channel, "gloo", 60.0)
+    rank = dist.get_rank()
+    work = getattr(zoo, factory)(seed=0)
+    model = DDP(work.model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    data = [work.make_batch(batches[rank]) for _ in range(4)]
+    times = []
+    for i in range(warmup + iters):
+        if i == warmup:
+            dist.barrier()
+        t0 = time.perf_counter()
+        x, y = data[i % 4]
+        loss = work.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # as the profiler does
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    dist.barrier()
+    dist.destroy_process_group()
+    return times
 
 
 def _measure_once(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> dict:
-    import multiprocessing as mp
+    from thrifty.perfmodels.measure.worlds import World
 
-    from thrifty.perfmodels.profiler import gather_children
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, len(batches), port, factory, batches, warmup, iters, out))
-             for r in range(len(batches))]
-    return dict(gather_children(procs, out, "a DDP worker", timeout_s=300))
+    settings = {"factory": factory, "batches": list(batches), "warmup": warmup, "iters": iters}
+    world = World(len(batches), f"{Path(__file__).stem}:_rank", [json.dumps(settings)], where="a DDP worker")
+    return dict(enumerate(world.run(stall_timeout_s=300, failure=ProblemError)))
 
 
 def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> np.ndarray:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,7 +109,7 @@ def section_replan(repeats: int) -> list[tuple[str, str, str]]:
 def section_checkpoints(repeats: int) -> list[tuple[str, str, str]]:
     import torch
 
-    from thrifty.perfmodels.zoo import FACTORIES
+    from thrifty.perfmodels.measure.zoo import FACTORIES
     from thrifty.runtime.training.checkpoint import capture_rng, save_checkpoint
 
     rows = []
@@ -137,27 +136,33 @@ def section_checkpoints(repeats: int) -> list[tuple[str, str, str]]:
 VARIANTS = ("plain", "batch", "hook")
 
 
-def ab_worker(rank: int, port: int, model: str, iterations: int, out: str) -> None:
-    """One rank of the A/B world: three DDP copies of the model on one
-    process group (plain averaging; reweighting by loss scaling, the runtime's
-    default; reweighting by the communication hook), trained in turns whose
-    order flips every iteration, on equal batches, so that load drifts on the
-    host hit all alike. Rank 0 writes the per-iteration times."""
+def ab_rank(argv: list[str]) -> None:
+    """One rank of the A/B world (a worker world's rank)."""
+    from thrifty.perfmodels.measure.worlds import serve_rank
+
+    model, iterations = argv[0], int(argv[1])
+    serve_rank(lambda channel: channel.finish(ab_worker(channel, model, iterations)))
+
+
+def ab_worker(channel: "object", model: str, iterations: int) -> dict[str, list[float]]:
+    """Three DDP copies of the model on one process group (plain averaging;
+    reweighting by loss scaling, the runtime's default; reweighting by the
+    communication hook), trained in turns whose order flips every iteration,
+    on equal batches, so that load drifts on the host hit all alike: the
+    per-iteration times of each."""
     import functools
-    import json
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from thrifty.perfmodels.zoo import FACTORIES
+    from thrifty.perfmodels.measure.worlds import join_world
+    from thrifty.perfmodels.measure.zoo import FACTORIES
     from thrifty.runtime.training.reweight import loss_scale, register_reweighting
     from thrifty.runtime.training.worker import _scaled_loss, train_step
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=300))
+    join_world(channel, "gloo", 300.0)
     copies = {name: FACTORIES[model](seed=0) for name in VARIANTS}
     ddp = {name: DistributedDataParallel(w.model) for name, w in copies.items()}
     register_reweighting(ddp["hook"], 32, 64)
@@ -173,36 +178,16 @@ def ab_worker(rank: int, port: int, model: str, iterations: int, out: str) -> No
             train_step(ddp[name], optimizers[name], losses[name], x, y)
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
-    if rank == 0:
-        Path(out).write_text(json.dumps(times))
     dist.barrier()
     dist.destroy_process_group()
-    os._exit(0)
+    return times
 
 
 def ab_times(model: str, iterations: int) -> dict[str, list[float]]:
-    import json
-    import socket
-    import subprocess
+    from thrifty.perfmodels.measure.worlds import World
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with tempfile.TemporaryDirectory() as folder:
-        out = str(Path(folder) / "times.json")
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([sys.executable, __file__, "--ab-worker", str(rank), str(port), model,
-                                   str(iterations), out], env=env) for rank in range(2)]
-        try:
-            for proc in procs:
-                if proc.wait(timeout=600) != 0:
-                    raise RuntimeError(f"A/B worker exited with {proc.returncode}")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        return json.loads(Path(out).read_text())
+    world = World(2, f"{Path(__file__).stem}:ab_rank", [model, str(iterations)], where="the A/B world")
+    return world.run(stall_timeout_s=600)[0]
 
 
 def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
@@ -223,8 +208,8 @@ def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
 def profile_now(folder: str) -> str:
     """The tiny transformer's compute profile measured now, on this host, as
     loaded as it is (the shipped one was measured on an idle machine)."""
-    from thrifty.perfmodels.profiler import profile_workload
-    from thrifty.perfmodels.zoo import tiny_transformer
+    from thrifty.perfmodels.measure.profiler import profile_workload
+    from thrifty.perfmodels.measure.zoo import tiny_transformer
     from thrifty.perfmodels.profile import save_profile
 
     profile = profile_workload(tiny_transformer(), model_name="tiny-transformer", batches=[8, 16, 32, 64],
@@ -293,10 +278,6 @@ def miniature_rows(events: list[dict], problem, plan, failure: Exception | None)
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--ab-worker":
-        rank, port, model, iterations, out = sys.argv[2:7]
-        ab_worker(int(rank), int(port), model, int(iterations), out)
-        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="A/B repeats and re-plan repeats")
     parser.add_argument("--iterations", type=int, default=200, help="A/B iterations per model")

@@ -60,9 +60,10 @@ Choices beyond the paper, documented here and selectable:
 - Devices in ``shared_core_devices`` (default ``{"cpu"}``: a CPU worker's
   gloo threads run on the cores its backward pass uses) cannot hide
   communication behind computation: their transfers start when the backward
-  pass ends. Measured here: DDP's overlapped allreduce lengthened a 2-process
-  MLP backward from 4.2 to 17.4 ms, about the probes' serial allreduce time.
-  GPUs (NCCL on its own engines) overlap as in the paper.
+  pass ends (with gloo on the cores, DDP's "overlapped" allreduce lengthens
+  the backward pass by about the serial allreduce time; the accuracy
+  benchmark, `benchmarks/perfmodel_accuracy.py`, measures it). GPUs (NCCL on
+  its own engines) overlap as in the paper.
 
 Returns the mean, standard deviation and 95th percentile of the iteration
 time over the samples, with the breakdown. It is the solver's hot path:

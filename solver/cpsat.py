@@ -34,8 +34,9 @@ Objective: minimize ``C`` (min_cost) or ``L + N T`` (min_time).
 devices) only at the counts ``K(q)`` (`staircase`: 1..8, then 25% apart), so
 between two of them the bound is that of the smaller count: still a lower
 bound, with 23 order literals per variable at quota 256 instead of the 257
-values an element constraint makes CP-SAT encode (its presolve alone took 7 s
-on the 20-choice, quota-256 instance). The gap this adds is the growth of the
+values an element constraint makes CP-SAT encode (whose presolve alone
+dominated the solve time on the 20-choice, quota-256 instance of
+`benchmarks/solver_speed.py`). The gap this adds is the growth of the
 expected maximum between grid counts, a fraction of one standard deviation
 of the compute latency; the simulate-and-cut loop closes it.
 

@@ -9,10 +9,9 @@
 - ``auto``: ``exhaustive`` when the pruned space holds at most
   `exhaustive_limit` candidates, else ``ilp``. Srifty's limit (about 10,000)
   counts simulations, since it simulates every candidate; our branch and bound
-  enumerates candidates cheaply (about 17 us each) and simulates only those a
-  bound cannot rule out, so its default limit is 50,000 enumerated candidates
-  (measured: 35,705 candidates solved exactly in 0.59 s with 2 simulations,
-  where CP-SAT took 3.1 s).
+  enumerates candidates cheaply and simulates only those a bound cannot rule
+  out, so its default limit is 50,000 enumerated candidates (the crossover
+  with CP-SAT that `benchmarks/solver_speed.py` measures).
 
 Every method returns the same `Plan`. Tuning problems (``kind: "tuning"``)
 go to `thrifty.solver.tuning_plan.solve_tuning` and return a `TuningPlan`

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="the probe runs torch.distributed; i
 from thrifty.datasets import ProblemError  # noqa: E402
 from thrifty.perfmodels.allreduce import PROBE_COLUMNS, load_probes, parse_probe_rows  # noqa: E402
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time  # noqa: E402
-from thrifty.perfmodels.probe import (  # noqa: E402
+from thrifty.perfmodels.measure.probe import (  # noqa: E402
     ProbeConfig,
     ProbeFailed,
     ProbeTarget,

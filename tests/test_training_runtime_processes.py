@@ -58,7 +58,7 @@ def worker_pids() -> list[int]:
     worker fork server (the zygote) and multiprocessing's resource tracker
     (started by the first spawn-context semaphore, e.g. the profiler's)."""
     helpers = {pid for pid, parent in process_parents().items() if parent == os.getpid()
-               and any(name in _cmdline(pid) for name in (b"thrifty.runtime.training.zygote",
+               and any(name in _cmdline(pid) for name in (b"thrifty.perfmodels.measure.worlds.zygote",
                                                           b"multiprocessing.resource_tracker"))}
     return sorted(descendants(os.getpid()) - helpers)
 

@@ -118,7 +118,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _target(args: argparse.Namespace):
-    from thrifty.perfmodels.probe import ProbeTarget
+    from thrifty.perfmodels.measure import ProbeTarget
 
     given = (args.device, args.rated_network_gbps, args.gpus_per_instance)
     if any(v is None for v in given):
@@ -134,7 +134,7 @@ def _target(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.perfmodels.probe import ProbeConfig, probe_allreduce, write_probe_csv
+    from thrifty.perfmodels.measure import ProbeConfig, probe_allreduce, write_probe_csv
 
     target = _target(args)
     config = ProbeConfig(

@@ -34,7 +34,7 @@ def parse_batches(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
+                        help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
     parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
     sweep = parser.add_mutually_exclusive_group()
@@ -100,7 +100,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.perfmodels.profile import save_profile
-    from thrifty.perfmodels.profiler import load_workload, profile_workload
+    from thrifty.perfmodels.measure import load_workload, profile_workload
 
     batches = parse_batches(args.batches) if args.batches is not None else None
     name = args.name or default_name(args.factory)

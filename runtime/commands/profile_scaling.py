@@ -32,7 +32,7 @@ def parse_world_sizes(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.perfmodels.zoo:mlp")
+                        help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
     parser.add_argument("--batch", required=True, type=int, metavar="N",
                         help="the trial's batch, split evenly over the workers")
@@ -64,7 +64,7 @@ def command_line(args: argparse.Namespace, sizes: list[int], name: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from thrifty.datasets.io import write_json
     from thrifty.perfmodels.scaling import parse_scaling_profile
-    from thrifty.perfmodels.scaling_profiler import check_world_sizes, default_model_name, profile_scaling
+    from thrifty.perfmodels.measure import check_world_sizes, default_model_name, profile_scaling
 
     sizes = check_world_sizes(
         parse_world_sizes(args.world_sizes), args.batch, sizes_name="--world-sizes", batch_name="--batch"

@@ -43,7 +43,7 @@ from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, Tr
 from thrifty.runtime.training.faults import Fault, FaultInjector
 from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.training.job import JobSpec
-from thrifty.runtime.training.launcher import RankSlot, Segment, SegmentPoll
+from thrifty.runtime.training.launcher import WORKER_PRELOAD, RankSlot, Segment, SegmentPoll
 from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
 from thrifty.runtime.training.plans import check_plan, plan_and_problem
 from thrifty.runtime.training.replan import Replan, Replanner
@@ -52,7 +52,7 @@ from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_pa
 from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.training.sharding import split_batch
 from thrifty.runtime.training.trainer import load_trainer, trainer_spec
-from thrifty.runtime.training.zygote import start_zygote
+from thrifty.perfmodels.measure.worlds import start_zygote
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem
 
@@ -324,7 +324,7 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
                        dict(trainer_args or {}), dataclasses.asdict(config),
                        first_plan=record.first_plan if record is not None else plan.to_dict())
     write_run_record(folder, record)
-    start_zygote()  # local workers are forked by it: while the machines boot, it imports torch
+    start_zygote(WORKER_PRELOAD)  # local workers are forked by it: while the machines boot, it imports torch
     own_provider = provider is None
     if provider is None:
         from thrifty.runtime.providers.local import LocalProvider

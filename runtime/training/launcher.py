@@ -1,15 +1,14 @@
 """One world of worker processes on this host, from start to end: a `Segment`.
 
-The driver hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
+A segment is a worker world (`thrifty.perfmodels.measure.worlds.World`): the
+driver hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
 127.0.0.1, so no port can be raced for) and starts one worker process per rank
-(forked by `zygote`, which has torch imported; the same code as
-``python -m thrifty.runtime.training.worker``) with the torchrun environment
-(``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` and
-``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun's agent sets them). The
-workers report through the same store (`worker.Control`); `Segment.poll` reads
-it without blocking and turns what it sees into a `SegmentPoll`, or into an
-exception when waiting longer would be a hang:
+(forked by the fork server, which has torch imported; the same code as
+``python -m thrifty.runtime.training.worker``) with the torchrun environment,
+each rank's ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` from its
+machine. The workers report through the world's one protocol; `Segment.poll`
+reads it without blocking and turns what it sees into a `SegmentPoll`, or into
+an exception when waiting longer would be a hang:
 
 - the world does not form within ``world_timeout_s``: `WorldFormationError`;
 - a worker raises: `WorkerFailed` with its message (traceback in its log);
@@ -20,33 +19,31 @@ exception when waiting longer would be a hang:
 A worker that exits with a non-zero code and no error report is *lost* (a
 machine taken away without notice); the driver decides what that means.
 Every process is killed and reaped when the segment closes, and each one dies
-with the zygote, which dies with the driver (``PR_SET_PDEATHSIG`` on Linux),
-so nothing outlives a run.
+with the fork server, which dies with the driver (``PR_SET_PDEATHSIG`` on
+Linux), so nothing outlives a run.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.probe import loopback_interface
-from thrifty.runtime.training.errors import StallError, WorkerFailed, WorldFormationError
+from thrifty.perfmodels.measure.worlds import World, WorldFailed
+from thrifty.runtime.training.errors import StallError, TrainingError, WorkerFailed, WorldFormationError
 from thrifty.runtime.training.job import JobSpec
-from thrifty.runtime.training.zygote import WorkerProcess, zygote
 
-__all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS"]
+__all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS", "WORKER_ENTRY", "WORKER_PRELOAD"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
-# the worker's store keys (kept equal to thrifty.runtime.training.worker's, which imports torch)
-KEY_EVENTS, KEY_PROGRESS, KEY_STOP = "thrifty/events", "thrifty/progress", "thrifty/stop"
-KEY_METRICS = "thrifty/metrics"
+WORKER_ENTRY = "thrifty.runtime.training.worker:main"
+# imported by the fork server before it forks workers: the worker and what it loads at start
+WORKER_PRELOAD = ("thrifty.runtime.training.worker", "thrifty.runtime.training.examples")
+# the worker's command and published name (kept equal to thrifty.runtime.training.worker's, which imports torch)
+STOP, METRICS = "stop", "metrics"
 ERROR_GRACE_S = 0.5  # after an error report, how long to look for a rank lost without one
 EXIT_GRACE_S = 5.0  # after the workers said they are done, how long they may take to exit
 
@@ -95,19 +92,16 @@ class Segment:
         self.world_timeout_s, self.stall_timeout_s = world_timeout_s, stall_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.extra_env = dict(env or {})
-        self.procs: list[WorkerProcess] = []
-        self.store: Any = None
+        self.world: World | None = None
         self.started_at = self.formed_at = self.stop_requested_at = None
         self.start_iteration: int | None = None
         self.last_checkpoint: int | None = None
         self.end_event: dict[str, Any] | None = None
         self.checkpoints: list[dict[str, Any]] = []
-        self._consumed = 0
         self._joining: set[int] = set()
         self._ready: set[int] = set()
         self._errors: dict[int, dict[str, Any]] = {}
         self._progress: tuple[int, float] | None = None
-        self._metrics_text = ""
         self._last_change = 0.0
         self._error_seen_at: float | None = None
         self._end_seen_at: float | None = None
@@ -119,45 +113,45 @@ class Segment:
     def log_path(self, rank: int) -> Path:
         return self.folder / "logs" / f"segment{self.index}-rank{rank}.log"
 
-    def start(self) -> None:
-        import torch.distributed as dist
+    @property
+    def procs(self) -> list[Any]:
+        return self.world.procs if self.world is not None else []
 
-        timeout = timedelta(seconds=max(self.world_timeout_s, self.job.timeout_s))
-        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout, wait_for_workers=False)
-        self.store.set(KEY_EVENTS, "")
-        self.store.set(KEY_PROGRESS, "")
-        self.store.set(KEY_METRICS, "")
+    def start(self) -> None:
         job_path = self.folder / f"job-segment{self.index}.json"
         self.job.write(job_path)
-        (self.folder / "logs").mkdir(parents=True, exist_ok=True)
-        lo = loopback_interface()
+
+        def rank_env(rank: int) -> dict[str, str]:
+            slot = self.slots[rank]
+            return {"LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+                    "GROUP_RANK": str(slot.machine_index)}
+
+        self.world = World(len(self.slots), WORKER_ENTRY, ["--job", str(job_path)], logs=self.log_path,
+                           env=self.extra_env, rank_env=rank_env, backend="gloo", threads=self.job.threads,
+                           timeout_s=max(self.world_timeout_s, self.job.timeout_s), preload=WORKER_PRELOAD,
+                           where=f"segment {self.index}")
         self.started_at = self._last_change = time.monotonic()
-        forks = zygote()
-        for slot in self.slots:
-            env = dict(self.extra_env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.store.port), RANK=str(slot.rank),
-                       WORLD_SIZE=str(len(self.slots)), LOCAL_RANK=str(slot.local_rank),
-                       LOCAL_WORLD_SIZE=str(slot.local_world_size), GROUP_RANK=str(slot.machine_index),
-                       TORCHELASTIC_USE_AGENT_STORE="True", THRIFTY_CONTROL="1",
-                       OMP_NUM_THREADS=str(self.job.threads), MKL_NUM_THREADS=str(self.job.threads))
-            if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
-                env["GLOO_SOCKET_IFNAME"] = lo
-            self.procs.append(forks.launch(["--job", str(job_path)], env, str(self.log_path(slot.rank))))
+        try:
+            self.world.start()
+        except WorldFailed as e:
+            self.close()
+            raise TrainingError(str(e)) from e
 
     def request_stop(self) -> None:
         """Ask the workers to checkpoint after their current iteration and exit."""
         if self.stop_requested_at is None and not self._closed:
-            self.store.set(KEY_STOP, "1")
+            self.world.command(STOP)
             self.stop_requested_at = time.monotonic()
 
     def kill(self, ranks: Sequence[int] | None = None, as_loss: bool = False) -> None:
         """SIGKILL the given ranks (default: all) that still run. Ranks the
         driver kills are not reported as lost, unless `as_loss` (the fault
         injector taking a machine away, which must look like the real thing)."""
-        if self._closed:
+        if self._closed or self.world is None:
             return
         for rank, proc in enumerate(self.procs):
             if (ranks is None or rank in ranks) and proc.exitcode is None:
-                proc.kill()
+                self.world.kill([rank])
                 if not as_loss:
                     self._expected.add(rank)
         if ranks is None and not as_loss:
@@ -168,10 +162,9 @@ class Segment:
         if self._closed:
             return
         self.kill()
-        for proc in self.procs:
-            proc.join(timeout=10.0)
+        if self.world is not None:
+            self.world.close()
         self._closed = True
-        self.store = None
 
     def __enter__(self) -> "Segment":
         return self
@@ -184,9 +177,7 @@ class Segment:
 
     # -- watching -------------------------------------------------------------------------
     def _new_events(self) -> list[dict[str, Any]]:
-        text = self.store.get(KEY_EVENTS).decode("utf-8", errors="replace")
-        fresh, self._consumed = text[self._consumed:], len(text)
-        events = [json.loads(line) for line in fresh.splitlines() if line.strip()]
+        events = self.world.events()
         for e in events:
             kind = e.get("event")
             if kind == "joining":
@@ -206,20 +197,13 @@ class Segment:
         return events
 
     def _read_progress(self) -> None:
-        text = self.store.get(KEY_PROGRESS).decode()
-        if text:
-            done, at = text.split()
-            progress = (int(done), float(at))
-            if progress != self._progress:
-                self._progress = progress
-                self._last_change = time.monotonic()
+        progress = self.world.progress(0)
+        if progress is not None and progress != self._progress:
+            self._progress = progress
+            self._last_change = time.monotonic()
 
     def _read_metrics(self) -> dict[str, Any] | None:
-        text = self.store.get(KEY_METRICS).decode("utf-8", errors="replace")
-        if not text or text == self._metrics_text:
-            return None
-        self._metrics_text = text
-        return json.loads(text)
+        return self.world.latest(METRICS)
 
     def poll(self) -> SegmentPoll:
         """What happened since the last poll; raises when waiting on would hang."""
@@ -227,7 +211,7 @@ class Segment:
         events = self._new_events()
         self._read_progress()
         metrics = self._read_metrics()
-        codes = [p.exitcode for p in self.procs]
+        codes = self.world.exit_codes()
         if any(c not in (None, 0) for c in codes):
             events += self._new_events()  # an error report may have landed just before the exit
         out = SegmentPoll(events=events, formed=len(self._ready) == len(self.slots), metrics=metrics)
@@ -254,7 +238,7 @@ class Segment:
                                    f"logs: {self.log_path(0).parent}")
             out.ended = "finished" if self.end_event["event"] == "done" else "stopped"
             return out
-        if any(c is None for c in codes) and not all(p.server_alive for p in self.procs):
+        if any(c is None for c in codes) and not self.world.server_alive:
             self.close()
             raise WorkerFailed("the worker fork server exited while workers ran; the last checkpoint is kept")
         if self.end_event is not None:  # the work is checkpointed: give the exits a grace, then end them

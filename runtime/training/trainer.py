@@ -63,9 +63,9 @@ def trainer_spec(trainer: str | Callable[..., Any]) -> str:
 def load_trainer(spec: str, args: Mapping[str, Any] | None = None) -> Trainer:
     """Import ``MODULE:FACTORY``, call it with `args` and check that it
     returned a `Trainer`; every failure is a `ProblemError` naming the spec."""
-    from thrifty.perfmodels.profiler import load_factory
+    from thrifty.perfmodels.measure.worlds import resolve_factory
 
-    function = load_factory(spec).function  # resolves the name; errors name the spec
+    function = resolve_factory(spec, returns="a Trainer")  # errors name the spec
     try:
         made = function(**dict(args or {}))
     except ThriftyError:

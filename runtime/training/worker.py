@@ -18,12 +18,14 @@ mean: each rank's mean weighted by its batch share) and the trainer's own
 metrics, gathered on rank 0; the decision to report travels in the per-iteration
 flags all-reduce, so every rank takes part in the same iterations.
 
-When the thrifty driver launched it (``THRIFTY_CONTROL=1``; the driver hosts
-the rendezvous store, as torchrun's agent does with
-``TORCHELASTIC_USE_AGENT_STORE``), the worker also reports through that store:
-ready, progress, checkpoints, spot notices, errors; and rank 0 reads the
-driver's stop request each iteration and shares it with the other ranks in a
-two-integer all-reduce, so every rank stops after the same iteration.
+When the thrifty driver launched it (a rank of a worker world,
+`thrifty.perfmodels.measure.worlds`; the driver hosts the rendezvous store,
+as torchrun's agent does with ``TORCHELASTIC_USE_AGENT_STORE``), the worker
+also reports through that store, in the worlds' one protocol: events (ready,
+checkpoints, spot notices, errors), progress, and the latest loss and
+metrics; and rank 0 reads the driver's stop command each iteration and
+shares it with the other ranks in the flags all-reduce, so every rank stops
+after the same iteration.
 
 This module imports torch at the top: only worker processes import it.
 """
@@ -38,9 +40,7 @@ import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.measure.worlds import RankChannel, join_world, resolve_backend, serve_rank
 from thrifty.runtime.training.checkpoint import (
     capture_rng,
     load_checkpoint,
@@ -63,50 +64,12 @@ from thrifty.runtime.training.sharding import ShardedStream, rank_offsets
 from thrifty.runtime.training.trainer import Trainer, load_trainer
 
 __all__ = ["main", "run_worker", "fetch_batch", "train_step", "prime_buckets", "single_process_reference",
-           "combine_reports", "KEY_EVENTS", "KEY_PROGRESS", "KEY_STOP", "KEY_METRICS"]
+           "combine_reports", "STOP", "METRICS"]
 
 log = logging.getLogger(__name__)  # to the worker's log file (stderr), never to the driver's terminal
-KEY_EVENTS = "thrifty/events"  # JSON lines appended by the workers
-KEY_PROGRESS = "thrifty/progress"  # "<iterations done> <unix time>", set by rank 0
-KEY_STOP = "thrifty/stop"  # set by the driver: checkpoint and stop
-KEY_METRICS = "thrifty/metrics"  # the latest loss and metrics (JSON), set by rank 0
+STOP = "stop"  # the driver's command: checkpoint and stop
+METRICS = "metrics"  # rank 0 publishes the latest loss and metrics under this name
 TIMING_WARMUP = 3  # iterations left out of the throughput a finished world reports
-
-
-class Control:
-    """The driver's store, seen from a worker."""
-
-    def __init__(self, store: Any | None, rank: int):
-        self.store, self.rank = store, rank
-
-    @classmethod
-    def from_env(cls, rank: int, timeout_s: float) -> "Control":
-        if os.environ.get("THRIFTY_CONTROL") != "1":
-            return cls(None, rank)
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                              timedelta(seconds=timeout_s))
-        return cls(store, rank)
-
-    def post(self, event: str, **data: Any) -> None:
-        if self.store is not None:
-            line = json.dumps({"event": event, "rank": self.rank, "at": time.time(), **data})
-            self.store.append(KEY_EVENTS, line + "\n")
-        elif self.rank == 0 and event in ("checkpoint", "done", "stopped"):
-            log.info("%s: %s", event, data)
-
-    def progress(self, done: int) -> None:
-        if self.store is not None:
-            self.store.set(KEY_PROGRESS, f"{done} {time.time()!r}")
-
-    def stop_requested(self) -> bool:
-        return self.store is not None and self.store.check([KEY_STOP])
-
-    def metrics(self, report: dict[str, Any]) -> None:
-        # one key overwritten, not an event appended: the driver reads it every poll
-        if self.store is not None:
-            self.store.set(KEY_METRICS, json.dumps({"at": time.time(), **report}))
-        elif self.rank == 0:
-            log.info("metrics: %s", report)
 
 
 def fetch_batch(dataset: Any, indices: np.ndarray, device: Any) -> tuple[Any, Any]:
@@ -225,7 +188,7 @@ def _check_checkpoint(state: Mapping[str, Any], job: JobSpec) -> None:
         raise ProblemError(f"is at iteration {state['iteration']}, past this job's {job.iterations}", source=where)
 
 
-def _fire(fault: WorkerFault, job: JobSpec, control: Control) -> None:
+def _fire(fault: WorkerFault, job: JobSpec, control: RankChannel) -> None:
     if fault.kind == "kill":
         sys.stdout.flush()
         sys.stderr.flush()
@@ -237,7 +200,7 @@ def _fire(fault: WorkerFault, job: JobSpec, control: Control) -> None:
         time.sleep(10 * job.timeout_s)
 
 
-def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, control: Control) -> None:
+def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, control: RankChannel) -> None:
     """Train this rank from the last checkpoint (if any) to `job.iterations`,
     or until the driver asks it to stop; then end the process (exit code 0)."""
     torch.set_num_threads(job.threads)
@@ -245,15 +208,10 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
     for f in faults:
         if f.kind == "delay_start":
             time.sleep(f.seconds)
-    from thrifty.perfmodels.probe import resolve_backend
-
     backend = resolve_backend(job.backend)
     cuda = backend == "nccl"
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     control.post("joining")
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=job.timeout_s))
+    device = join_world(control, backend, job.timeout_s)
     if world_size != len(job.batches):
         raise ProblemError(f"lists {len(job.batches)} local batches, but the world has {world_size} ranks",
                            path="batches")
@@ -307,7 +265,7 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
         gathered: list[Any] | None = [None] * world_size if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if rank == 0:
-            control.metrics({"iteration": done, **combine_reports(gathered, job.batches)})
+            control.publish(METRICS, {"at": time.time(), "iteration": done, **combine_reports(gathered, job.batches)})
 
     # flags, agreed on by every rank after each iteration: [stop, checkpoint now (time), report next]
     flags = torch.zeros(3, dtype=torch.int64, device=device)
@@ -334,7 +292,7 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
         flags.zero_()
         if rank == 0:
             now = time.monotonic()
-            flags[0] = int(control.stop_requested())
+            flags[0] = int(control.command(STOP) is not None)
             flags[1] = int(job.checkpoint_every_s is not None and now - last_checkpoint_at >= job.checkpoint_every_s)
             flags[2] = int(job.metrics_every_s is not None and now - last_report_at >= job.metrics_every_s)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -358,13 +316,9 @@ def run_worker(job: JobSpec, rank: int, world_size: int, local_rank: int, contro
     # gloo objects (destroy_process_group, or this frame's locals going away)
     # has blocked at times after the last barrier, and a worker has nothing
     # left to clean up.
-    _leave(0)
-
-
-def _leave(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(0)
 
 
 def single_process_reference(trainer: str, global_batch: int, iterations: int, seed: int = 0,
@@ -424,37 +378,14 @@ def _parse(argv: Sequence[str] | None) -> JobSpec:
                    metrics_every_s=args.metrics_every if args.metrics_every > 0 else None)
 
 
-def configure_logging(rank: int) -> None:
-    """Worker log lines on stderr (the worker's log file), stamped with the rank,
-    unless the process already configured logging."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                            format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    rank = int(os.environ.get("RANK", "0"))
-    configure_logging(rank)
-    control = Control(None, rank)
-    code = 0
-    try:
+    """One rank, under a thrifty world or torchrun; ends the process (exit
+    code 0, 1 after reporting an error, 2 for bad arguments)."""
+    def body(channel: RankChannel) -> None:
         job = _parse(argv)
-        control = Control.from_env(rank, job.timeout_s)
-        run_worker(job, rank, int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0")),
-                   control)
-    except SystemExit as e:  # argparse
-        code = e.code if isinstance(e.code, int) else 2
-    except BaseException as e:  # noqa: BLE001 - report anything; the driver decides
-        code = 1
-        text = traceback.format_exc()
-        log.error("failed:\n%s", text)
-        try:
-            control.post("error", message=f"{type(e).__name__}: {e}", traceback=text)
-        except Exception:  # noqa: BLE001 - the driver also sees the exit code
-            pass
-    finally:
-        # never run interpreter teardown: gloo can abort or block in it
-        _leave(code)
+        run_worker(job, channel.rank, channel.world_size, int(os.environ.get("LOCAL_RANK", "0")), channel)
+
+    serve_rank(body)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Implements the loop's executor interface (`thrifty.runtime.tuning.loop`) with
 one *world* of worker processes per launched trial: ``atoms`` ranks of
 synchronous data-parallel training (DDP, gloo on 127.0.0.1), the same pieces
 the training runtime uses (`thrifty.runtime.training`: trainer factories,
-atomic checkpoints, batch-weighted gradients, sharded data stream, forkserver
-worker processes that die with their parent). What HyperSched (4.3) and
+atomic checkpoints, batch-weighted gradients, sharded data stream), its ranks
+a worker world (`thrifty.perfmodels.measure.worlds`: forked by the fork
+server, dying with their parent, reporting in the worlds' one protocol). What HyperSched (4.3) and
 HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
 
 - *launch* (start or resume): start ``atoms`` processes; rank 0 restores the
@@ -51,18 +52,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.probe import loopback_interface
-from thrifty.runtime.training.zygote import die_with_parent
+from thrifty.perfmodels.measure.worlds import RankChannel, World, WorldFailed, join_world, serve_rank
 from thrifty.runtime.training.trainer import Trainer, load_trainer, trainer_spec
 from thrifty.runtime.tuning.clock import Clock, RealClock
 from thrifty.runtime.tuning.trial import Crash, Report, Trial
@@ -70,8 +68,10 @@ from thrifty.runtime.tuning.trial import Crash, Report, Trial
 __all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "accuracy", "example_trainer"]
 
 log = logging.getLogger(__name__)
-KEY_EVENTS = "tune/events"   # JSON lines appended by the workers
-COMMAND = "tune/command/{}"  # the loop's decision after iteration n: go | save | stop
+RANK_ENTRY = "thrifty.runtime.tuning.executor_local:_rank_main"
+# the fork server imports these before forking a trial's ranks
+RANK_PRELOAD = ("thrifty.runtime.training.worker", "thrifty.runtime.tuning.executor_local")
+COMMAND = "iteration-{}"  # the loop's decision after iteration n: go | save | stop
 POLL_S = 0.01
 
 
@@ -164,62 +164,13 @@ def load_tunable_trainer(spec: str, config: dict[str, Any]) -> TunableTrainer:
 
 # --- the worker side (runs in the trial's processes; imports torch) --------------------------
 
-def _forkserver() -> Any:
-    """Worker processes are forked by multiprocessing's fork server, which has
-    torch and the worker code imported once (a launch then costs a fork, not an
-    interpreter start and a torch import per rank). As with any multiprocessing
-    start method but fork, a user's script that creates the executor needs an
-    ``if __name__ == "__main__":`` guard."""
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    # DDP's first construction imports torch.distributed.tensor.parallel (and dynamo): 1-2 s per process
-    context.set_forkserver_preload(["thrifty.runtime.training.worker", "thrifty.runtime.tuning.executor_local",
-                                    "torch.distributed.tensor.parallel.ddp", "torch._dynamo"])
-    return context
+def _rank_main(argv: list[str]) -> None:  # pragma: no cover - runs in a trial's worker process
+    """Entry point of one rank of a trial (a worker world's rank)."""
+    spec = json.loads(argv[0])
+    serve_rank(lambda channel: _run_rank(spec, channel))
 
 
-def _worker_process(env: dict[str, str], spec: dict[str, Any], log_path: str) -> None:  # pragma: no cover - a child
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    die_with_parent()
-    os.environ.update(env)
-    from thrifty.runtime.training.worker import configure_logging  # preloaded by the fork server
-
-    configure_logging(int(env["RANK"]))
-    code = 0
-    store = None
-    rank = int(env["RANK"])
-    try:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False,
-                              timedelta(seconds=spec["decision_timeout_s"]))
-        _run_rank(spec, rank, int(env["WORLD_SIZE"]), store)
-    except BaseException as e:  # noqa: BLE001 - every failure is reported; the executor decides
-        import traceback
-
-        code = 1
-        text = traceback.format_exc()
-        log.error("trial rank %d failed:\n%s", rank, text)
-        if store is not None:
-            try:
-                _post(store, "error", rank=rank, message=f"{type(e).__name__}: {e}")
-            except Exception:  # noqa: BLE001 - the exit code still tells
-                pass
-    finally:
-        os._exit(code)  # gloo may abort in interpreter teardown
-
-
-def _post(store: Any, event: str, **data: Any) -> None:
-    store.append(KEY_EVENTS, json.dumps({"event": event, "at": time.time(), **data}) + "\n")
-
-
-def _run_rank(spec: dict[str, Any], rank: int, world_size: int, store: Any) -> None:
+def _run_rank(spec: dict[str, Any], channel: RankChannel) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -229,8 +180,9 @@ def _run_rank(spec: dict[str, Any], rank: int, world_size: int, store: Any) -> N
     from thrifty.runtime.training.sharding import ShardedStream, rank_offsets, split_batch
     from thrifty.runtime.training.worker import fetch_batch, train_step
 
+    rank, world_size = channel.rank, channel.world_size
     torch.set_num_threads(spec["threads"])
-    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=spec["decision_timeout_s"]))
+    join_world(channel, "gloo", spec["decision_timeout_s"])
     trainer = load_tunable_trainer(spec["trainer"], spec["config"])
     seed = spec["seed"]
     seed_everything(seed)
@@ -275,17 +227,15 @@ def _run_rank(spec: dict[str, Any], rank: int, world_size: int, store: Any) -> N
             with torch.no_grad():
                 metric = float(trainer.metric(model))
             extra = {"started_at": started_at, "restore_s": restore_s} if first else {}
-            _post(store, "result", iteration=iteration, metric=metric, iteration_s=time.perf_counter() - t0, **extra)
+            channel.post("result", iteration=iteration, metric=metric, iteration_s=time.perf_counter() - t0, **extra)
         first = False
-        key = COMMAND.format(iteration)
-        store.wait([key], timedelta(seconds=spec["decision_timeout_s"]))
-        command = store.get(key).decode()
+        command = channel.wait_command(COMMAND.format(iteration), spec["decision_timeout_s"])
         if command == "save":
             if rank == 0:
                 seconds, size = save_checkpoint(spec["checkpoint"], {
                     "iteration": iteration, "step": step, "trainer": spec["trainer"], "config": spec["config"],
                     "seed": seed, "model": model.state_dict(), "optimizer": optimizer.state_dict()})
-                _post(store, "saved", iteration=iteration, save_s=seconds, bytes=size)
+                channel.post("saved", iteration=iteration, save_s=seconds, bytes=size)
             break
         if command != "go":
             break
@@ -316,13 +266,11 @@ class LaunchRecord:
 @dataclass
 class _World:
     trial_id: int
-    procs: list[Any]
-    store: Any
+    world: World
     record: LaunchRecord
     launched_at: float             # unix time
     waiting_since: float           # monotonic: since the launch or the last "go"
     iteration: int                 # last iteration reported
-    consumed: int = 0
     reported: bool = False
     idle: bool = False             # reported and waiting for the loop's decision
     saved: dict[str, Any] | None = None
@@ -374,34 +322,25 @@ class LocalExecutor:
             record.ended = "crashed"
             self._ready.append(Crash(trial.trial_id, f"cannot resume: {checkpoint['error']}", self.clock.now()))
             return
-        import torch.distributed as dist
-
-        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=self.decision_timeout_s),
-                              wait_for_workers=False)
-        store.set(KEY_EVENTS, "")
         spec = {"trainer": self.trainer, "config": dict(trial.config), "seed": self.seed, "threads": self.threads,
                 "checkpoint": str(folder / "checkpoint.pt"), "restore": checkpoint is not None,
                 "decision_timeout_s": self.decision_timeout_s}
-        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(atoms),
-                "LOCAL_WORLD_SIZE": str(atoms), "GROUP_RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
-                "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
-        loopback = loopback_interface()
-        if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
-            base["GLOO_SOCKET_IFNAME"] = loopback
-        context = _forkserver()
-        world = _World(trial.trial_id, [], store, record, time.time(), time.monotonic(), record.from_iteration)
-        self._worlds[trial.trial_id] = world
-        for rank in range(atoms):
-            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            proc = context.Process(target=_worker_process, args=(env, spec, str(folder / f"rank{rank}.log")),
-                                   name=f"thrifty-trial-{trial.trial_id}-{rank}", daemon=False)
-            proc.start()
-            world.procs.append(proc)
-            record.pids.append(proc.pid)
+        world = World(atoms, RANK_ENTRY, [json.dumps(spec)], logs=lambda rank: folder / f"rank{rank}.log",
+                      threads=self.threads, timeout_s=self.decision_timeout_s,
+                      preload=RANK_PRELOAD,
+                      where=f"trial {trial.trial_id}")
+        entry = _World(trial.trial_id, world, record, time.time(), time.monotonic(), record.from_iteration)
+        self._worlds[trial.trial_id] = entry
+        try:
+            world.start()
+        except WorldFailed as e:
+            self._crash(entry, str(e))
+            return
+        record.pids.extend(world.pids)
 
     def proceed(self, trial: Trial) -> None:
         world = self._worlds[trial.trial_id]
-        world.store.set(COMMAND.format(world.iteration), "go")
+        world.world.command(COMMAND.format(world.iteration), "go")
         world.idle = False
         world.waiting_since = time.monotonic()
 
@@ -411,12 +350,12 @@ class LocalExecutor:
         world = self._worlds.pop(trial.trial_id)
         reference: dict[str, Any] = {"path": str(self.workdir / f"trial-{trial.trial_id}" / "checkpoint.pt"),
                                      "iteration": world.iteration}
-        if world.error is None and world.procs:
-            world.store.set(COMMAND.format(world.iteration), "save")
+        if world.error is None and world.world.procs:
+            world.world.command(COMMAND.format(world.iteration), "save")
             limit = time.monotonic() + self.save_timeout_s
             while world.saved is None and world.error is None and time.monotonic() < limit:
                 self._read_events(world)
-                if world.saved is None and all(p.exitcode is not None for p in world.procs):
+                if world.saved is None and all(c is not None for c in world.world.exit_codes()):
                     self._read_events(world)
                     break
                 time.sleep(POLL_S)
@@ -435,7 +374,7 @@ class LocalExecutor:
             return
         world.record.ended = world.record.ended or "terminated"
         if world.idle:  # waiting for a decision: let it exit cleanly
-            world.store.set(COMMAND.format(world.iteration), "stop")
+            world.world.command(COMMAND.format(world.iteration), "stop")
         self._end(world, graceful=world.idle)
 
     def next_event(self, until: float | None) -> Report | Crash | None:
@@ -469,12 +408,7 @@ class LocalExecutor:
 
     # --- watching worlds ----------------------------------------------------------------------
     def _read_events(self, world: _World) -> None:
-        text = world.store.get(KEY_EVENTS).decode("utf-8", errors="replace")
-        fresh, world.consumed = text[world.consumed:], len(text)
-        for line in fresh.splitlines():
-            if not line.strip():
-                continue
-            event = json.loads(line)
+        for event in world.world.events():
             kind = event["event"]
             if kind == "result":
                 world.pending.append(event)
@@ -491,7 +425,7 @@ class LocalExecutor:
                 self._ready.append(self._report(world, world.pending.popleft()))
             return
         tid = world.trial_id
-        codes = [p.exitcode for p in world.procs]
+        codes = world.world.exit_codes()
         now = time.monotonic()
         if world.error is not None:
             world.error_seen_at = world.error_seen_at or now
@@ -526,7 +460,7 @@ class LocalExecutor:
         world.iteration = int(event["iteration"])
         world.idle = True
         return Report(world.trial_id, world.iteration, float(event["metric"]), float(event["iteration_s"]),
-                      len(world.procs), self.clock.now(), overhead)
+                      world.world.size, self.clock.now(), overhead)
 
     def _crash(self, world: _World, message: str) -> None:
         world.record.ended = "crashed"
@@ -536,13 +470,4 @@ class LocalExecutor:
 
     def _end(self, world: _World, graceful: bool = True) -> None:
         """Let the processes exit (when they were told to) or kill them; reap them."""
-        if graceful:
-            limit = time.monotonic() + self.stop_grace_s
-            for proc in world.procs:
-                proc.join(timeout=max(0.0, limit - time.monotonic()))
-        for proc in world.procs:
-            if proc.exitcode is None:
-                proc.kill()
-        for proc in world.procs:
-            proc.join(timeout=10.0)
-        world.store = None
+        world.world.close(grace_s=self.stop_grace_s if graceful else 0.0)

@@ -3,12 +3,12 @@ of real ``torch.distributed`` allreduces over a grid of world sizes, buffer
 sizes and numbers of concurrent transfers, as the training data of the learned
 allreduce model (`thrifty.perfmodels.allreduce`).
 
-For each world size ``n`` the probe starts ``n`` worker processes on this
-host, each a fresh interpreter with one torch thread (gloo over 127.0.0.1 on
-CPU; NCCL with one GPU per rank when CUDA is there); fresh interpreters rather
-than ``multiprocessing``, so nothing of the caller's ``__main__`` is
-re-imported. The parent holds the rendezvous store on an ephemeral port, so
-no port is guessed, and the ranks report progress, results and failures
+For each world size ``n`` the probe starts a world of ``n`` worker
+processes on this host (`thrifty.perfmodels.measure.worlds.World`: forks of
+the fork server, nothing of the caller's ``__main__`` re-imported), each with
+one torch thread (gloo over 127.0.0.1 on CPU; NCCL with one GPU per rank when
+CUDA is there). The parent holds the rendezvous store on an ephemeral port,
+so no port is guessed, and the ranks report progress, results and failures
 through that store. Every rank sweeps the same grid of cells ``(s, k)``: buffer sizes
 ``s`` geometric from `min_bytes` to `max_bytes` and concurrency
 ``k = 1..concurrency``. One measurement of a cell:
@@ -39,32 +39,22 @@ import csv
 import io
 import json
 import math
-import os
-import subprocess
-import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ThriftyError
+from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import atomic_write_text
 from thrifty.datasets.optional import require
-from thrifty.perfmodels.allreduce import PROBE_COLUMNS
+from thrifty.perfmodels.allreduce.table import PROBE_COLUMNS
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
+from thrifty.perfmodels.measure.worlds import RankChannel, World, WorldFailed, join_world, resolve_backend, serve_rank
+from thrifty.perfmodels.measure.worlds import world_barrier
 
 __all__ = [
-    "loopback_interface",
-    "launch_worker",
-    "run_world",
-    "serve_rank",
-    "join_world",
-    "world_barrier",
-    "report_progress",
-    "report_result",
     "PROBE_COLUMNS",
     "CPU_MAX_BYTES",
     "GPU_MAX_BYTES",
@@ -73,7 +63,6 @@ __all__ = [
     "ProbeFailed",
     "buffer_sizes",
     "instances_for",
-    "resolve_backend",
     "probe_allreduce",
     "probe_rows_to_csv",
     "write_probe_csv",
@@ -83,12 +72,11 @@ __all__ = [
 CPU_MAX_BYTES = 64 * 2**20
 GPU_MAX_BYTES = 512 * 2**20
 _ELEMENT_BYTES = 4  # float32 buffers: sizes are multiples of 4 bytes
-_LOOPBACK = "127.0.0.1"
 
 ProgressCallback = Callable[[int, int, str], None]
 
 
-class ProbeFailed(ThriftyError, RuntimeError):
+class ProbeFailed(WorldFailed):
     """A probe world failed: a worker crashed, timed out or stopped reporting."""
 
 
@@ -200,30 +188,11 @@ def _import_torch() -> Any:
     return require("torch", "torch")
 
 
-def resolve_backend(requested: str = "auto") -> str:
-    """``"nccl"`` when asked or when CUDA is available under ``"auto"``; else ``"gloo"``."""
-    torch = _import_torch()
-    if requested == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    if requested == "nccl" and not torch.cuda.is_available():
-        raise ProblemError("backend 'nccl' needs CUDA GPUs, but torch sees none")
-    return requested
-
-
 # -- the worker (one process per rank) -----------------------------------------
-
-# keys in the parent's store through which ranks report (the process group
-# itself uses its own prefix in the same store)
-_KEY_PROGRESS = "thrifty-probe/progress"
-_KEY_RESULT = "thrifty-probe/result"
-_KEY_ERROR = "thrifty-probe/error/"
 
 
 @dataclass(frozen=True)
 class _WorkerPlan:
-    rank: int
-    world_size: int
-    port: int
     backend: str
     cells: tuple[tuple[int, int], ...]
     repeats: int
@@ -241,86 +210,19 @@ class _WorkerPlan:
         return cls(**data)
 
 
-def _worker_entry(plan_json: str) -> None:
-    """Entry point of one probe rank (``python -c``; see `launch_worker`).
-    Rank 0 adds 1 to the progress counter after each cell and stores the
-    result."""
-    plan = _WorkerPlan.from_json(plan_json)
-    serve_rank(plan.rank, plan.port, plan.op_timeout_s, lambda store: _measure(plan, store))
+def _worker_entry(argv: list[str]) -> None:
+    """Entry point of one probe rank (a `World` rank): rank 0 reports
+    progress after each cell and, at the end, the result."""
+    plan = _WorkerPlan.from_json(argv[0])
+    serve_rank(lambda channel: _measure(plan, channel))
 
 
-def serve_rank(rank: int, port: int, op_timeout_s: float, body: Callable[[Any], None]) -> NoReturn:
-    """Run one rank of a world started by `run_world`: connect to the
-    parent's store on `port`, call ``body(store)``, and end the process with
-    ``os._exit`` (0, or 1 when `body` raised, after storing the traceback
-    where the parent looks for it, so the world fails at once). Never returns."""
-    code = 0
-    store = None
-    try:
-        import torch.distributed as dist
-
-        timeout = timedelta(seconds=op_timeout_s)
-        store = dist.TCPStore(_LOOPBACK, port, None, False, timeout)
-        body(store)
-    except BaseException:  # noqa: BLE001 - report anything; the parent decides
-        code = 1
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        if store is not None:
-            try:
-                store.set(_KEY_ERROR + str(rank), text)
-            except Exception:  # noqa: BLE001 - the parent also sees the exit code
-                pass
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # gloo on CPU sometimes aborts at interpreter exit after
-        # destroy_process_group(): leave without running interpreter teardown
-        os._exit(code)
-
-
-def join_world(store: Any, rank: int, world_size: int, backend: str, op_timeout_s: float) -> Any:
-    """Join the process group of a `run_world` world through the parent's
-    `store`, every collective bounded by `op_timeout_s`; return this rank's
-    torch device (``cuda:rank`` under NCCL, one GPU per rank, else the CPU)."""
-    import torch
-    import torch.distributed as dist
-
-    gpu = backend == "nccl"
-    if gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=op_timeout_s)
-    )
-    return torch.device("cuda", rank) if gpu else torch.device("cpu")
-
-
-def world_barrier(device: Any) -> None:
-    """A barrier of the whole world (NCCL needs to be told this rank's GPU)."""
-    import torch.distributed as dist
-
-    if device.type == "cuda":
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
-
-
-def report_progress(store: Any) -> None:
-    """Add 1 to the world's progress counter: the parent's stall clock restarts."""
-    store.add(_KEY_PROGRESS, 1)
-
-
-def report_result(store: Any, result: Any) -> None:
-    """Store the world's result (any JSON value) for `run_world` to return."""
-    store.set(_KEY_RESULT, json.dumps(result))
-
-
-def _measure(plan: _WorkerPlan, store: Any) -> None:
+def _measure(plan: _WorkerPlan, channel: RankChannel) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    device = join_world(store, plan.rank, plan.world_size, plan.backend, plan.op_timeout_s)
+    device = join_world(channel, plan.backend, plan.op_timeout_s)
     gpu = device.type == "cuda"
 
     def sync() -> None:
@@ -333,7 +235,7 @@ def _measure(plan: _WorkerPlan, store: Any) -> None:
     load = _compute_load(torch, device, plan.load_ms / 1e3, sync)
     times: list[float] = []
     stamps: list[float] = []
-    for size, k in plan.cells:
+    for done, (size, k) in enumerate(plan.cells, start=1):
         buffers = [torch.zeros(size // _ELEMENT_BYTES, dtype=torch.float32, device=device) for _ in range(k)]
         for r in range(plan.warmup + plan.repeats):
             barrier()
@@ -349,14 +251,13 @@ def _measure(plan: _WorkerPlan, store: Any) -> None:
                 times.append(elapsed)
                 stamps.append(time.time())
         del buffers
-        if plan.rank == 0:
-            report_progress(store)
+        if channel.rank == 0:
+            channel.progress(done)
 
     # the batch is done when its slowest rank is: keep the max over ranks
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    if plan.rank == 0:
-        report_result(store, {"times": slowest.cpu().tolist(), "stamps": stamps})
+    channel.finish({"times": slowest.cpu().tolist(), "stamps": stamps} if channel.rank == 0 else None)
     barrier()
     dist.destroy_process_group()
 
@@ -366,9 +267,9 @@ def _compute_load(torch: Any, device: Any, seconds: float, sync: Callable[[], No
     a 32 MiB buffer) that every rank runs between the barrier and a timed
     allreduce, as a DDP allreduce follows the backward pass: the transfer is
     measured with the caches, clocks and scheduler state that training
-    leaves, not on idle ranks. On a shared 2-core host this matters: two
-    buckets that take 8.6 ms back to back take 10.3 ms after 5 ms of
-    compute."""
+    leaves, not on idle ranks (on a shared CPU host, transfers after a burst
+    of compute are measurably slower than back to back;
+    `benchmarks/perfmodel_accuracy.py` shows the effect on predictions)."""
     if seconds <= 0:
         return lambda: None
     a = torch.randn(256, 256, device=device)
@@ -432,136 +333,19 @@ def _run_world(
     """Start the ranks of one world, follow them through the store, and
     return the (max over ranks) batch times and rank 0's timestamps."""
 
-    def plan_json(rank: int, port: int) -> str:
-        plan = _WorkerPlan(
-            rank=rank,
-            world_size=world_size,
-            port=port,
-            backend=backend,
-            cells=tuple(cells),
-            repeats=config.repeats,
-            warmup=config.warmup,
-            op_timeout_s=config.op_timeout_s,
-            load_ms=config.load_ms,
-        )
-        return plan.to_json()
-
-    result = run_world(
-        world_size,
-        backend,
-        "thrifty.perfmodels.probe:_worker_entry",
-        plan_json,
+    plan = _WorkerPlan(
+        backend=backend,
+        cells=tuple(cells),
+        repeats=config.repeats,
+        warmup=config.warmup,
         op_timeout_s=config.op_timeout_s,
-        stall_timeout_s=config.stall_timeout_s,
-        progress=progress,
-        where=f"allreduce probe with world size {world_size}",
+        load_ms=config.load_ms,
     )
+    world = World(world_size, "thrifty.perfmodels.measure.probe:_worker_entry", [plan.to_json()],
+                  where=f"allreduce probe with world size {world_size}", backend=backend,
+                  timeout_s=config.op_timeout_s, preload=("thrifty.perfmodels.measure.probe",))
+    result = world.run(stall_timeout_s=config.stall_timeout_s, on_progress=progress, failure=ProbeFailed)[0]
     return result["times"], result["stamps"]
-
-
-def run_world(
-    world_size: int,
-    backend: str,
-    entry: str,
-    argument: Callable[[int, int], str],
-    *,
-    op_timeout_s: float,
-    stall_timeout_s: float,
-    progress: Callable[[int], None],
-    where: str,
-) -> Any:
-    """Run one world of `world_size` ranks on this host and return the JSON
-    value its rank 0 stored with `report_result`.
-
-    The parent owns the rendezvous store on an ephemeral port (no port is
-    guessed). Rank ``r`` is a fresh interpreter (`launch_worker`) that calls
-    `entry` (``"module:function"``, which should hand its work to
-    `serve_rank`) with the one string ``argument(r, port)``. ``progress(done)``
-    is called whenever the ranks' progress counter (`report_progress`) moves.
-    Raises `ProbeFailed`, naming `where`, when a rank reports a failure, dies,
-    exits without a result, or shows no progress for `stall_timeout_s`; the
-    workers are always reaped (killed if still running)."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore(_LOOPBACK, 0, None, True, timedelta(seconds=op_timeout_s), wait_for_workers=False)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(world_size):
-            procs.append(launch_worker(entry, argument(rank, store.port), backend))
-        return _follow_world(procs, store, world_size, stall_timeout_s, progress, where)
-    finally:
-        _stop(procs)
-
-
-def launch_worker(entry: str, argument: str, backend: str) -> "subprocess.Popen[bytes]":
-    """Start ``entry(argument)`` (`entry` is ``"module:function"``) in a fresh
-    interpreter (not multiprocessing: nothing of the caller's ``__main__`` is
-    re-imported), with one OpenMP/MKL thread and, under gloo, the loopback
-    interface as gloo's socket interface."""
-    module, function = entry.split(":")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
-        lo = loopback_interface()
-        if lo:
-            env["GLOO_SOCKET_IFNAME"] = lo
-    code = f"import sys; from {module} import {function}; {function}(sys.argv[1])"
-    return subprocess.Popen([sys.executable, "-c", code, argument], env=env, stdin=subprocess.DEVNULL)
-
-
-def loopback_interface() -> str | None:
-    """The name of the loopback network interface (for GLOO_SOCKET_IFNAME), or None."""
-    import socket
-
-    for _, name in socket.if_nameindex():
-        if name.startswith("lo"):
-            return name
-    return None
-
-
-def _follow_world(
-    procs: list["subprocess.Popen[bytes]"],
-    store: Any,
-    world_size: int,
-    stall_timeout_s: float,
-    progress: Callable[[int], None],
-    where: str,
-) -> Any:
-    done, last_sign = 0, time.monotonic()
-    while True:
-        for rank in range(world_size):
-            if store.check([_KEY_ERROR + str(rank)]):
-                text = store.get(_KEY_ERROR + str(rank)).decode(errors="replace").rstrip()
-                raise ProbeFailed(f"{where}: rank {rank} failed:\n{text}")
-        now_done = store.add(_KEY_PROGRESS, 0)
-        if now_done != done:
-            done, last_sign = now_done, time.monotonic()
-            progress(done)
-        codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            died = ", ".join(f"rank {r} exit code {c}" for r, c in failed)
-            raise ProbeFailed(f"{where}: a worker died ({died})")
-        if all(c == 0 for c in codes):
-            if not store.check([_KEY_RESULT]):
-                raise ProbeFailed(f"{where}: the workers exited without a result")
-            return json.loads(store.get(_KEY_RESULT))
-        if time.monotonic() - last_sign > stall_timeout_s:
-            raise ProbeFailed(f"{where}: no progress for {stall_timeout_s:g} s; stopped the workers")
-        time.sleep(0.1)
-
-
-def _stop(procs: list["subprocess.Popen[bytes]"], grace_s: float = 10.0) -> None:
-    """Wait for the workers; kill any still running after `grace_s`."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10.0)
 
 
 def _rows_for_world(

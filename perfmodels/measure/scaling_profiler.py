@@ -6,10 +6,10 @@ trial batch (strong scaling), written as ``thrifty.scaling_profile/1``
 
 For each world size ``W`` the profiler starts ``W`` real worker processes on
 this host that form a ``torch.distributed`` group (gloo over 127.0.0.1 on CPU,
-NCCL with one GPU per rank on CUDA), with the process, timeout and loopback
-machinery of the allreduce probe (`thrifty.perfmodels.probe.run_world`).
+NCCL with one GPU per rank on CUDA), started as a worker world
+(`thrifty.perfmodels.measure.worlds.World`, as the allreduce probe's).
 Every rank builds the workload from the factory (``module:function``, as
-`thrifty.perfmodels.profiler.load_workload` resolves it), wraps the model in
+`thrifty.perfmodels.measure.profiler.load_workload` resolves it), wraps the model in
 ``DistributedDataParallel`` and trains it with SGD at the per-rank batch
 ``batch // W``: the trial's batch stays the same as workers are added, as in
 RubberBand, so a batch not divisible by every ``W`` is rejected. One
@@ -23,9 +23,12 @@ measurement:
 
 After `warmup` untimed iterations, `iterations` timed ones give the mean and
 sample sd of each point. The profile's ``startup_s`` is the time from spawning
-the smallest world to its rank 0 starting the first iteration (interpreter
-start, torch import, model construction, rendezvous), RubberBand's trial
-start-up latency measured on this host.
+the smallest world to its rank 0 starting the first iteration (forking the
+ranks from the fork server, which has torch imported, as thrifty's tuning
+runtime launches a trial; model construction; rendezvous), RubberBand's trial
+start-up latency measured on this host. (Until issue 15 the ranks were fresh
+interpreters, and ``startup_s`` also held an interpreter start and a torch
+import per rank.)
 
 Deviations from RubberBand: RubberBand profiles each model on the cloud
 instance type it will rent, on GPUs; this profiler measures the host it runs
@@ -48,6 +51,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.measure.probe import ProbeFailed
+from thrifty.perfmodels.measure.worlds import RankChannel, World, join_world, serve_rank, world_barrier
 from thrifty.perfmodels.scaling import SCALING_FORMAT
 
 __all__ = [
@@ -58,7 +63,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
-_ENTRY = "thrifty.perfmodels.scaling_profiler:_worker_entry"
+_ENTRY = "thrifty.perfmodels.measure.scaling_profiler:_worker_entry"
 
 ProgressCallback = Callable[[int, int, str], None]
 
@@ -108,9 +113,6 @@ def _check_counts(iterations: int, warmup: int, threads: int, timeout_s: float) 
 
 @dataclass(frozen=True)
 class _RankPlan:
-    rank: int
-    world_size: int
-    port: int
     backend: str
     spec: str
     rank_batch: int
@@ -120,15 +122,13 @@ class _RankPlan:
     timeout_s: float
 
 
-def _worker_entry(plan_json: str) -> None:
-    """Entry point of one rank (started by `thrifty.perfmodels.probe.run_world`)."""
-    from thrifty.perfmodels.probe import serve_rank
-
-    plan = _RankPlan(**json.loads(plan_json))
-    serve_rank(plan.rank, plan.port, plan.timeout_s, lambda store: _train(plan, store))
+def _worker_entry(argv: list[str]) -> None:
+    """Entry point of one rank (a `thrifty.perfmodels.measure.worlds.World` rank)."""
+    plan = _RankPlan(**json.loads(argv[0]))
+    serve_rank(lambda channel: _train(plan, channel))
 
 
-def _train(plan: _RankPlan, store: Any) -> None:
+def _train(plan: _RankPlan, channel: RankChannel) -> None:
     """Train the workload under DDP; rank 0 reports progress after every
     iteration and, at the end, the per-iteration max over ranks and the wall
     time at which its first iteration started."""
@@ -136,11 +136,11 @@ def _train(plan: _RankPlan, store: Any) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from thrifty.perfmodels.probe import join_world, report_progress, report_result, world_barrier
-    from thrifty.perfmodels.profiler import make_trainer, timed_without_gc, load_workload
+    from thrifty.perfmodels.measure.timing import make_trainer, timed_without_gc
+    from thrifty.perfmodels.measure.workloads import load_workload
 
     torch.set_num_threads(plan.threads)
-    device = join_world(store, plan.rank, plan.world_size, plan.backend, plan.timeout_s)
+    device = join_world(channel, plan.backend, plan.timeout_s)
     # the profiler's trainer (a copy of the model, SGD as `thrifty profile`
     # uses, a clock that syncs the GPU), with the model wrapped in DDP
     trainer = make_trainer(torch, load_workload(plan.spec), device.type, None)
@@ -156,16 +156,15 @@ def _train(plan: _RankPlan, store: Any) -> None:
             t0, _t1, _t2, t3 = trainer.iteration(inputs, targets)
             if i >= plan.warmup:
                 times.append(trainer.clock.seconds(t0, t3))
-            if plan.rank == 0:
-                report_progress(store)
+            if channel.rank == 0:
+                channel.progress(i + 1)
         return times, first_started
 
     times, first_started = timed_without_gc(iterate)
     # a synchronous iteration is done when its slowest rank is
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    if plan.rank == 0:
-        report_result(store, {"times": slowest.cpu().tolist(), "first_started": first_started})
+    channel.finish({"times": slowest.cpu().tolist(), "first_started": first_started} if channel.rank == 0 else None)
     world_barrier(device)
     dist.destroy_process_group()
 
@@ -198,10 +197,9 @@ def profile_scaling(
     `on_progress(done, total, label)` is called as iterations finish (over
     all worlds). `command` is recorded in the provenance (default: this call).
     Raises `ProblemError` for bad arguments or a bad factory,
-    `thrifty.perfmodels.probe.ProbeFailed` when a world fails or stalls.
+    `thrifty.perfmodels.measure.probe.ProbeFailed` when a world fails or stalls.
     """
-    from thrifty.perfmodels.probe import run_world
-    from thrifty.perfmodels.profiler import load_workload, machine_description, resolve_device
+    from thrifty.perfmodels.measure.workloads import load_workload, machine_description, resolve_device
 
     sizes = check_world_sizes(world_sizes, batch)
     _check_counts(iterations, warmup, threads, timeout_s)
@@ -214,23 +212,17 @@ def profile_scaling(
     total = per_world * len(sizes)
     points, startup_s = [], 0.0
     for index, size in enumerate(sizes):
-        template = _RankPlan(0, size, 0, backend, spec, batch // size, iterations, warmup, threads, float(timeout_s))
+        plan = _RankPlan(backend, spec, batch // size, iterations, warmup, threads, float(timeout_s))
 
         def progress(done: int, offset: int = index * per_world, size: int = size) -> None:
             if on_progress is not None:
                 on_progress(offset + done, total, _workers(size))
 
         spawned = time.time()
-        result = run_world(
-            size,
-            backend,
-            _ENTRY,
-            lambda rank, port, template=template: json.dumps(asdict(replace(template, rank=rank, port=port))),
-            op_timeout_s=timeout_s,
-            stall_timeout_s=timeout_s,
-            progress=progress,
-            where=f"scaling profile of '{spec}' with {_workers(size)}",
-        )
+        world = World(size, _ENTRY, [json.dumps(asdict(plan))], backend=backend, threads=threads,
+                      timeout_s=timeout_s, preload=(_ENTRY.split(":")[0],),
+                      where=f"scaling profile of '{spec}' with {_workers(size)}")
+        result = world.run(stall_timeout_s=timeout_s, on_progress=progress, failure=ProbeFailed)[0]
         if index == 0:
             startup_s = max(0.0, result["first_started"] - spawned)
         points.append(_point(size, result["times"], iterations))
@@ -265,8 +257,6 @@ def _check_gpus(sizes: list[int]) -> None:
 
 def _point(size: int, times: list[float], iterations: int) -> dict[str, Any]:
     if len(times) != iterations:
-        from thrifty.perfmodels.probe import ProbeFailed
-
         raise ProbeFailed(f"world size {size}: expected {iterations} iteration times, got {len(times)}")
     return {
         "gpus": size,
@@ -280,4 +270,4 @@ def _python_command(
     spec: str, sizes: list[int], batch: int, iterations: int, warmup: int, device: str, threads: int
 ) -> str:
     settings = f"iterations={iterations}, warmup={warmup}, device={device!r}, threads={threads}"
-    return f"thrifty.perfmodels.scaling_profiler.profile_scaling({spec!r}, {sizes}, {batch}, {settings})"
+    return f"thrifty.perfmodels.measure.scaling_profiler.profile_scaling({spec!r}, {sizes}, {batch}, {settings})"

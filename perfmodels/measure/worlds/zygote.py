@@ -1,26 +1,32 @@
-"""A fork server for worker processes: torch is imported once, workers are forked.
+"""The fork server every worker process of thrifty starts from: torch is
+imported once, workers are forked.
 
 Starting a worker as a fresh interpreter costs an interpreter start and a
 torch import per rank (seconds of CPU each; `benchmarks/runtime_overheads.py`
-measures it), and every re-plan pays it again as switching overhead. The
-driver instead starts one *zygote* (``python -m thrifty.runtime.training.zygote``,
-a subprocess) that imports the worker module and then forks a worker for each
-launch request. Unlike multiprocessing's forkserver it never imports the
-driver's ``__main__`` in the workers, so a user's script needs no
-``if __name__ == "__main__"`` guard.
+measures it), and every re-plan or trial relaunch pays it again. A process
+instead starts one *zygote* (``python -m thrifty.perfmodels.measure.worlds.zygote``,
+a subprocess) that imports torch and the modules its users name, and then
+forks a worker for each launch request. Unlike multiprocessing's forkserver
+it never imports the caller's ``__main__`` in the workers, so a user's script
+needs no ``if __name__ == "__main__"`` guard.
 
-Protocol, one JSON object per line. The driver writes
-``{"launch": id, "env": {...}, "argv": [...], "log": path, "sys_path": [...]}``;
-the zygote answers ``{"launched": id, "pid": pid}`` and, when a worker ends,
-``{"exit": pid, "code": code}`` (negative: killed by that signal, as
-``subprocess`` reports it). The driver kills workers by pid. When the driver
-exits, however it exits, the zygote's stdin closes and it kills its workers
-and leaves; each worker also dies with the zygote (``PR_SET_PDEATHSIG``), so
-nothing outlives a run.
+Protocol, one JSON object per line. The caller writes
+``{"preload": [module, ...]}`` (import these now, so every later fork has
+them) or ``{"launch": id, "entry": "module:function", "argv": [...], "env":
+{...}, "log": path, "sys_path": [...]}``: the worker sets its environment and
+``sys.path`` to the caller's, sends its output to `log`, and calls
+``function(argv)``; it ends with ``os._exit`` (70 if `function` returned
+without ending the process). The zygote answers ``{"launched": id, "pid":
+pid}`` and, when a worker ends, ``{"exit": pid, "code": code}`` (negative:
+killed by that signal, as ``subprocess`` reports it). The caller kills
+workers by pid. When the caller exits, however it exits, the zygote's stdin
+closes and it kills its workers and leaves; each worker also dies with the
+zygote (``PR_SET_PDEATHSIG``), so nothing outlives a run.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import select
@@ -29,9 +35,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Zygote", "WorkerProcess", "zygote", "start_zygote", "die_with_parent"]
+from thrifty.perfmodels.measure.worlds.errors import WorldFailed
+
+__all__ = ["Zygote", "WorkerProcess", "zygote", "start_zygote", "die_with_parent", "BASE_PRELOAD"]
+
+# every worker world uses these: torch, its collectives and DDP's lazy imports
+BASE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor.parallel.ddp",
+                "thrifty.perfmodels.measure.worlds.rank")
 
 
 def die_with_parent() -> None:
@@ -59,12 +72,22 @@ def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in a for
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.environ.update(request["env"])
-        sys.path[:] = request["sys_path"]  # the driver's, so its trainer modules import here too
-        from thrifty.runtime.training.worker import main
+        sys.path[:] = request["sys_path"]  # the caller's, so its trainer modules import here too
+        from thrifty.perfmodels.measure.worlds.factory import resolve_factory
 
-        main(request["argv"])  # ends with os._exit
+        resolve_factory(request["entry"], returns="nothing (a worker's entry point)")(request["argv"])
     finally:
         os._exit(70)
+
+
+def _preload(modules: Any) -> None:  # pragma: no cover - runs in the zygote
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - the worker that needs it imports it again and says why
+            sys.stderr.write(f"thrifty fork server: cannot preload {name}: {type(e).__name__}: {e}\n")
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -78,13 +101,9 @@ def serve() -> None:  # pragma: no cover - runs in the zygote
     # The zygote leaves when its stdin closes, which happens when the driver
     # process exits, however it exits.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops everything
-    # imported once, inherited by every fork: the worker and what it loads at start (DDP's
-    # constructor imports torch._dynamo, some 800 modules and 1.5 s)
-    import torch._dynamo  # noqa: F401
-    import thrifty.perfmodels.probe  # noqa: F401
-    import thrifty.perfmodels.profiler  # noqa: F401
-    import thrifty.runtime.training.examples  # noqa: F401
-    import thrifty.runtime.training.worker  # noqa: F401
+    # imported once, inherited by every fork: torch, what DDP's constructor imports
+    # (torch._dynamo, some 800 modules) and the modules the caller names
+    _preload(BASE_PRELOAD + tuple(sys.argv[1:]))
 
     children: set[int] = set()
     _send({"ready": os.getpid()})
@@ -107,6 +126,10 @@ def serve() -> None:  # pragma: no cover - runs in the zygote
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 request = json.loads(line)
+                if "preload" in request:
+                    _preload(request["preload"])
+                    _send({"preloaded": request["preload"]})
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     _child(request)
@@ -155,24 +178,23 @@ class WorkerProcess:
 
 
 class Zygote:
-    """The driver's handle on one zygote process."""
+    """The caller's handle on one zygote process."""
 
-    def __init__(self, start_timeout_s: float = 120.0):
-        from thrifty.runtime.training.errors import TrainingError
-
+    def __init__(self, start_timeout_s: float = 120.0, preload: Sequence[str] = ()):
+        self.preloaded = set(BASE_PRELOAD) | set(preload)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "thrifty.runtime.training.zygote"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "thrifty.perfmodels.measure.worlds.zygote_main", *preload], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, env=dict(os.environ, OMP_NUM_THREADS="1"))
         self.exit_codes: dict[int, int] = {}
         self.launched: dict[int, int] = {}
         self.changed = threading.Condition()
         self.alive = True
-        self._ids = 0
+        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         ready = self._readline(start_timeout_s)
         if ready is None or "ready" not in ready:
             self.close()
-            raise TrainingError(f"the worker fork server did not start within {start_timeout_s:g} s")
+            raise WorldFailed(f"the worker fork server did not start within {start_timeout_s:g} s")
         self._reader = threading.Thread(target=self._read, name="thrifty-zygote-reader", daemon=True)
         self._reader.start()
 
@@ -202,22 +224,34 @@ class Zygote:
                 self.alive = False
                 self.changed.notify_all()
 
-    def launch(self, argv: list[str], env: dict[str, str], log_path: str, timeout_s: float = 30.0) -> WorkerProcess:
-        from thrifty.runtime.training.errors import TrainingError
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the zygote import `modules` (once each), so that every later
+        worker starts with them imported."""
+        fresh = [m for m in modules if m not in self.preloaded]
+        if fresh:
+            self._write({"preload": fresh})
+            self.preloaded.update(fresh)
 
+    def _write(self, request: dict[str, Any]) -> None:
         with self._lock:
-            self._ids += 1
-            request_id = self._ids
-            request = {"launch": request_id, "argv": argv, "env": env, "log": log_path, "sys_path": sys.path}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
+
+    def launch(self, entry: str, argv: list[str], env: dict[str, str], log_path: str,
+               timeout_s: float = 30.0) -> WorkerProcess:
+        """Fork a worker that calls ``entry(argv)`` (`entry` is
+        ``module:function``) with `env` over this process's environment and its
+        output in `log_path`."""
+        request_id = next(self._ids)
+        self._write({"launch": request_id, "entry": entry, "argv": argv, "env": {**os.environ, **env},
+                     "log": log_path, "sys_path": sys.path})
         deadline = time.monotonic() + timeout_s
         with self.changed:
             while request_id not in self.launched:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self.alive:
-                    raise TrainingError("the worker fork server did not start a worker "
-                                        f"({'it exited' if not self.alive else f'no answer in {timeout_s:g} s'})")
+                    raise WorldFailed("the worker fork server did not start a worker "
+                                      f"({'it exited' if not self.alive else f'no answer in {timeout_s:g} s'})")
                 self.changed.wait(left)
             return WorkerProcess(self, self.launched.pop(request_id))
 
@@ -238,30 +272,30 @@ _shared: Zygote | None = None
 _shared_lock = threading.Lock()
 
 
-def zygote() -> Zygote:
-    """This process's zygote, started on first use (and again if it died)."""
+def zygote(preload: Sequence[str] = ()) -> Zygote:
+    """This process's zygote, started on first use (and again if it died),
+    with `preload` imported in it."""
     global _shared
     with _shared_lock:
         if _shared is None or _shared.proc.poll() is not None or not _shared.alive:
             import atexit
 
-            _shared = Zygote()
+            _shared = Zygote(preload=preload)
             atexit.register(_shared.close)
+        else:
+            _shared.preload(preload)
         return _shared
 
 
-def start_zygote() -> None:
+def start_zygote(preload: Sequence[str] = ()) -> None:
     """Start this process's zygote in the background (its torch import takes
     seconds), so that a run's first world does not wait for it while its
     machines boot; a failure is reported by the `zygote()` call that needs it."""
     def start() -> None:
         try:
-            zygote()
+            zygote(preload)
         except Exception:  # noqa: BLE001 - the launch that needs the zygote tries again and says why
             pass
 
     threading.Thread(target=start, name="thrifty-zygote-start", daemon=True).start()
 
-
-if __name__ == "__main__":
-    serve()

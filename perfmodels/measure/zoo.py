@@ -1,5 +1,5 @@
 """Three small real torch models, usable as profiler factories
-(``thrifty profile thrifty.perfmodels.zoo:mlp``) and as trainers' workloads.
+(``thrifty profile thrifty.perfmodels.measure.zoo:mlp``) and as trainers' workloads.
 
 Each factory takes no required argument and returns a `Workload`: the model,
 a `make_batch(batch)` that draws synthetic inputs and labels, and the loss.

@@ -1,0 +1,567 @@
+"""The learned allreduce model (Srifty 4.2): its features, its two
+submodels, its predictions and its saved form (``thrifty.allreduce_model/1``).
+The package docstring (`thrifty.perfmodels.allreduce`) describes the model;
+`fitting` trains one, `table` reads the probe rows it is trained on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from thrifty.datasets.catalog import InstanceType
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.io import atomic_write_text, read_json
+from thrifty.datasets.optional import require
+from thrifty.perfmodels.allreduce.table import ProbeTable
+from thrifty.perfmodels.bandwidth import MTU_BYTES, AnalyticAllreduce, BandwidthModel
+
+__all__ = [
+    "MODEL_FORMAT",
+    "MIN_BUS_BANDWIDTH",
+    "NUMERIC_FEATURES",
+    "SUBMODELS",
+    "TARGETS",
+    "FeatureEncoding",
+    "Hyperparams",
+    "SubmodelReport",
+    "TypeCoverage",
+    "LearnedAllreduce",
+    "load_allreduce_model",
+]
+
+MODEL_FORMAT = "thrifty.allreduce_model/1"
+MIN_BUS_BANDWIDTH = 1e3  # bytes/s: no prediction goes below this floor
+
+
+NUMERIC_FEATURES: tuple[str, ...] = (
+    "log2_buffer_bytes",
+    "world_size",
+    "instances",
+    "gpus_per_instance",
+    "concurrent",
+    "rated_network_gbps",
+)
+
+SUBMODELS: tuple[str, ...] = ("small", "large")
+
+
+# -- features --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeatureEncoding:
+    """Column layout: `NUMERIC_FEATURES`, then one column per device, then
+    one per instance type (one-hot, in the listed order)."""
+
+    devices: tuple[str, ...]
+    instance_types: tuple[str, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return (
+            list(NUMERIC_FEATURES)
+            + [f"device={d}" for d in self.devices]
+            + [f"instance_type={t}" for t in self.instance_types]
+        )
+
+    def encode(
+        self,
+        buffer_bytes: np.ndarray,
+        world_size: np.ndarray,
+        instances: np.ndarray,
+        gpus_per_instance: np.ndarray,
+        concurrent: np.ndarray,
+        rated_network_gbps: np.ndarray,
+        device: np.ndarray,
+        instance_type: np.ndarray,
+    ) -> np.ndarray:
+        n = len(buffer_bytes)
+        X = np.zeros((n, len(NUMERIC_FEATURES) + len(self.devices) + len(self.instance_types)))
+        X[:, 0] = np.log2(np.asarray(buffer_bytes, dtype=float))
+        for j, col in enumerate((world_size, instances, gpus_per_instance, concurrent, rated_network_gbps), 1):
+            X[:, j] = np.asarray(col, dtype=float)
+        base = len(NUMERIC_FEATURES)
+        for j, d in enumerate(self.devices):
+            X[:, base + j] = np.asarray(device) == d
+        base += len(self.devices)
+        for j, t in enumerate(self.instance_types):
+            X[:, base + j] = np.asarray(instance_type) == t
+        return X
+
+    def encode_table(self, table: ProbeTable) -> np.ndarray:
+        return self.encode(
+            table.buffer_bytes,
+            table.world_size,
+            table.instances,
+            table.gpus_per_instance,
+            table.concurrent,
+            table.rated_network_gbps,
+            table.device,
+            table.instance_type,
+        )
+
+
+# -- hyperparameters and submodels -----------------------------------------------
+
+
+TARGETS: tuple[str, ...] = ("busbw", "log_busbw", "log_time")
+
+
+@dataclass(frozen=True)
+class Hyperparams:
+    """One point of the selection grid. `target` is what the booster fits:
+
+    - ``"busbw"``: busbw divided by its training median;
+    - ``"log_busbw"``: log(busbw), centered;
+    - ``"log_time"``: log of the time ``t = 2 s (n - 1) / (n busbw)`` that the
+      busbw stands for, centered. Trees are piecewise constant in log2(s):
+      below the MTU the time barely moves with ``s`` while busbw grows in
+      proportion to it, so this form interpolates between probed sizes far
+      better there; above, busbw flattens and ``log_busbw`` wins.
+
+    Every form is converted back to busbw; selection compares them by MAPE
+    on busbw. `relative_weights` reweighs training rows (times their decay
+    weight) so that each loss leans towards the MAPE (see
+    `_relative_weights`): among repeats of one configuration, the slower
+    ones count more, as MAPE counts them; on noisy probes this predicts a
+    slower (more conservative) bandwidth than the median. Only
+    `MAPE_WEIGHTED_GRID` tries it.
+    """
+
+    max_depth: int
+    n_estimators: int
+    learning_rate: float
+    objective: str  # "reg:squarederror" | "reg:pseudohubererror" | ...
+    target: str  # one of TARGETS
+    relative_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ProblemError(f"target is '{self.target}', but must be one of {', '.join(TARGETS)}")
+
+
+@dataclass(frozen=True)
+class SubmodelReport:
+    """How one submodel was chosen and how well it predicts held-out rows.
+    MAPEs are fractions (0.1 = 10%)."""
+
+    name: str
+    regime: str
+    rows: int
+    groups: int
+    train_rows: int
+    test_rows: int
+    folds: int
+    hyperparams: Hyperparams
+    cv_mape: float
+    heldout_mape: float
+    heldout_median_mape: float  # the same predictions against each held-out cell's median
+    noise_floor_mape: float
+    candidates: int
+
+
+@dataclass
+class _Submodel:
+    """One booster and how its raw output maps back to bytes/s:
+    ``busbw = raw * scale`` (target ``busbw``), ``exp(raw + offset)``
+    (``log_busbw``) or ``2 s (n-1) / (n exp(raw + offset))`` (``log_time``)."""
+
+    booster: Any
+    target: str
+    offset: float
+    scale: float
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        if len(X) == 0:
+            return np.zeros(0)
+        raw = np.asarray(self.booster.inplace_predict(X), dtype=float)
+        return np.maximum(_from_target(self.target, raw, X, self.offset, self.scale), MIN_BUS_BANDWIDTH)
+
+
+def _bytes_and_world(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.exp2(X[:, 0]), X[:, 1]  # columns: NUMERIC_FEATURES order
+
+
+def _to_target(target: str, busbw: np.ndarray, X: np.ndarray) -> np.ndarray:
+    if target == "busbw":
+        return busbw
+    if target == "log_busbw":
+        return np.log(busbw)
+    size, n = _bytes_and_world(X)
+    return np.log(2.0 * size * (n - 1) / (n * busbw))
+
+
+def _from_target(target: str, raw: np.ndarray, X: np.ndarray, offset: float, scale: float) -> np.ndarray:
+    if target == "busbw":
+        return raw * scale
+    if target == "log_busbw":
+        return np.exp(raw + offset)
+    size, n = _bytes_and_world(X)
+    return 2.0 * size * (n - 1) / (n * np.exp(raw + offset))
+
+
+def _import_xgboost() -> Any:
+    return require("xgboost", "all")
+
+
+# -- the model -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TypeCoverage:
+    """What the training data says about one instance type. Queries for the
+    type use its `device`, `gpus_per_instance` and `rated_network_gbps` as
+    recorded by its newest probe."""
+
+    name: str
+    device: str
+    gpus_per_instance: int
+    rated_network_gbps: float
+    world_sizes: tuple[int, ...]
+    max_concurrent: int
+    buffer_bytes: tuple[int, ...]
+    rows: int
+    first_probe: str
+    last_probe: str
+
+
+class LearnedAllreduce:
+    """Bus-bandwidth model learned from probes (a `BandwidthModel`).
+
+    Build one with `LearnedAllreduce.fit(rows)` or `LearnedAllreduce.load(path)`.
+    `fit_report` holds a `SubmodelReport` per submodel and `heldout_mape`
+    the held-out MAPE of each.
+    """
+
+    def __init__(
+        self,
+        submodels: Mapping[str, _Submodel],
+        encoding: FeatureEncoding,
+        coverage: Mapping[str, TypeCoverage],
+        caps: Mapping[tuple[str, int, int], float],
+        fit_report: Mapping[str, SubmodelReport],
+        training: Mapping[str, Any],
+        provenance: Mapping[str, Any],
+        fallback: BandwidthModel | None = None,
+        mtu_bytes: int = MTU_BYTES,
+    ):
+        self._submodels = dict(submodels)
+        self.encoding = encoding
+        self.coverage = dict(coverage)
+        self._caps = dict(caps)  # probed (type, world size, instances): saved
+        self._cap_cache: dict[tuple[str, int, int], float] = {}  # others: predicted on demand
+        self.fit_report = dict(fit_report)
+        self.training = dict(training)
+        self.provenance = dict(provenance)
+        self.fallback: BandwidthModel = fallback if fallback is not None else AnalyticAllreduce()
+        self.mtu_bytes = mtu_bytes
+        self._size_cache: dict[tuple[str, int, int, int, float], float] = {}
+        self._array_cache: dict[tuple[Any, ...], np.ndarray] = {}
+
+    # -- BandwidthModel ---------------------------------------------------------
+
+    def covers(self, itype: InstanceType | str) -> bool:
+        """Whether the training data has probes of this type."""
+        return _name(itype) in self.coverage
+
+    def source(self, itype: InstanceType | str) -> str:
+        return "learned" if self.covers(itype) else "analytic"
+
+    @property
+    def heldout_mape(self) -> dict[str, float]:
+        """Held-out (test) MAPE per submodel, as fractions."""
+        return {name: r.heldout_mape for name, r in self.fit_report.items()}
+
+    def bus_bandwidth(
+        self,
+        itype: InstanceType,
+        sizes: np.ndarray,
+        world_size: int,
+        instances: int,
+        concurrent: int = 1,
+    ) -> np.ndarray:
+        """Bus bandwidth (bytes/s) of each buffer size in `sizes`, for
+        `concurrent` transfers started together (1: a lone transfer)."""
+        if not self.covers(itype):
+            return np.asarray(self.fallback.bus_bandwidth(itype, sizes, world_size, instances), dtype=float)
+        s = np.asarray(sizes, dtype=float)
+        concurrent = min(int(concurrent), self.concurrency_levels(itype))
+        key = (itype.name, int(world_size), int(instances), concurrent, s.shape, s.tobytes())
+        hit = self._array_cache.get(key)
+        if hit is not None:
+            return hit.copy()
+        if s.size and not (np.all(np.isfinite(s)) and s.min() > 0):
+            raise ProblemError("buffer sizes must be positive finite numbers of bytes")
+        out = self._predict_sizes(itype.name, s.ravel(), int(world_size), int(instances), int(concurrent))
+        out = out.reshape(s.shape)
+        if len(self._array_cache) > 4096:
+            self._array_cache.clear()
+        self._array_cache[key] = out
+        return out.copy()
+
+    def concurrency_levels(self, itype: InstanceType) -> int:
+        """The most concurrent transfers probed for `itype` (1 for types the
+        fallback answers): `bus_bandwidth` answers ``concurrent`` up to it,
+        and beyond it as at it."""
+        if not self.covers(itype):
+            levels = getattr(self.fallback, "concurrency_levels", None)
+            return int(levels(itype)) if levels else 1
+        return int(self.coverage[_name(itype)].max_concurrent)
+
+    def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float:
+        """``b_cap``: the largest aggregate bus bandwidth of concurrent
+        transfers (Srifty 4.3); see the module docstring."""
+        if not self.covers(itype):
+            return float(self.fallback.bandwidth_cap(itype, world_size, instances))
+        key = (itype.name, int(world_size), int(instances))
+        if key in self._caps:
+            return self._caps[key]
+        if key not in self._cap_cache:
+            self._cap_cache[key] = self._predicted_cap(*key)
+        return self._cap_cache[key]
+
+    # -- prediction -------------------------------------------------------------
+
+    def _predict_sizes(self, name: str, sizes: np.ndarray, n: int, inst: int, c: int) -> np.ndarray:
+        distinct, inverse = np.unique(sizes, return_inverse=True)
+        values = np.array([self._size_cache.get((name, n, inst, c, float(x)), np.nan) for x in distinct])
+        todo = np.isnan(values)
+        if todo.any():
+            values[todo] = self._predict_raw(name, distinct[todo], n, inst, np.full(todo.sum(), c))
+            if len(self._size_cache) > 200_000:
+                self._size_cache.clear()
+            for x, v in zip(distinct[todo], values[todo]):
+                self._size_cache[(name, n, inst, c, float(x))] = float(v)
+        return values[inverse]
+
+    def _predict_raw(
+        self, name: str, sizes: np.ndarray, n: int, inst: int, concurrent: np.ndarray
+    ) -> np.ndarray:
+        """Uncached prediction. At a probed buffer size: the booster. Between
+        two probed sizes ``lo < s < hi``: the allreduce *time* interpolated
+        linearly in ``log2(s)`` between the boosters' times at ``lo`` and
+        ``hi``. Trees are piecewise constant in ``log2(s)`` with their splits
+        at the probed sizes, so on their own they give every size between two
+        probes the time of one of them: up to 2x too fast or too slow on a
+        doubling grid (a 7.4 MB DDP bucket got the 4 MB time). Outside the
+        probed sizes of the type the alpha-beta limits take over: below the
+        smallest, the time stays that of the smallest (latency-bound, busbw
+        grows with ``s``); above the largest, busbw stays that of the largest
+        (bandwidth-bound)."""
+        cov = self.coverage[name]
+        grid = np.asarray(cov.buffer_bytes, dtype=float)
+        inside = np.clip(sizes, grid[0], grid[-1])
+        hi_index = np.minimum(np.searchsorted(grid, inside), len(grid) - 1)
+        hi = grid[hi_index]
+        between = hi != inside
+        lo = np.where(between, grid[np.maximum(hi_index - 1, 0)], hi)
+        out = self._booster_bandwidth(cov, name, hi, n, inst, concurrent)
+        if between.any():
+            s, a, b = inside[between], lo[between], hi[between]
+            b_lo = self._booster_bandwidth(cov, name, a, n, inst, concurrent[between])
+            # time ~ size / busbw; interpolate log(time) in log2(size)
+            w = (np.log2(s) - np.log2(a)) / (np.log2(b) - np.log2(a))
+            log_t = (1.0 - w) * np.log(a / b_lo) + w * np.log(b / out[between])
+            out[between] = s / np.exp(log_t)
+        below = sizes < grid[0]
+        out[below] = np.maximum(out[below] * sizes[below] / grid[0], MIN_BUS_BANDWIDTH)
+        return out
+
+    def _booster_bandwidth(
+        self, cov: "TypeCoverage", name: str, sizes: np.ndarray, n: int, inst: int, concurrent: np.ndarray
+    ) -> np.ndarray:
+        """The boosters' bus bandwidth at `sizes` (probed sizes of the type)."""
+        m = len(sizes)
+        X = self.encoding.encode(
+            sizes,
+            np.full(m, n),
+            np.full(m, inst),
+            np.full(m, cov.gpus_per_instance),
+            concurrent,
+            np.full(m, cov.rated_network_gbps),
+            np.full(m, cov.device, dtype=object),
+            np.full(m, name, dtype=object),
+        )
+        out = np.empty(m)
+        small = sizes <= self.mtu_bytes
+        out[small] = self._submodels["small"].predict(X[small])
+        out[~small] = self._submodels["large"].predict(X[~small])
+        return out
+
+    def _cap_grid(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        cov = self.coverage[name]
+        sizes = np.array([s for s in cov.buffer_bytes if s > self.mtu_bytes] or list(cov.buffer_bytes), float)
+        levels = np.arange(1, cov.max_concurrent + 1)
+        grid_s, grid_c = np.meshgrid(sizes, levels, indexing="ij")
+        return grid_s.ravel(), grid_c.ravel()
+
+    def _predicted_cap(self, name: str, n: int, inst: int) -> float:
+        sizes, levels = self._cap_grid(name)
+        return float(np.max(levels * self._predict_raw(name, sizes, n, inst, levels)))
+
+    # -- fitting ----------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, rows: Any, **options: Any) -> "LearnedAllreduce":
+        """Fit both submodels on probe rows; see `thrifty.perfmodels.allreduce.fitting.fit_allreduce`
+        for the options."""
+        from thrifty.perfmodels.allreduce.fitting import fit_allreduce
+
+        return fit_allreduce(rows, model_class=cls, **options)
+
+    # -- save / load ------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The saved form (format `MODEL_FORMAT`); boosters in xgboost JSON."""
+        caps = [
+            {"instance_type": t, "world_size": n, "instances": i, "b_cap_bytes_per_s": v}
+            for (t, n, i), v in sorted(self._caps.items())
+            if t in self.coverage
+        ]
+        submodels = {}
+        for name in SUBMODELS:
+            sub, report = self._submodels[name], self.fit_report[name]
+            submodels[name] = {
+                "regime": report.regime,
+                "target": {"form": sub.target, "offset": sub.offset, "scale": sub.scale},
+                "report": _report_json(report),
+                "booster": json.loads(bytes(sub.booster.save_raw("json"))),
+            }
+        return {
+            "format": MODEL_FORMAT,
+            "mtu_bytes": self.mtu_bytes,
+            "min_bus_bandwidth_bytes_per_s": MIN_BUS_BANDWIDTH,
+            "features": {
+                "columns": self.encoding.names,
+                "numeric": list(NUMERIC_FEATURES),
+                "devices": list(self.encoding.devices),
+                "instance_types": list(self.encoding.instance_types),
+            },
+            "instance_types": {name: _coverage_json(c) for name, c in sorted(self.coverage.items())},
+            "caps": caps,
+            "training": self.training,
+            "provenance": self.provenance,
+            "submodels": submodels,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the model as one JSON file, atomically. Metadata is indented
+        for reading; each booster is written compactly on one line."""
+        data = self.to_json()
+        boosters = {name: data["submodels"][name].pop("booster") for name in SUBMODELS}
+        for name in SUBMODELS:
+            data["submodels"][name]["booster"] = f"@@booster:{name}@@"
+        text = json.dumps(data, indent=1)
+        for name in SUBMODELS:
+            compact = json.dumps(boosters[name], separators=(",", ":"))
+            text = text.replace(f'"@@booster:{name}@@"', compact, 1)
+        atomic_write_text(path, text + "\n")
+
+    @classmethod
+    def from_json(
+        cls, data: Any, source: str = "allreduce model", fallback: BandwidthModel | None = None
+    ) -> "LearnedAllreduce":
+        if not isinstance(data, dict) or data.get("format") != MODEL_FORMAT:
+            raise ProblemError(f"is not a thrifty allreduce model (format must be {MODEL_FORMAT!r})", source=source)
+        xgb = _import_xgboost()
+        try:
+            features = data["features"]
+            encoding = FeatureEncoding(tuple(features["devices"]), tuple(features["instance_types"]))
+            if list(features["numeric"]) != list(NUMERIC_FEATURES):
+                raise ProblemError(
+                    f"features.numeric is {features['numeric']}, but this thrifty uses {list(NUMERIC_FEATURES)}",
+                    source=source,
+                )
+            coverage = {name: _coverage_from_json(name, c) for name, c in data["instance_types"].items()}
+            caps = {
+                (c["instance_type"], int(c["world_size"]), int(c["instances"])): float(c["b_cap_bytes_per_s"])
+                for c in data["caps"]
+            }
+            submodels, reports = {}, {}
+            for name in SUBMODELS:
+                entry = data["submodels"][name]
+                booster = xgb.Booster()
+                booster.load_model(bytearray(json.dumps(entry["booster"]).encode("utf-8")))
+                target = entry["target"]
+                if target["form"] not in TARGETS:
+                    raise ValueError(f"submodels.{name}.target.form {target['form']!r} is not one of {TARGETS}")
+                submodels[name] = _Submodel(booster, target["form"], float(target["offset"]), float(target["scale"]))
+                reports[name] = _report_from_json(entry["report"])
+        except ProblemError:
+            raise
+        except xgb.core.XGBoostError as e:
+            raise ProblemError(f"has a booster xgboost cannot load: {e}", source=source) from None
+        except KeyError as e:
+            raise ProblemError(f"is missing the field {e.args[0]!r}", source=source) from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ProblemError(f"has a malformed field: {e}", source=source) from None
+        return cls(
+            submodels,
+            encoding,
+            coverage,
+            caps,
+            reports,
+            data.get("training", {}),
+            data.get("provenance", {}),
+            fallback=fallback,
+            mtu_bytes=int(data.get("mtu_bytes", MTU_BYTES)),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path, fallback: BandwidthModel | None = None) -> "LearnedAllreduce":
+        """Load a model saved by `save`."""
+        return cls.from_json(read_json(path), source=str(path), fallback=fallback)
+
+
+def load_allreduce_model(path: str | Path, fallback: BandwidthModel | None = None) -> LearnedAllreduce:
+    """Load a saved `LearnedAllreduce` (format `MODEL_FORMAT`)."""
+    return LearnedAllreduce.load(path, fallback=fallback)
+
+
+# -- helpers of fit / save -------------------------------------------------------
+
+
+def _name(itype: InstanceType | str) -> str:
+    return itype if isinstance(itype, str) else itype.name
+
+
+def _report_json(r: SubmodelReport) -> dict[str, Any]:
+    out = asdict(r)
+    out["hyperparams"] = asdict(r.hyperparams)
+    return out
+
+
+def _report_from_json(data: Mapping[str, Any]) -> SubmodelReport:
+    fields = dict(data)
+    fields["hyperparams"] = Hyperparams(**fields["hyperparams"])
+    return SubmodelReport(**fields)
+
+
+def _coverage_json(c: TypeCoverage) -> dict[str, Any]:
+    out = asdict(c)
+    del out["name"]
+    out["world_sizes"] = list(c.world_sizes)
+    out["buffer_bytes"] = list(c.buffer_bytes)
+    return out
+
+
+def _coverage_from_json(name: str, data: Mapping[str, Any]) -> TypeCoverage:
+    return TypeCoverage(
+        name=name,
+        device=str(data["device"]),
+        gpus_per_instance=int(data["gpus_per_instance"]),
+        rated_network_gbps=float(data["rated_network_gbps"]),
+        world_sizes=tuple(int(n) for n in data["world_sizes"]),
+        max_concurrent=int(data["max_concurrent"]),
+        buffer_bytes=tuple(int(s) for s in data["buffer_bytes"]),
+        rows=int(data["rows"]),
+        first_probe=str(data["first_probe"]),
+        last_probe=str(data["last_probe"]),
+    )
+
+

@@ -1,0 +1,31 @@
+"""thrifty.perfmodels.measure: measuring with torch on this host.
+
+- `profiler` (``thrifty profile``): a compute profile (Srifty 4.1), in
+  phases: `workloads`, `timing`, `memory`, `colocated`, `progress`;
+- `scaling_profiler` (``thrifty profile-scaling``): a scaling profile
+  (RubberBand 4.1);
+- `probe` (``thrifty probe-allreduce``): the allreduce grid probe (Srifty 4.2);
+- `zoo`: reference workloads;
+- `worlds`: the one way thrifty starts worker processes, and the utilities
+  the runtime shares with measurement (the only part the runtime's training
+  and tuning code imports; its CLI commands call the tools' entry points
+  named below).
+
+The names below import lazily; torch is imported when a tool runs.
+"""
+
+from __future__ import annotations
+
+from thrifty.datasets.optional import lazy_exports
+
+_EXPORTS = {
+    "profile_workload": "profiler", "load_workload": "profiler",
+    "profile_scaling": "scaling_profiler", "check_world_sizes": "scaling_profiler",
+    "default_model_name": "scaling_profiler",
+    "probe_allreduce": "probe", "write_probe_csv": "probe", "ProbeConfig": "probe", "ProbeTarget": "probe",
+    "ProbeFailed": "probe",
+    "FACTORIES": "zoo", "Workload": "zoo",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports("thrifty.perfmodels.measure", _EXPORTS)

@@ -1,0 +1,160 @@
+"""Measurements that need worker processes of their own (Srifty 4.1):
+DDP's overhead on a world of one (`measure_ddp_overhead`) and the latency
+sweep measured in ``k`` co-located processes at once, which share the host's
+cores as ``k`` worker processes of a run do (`measure_colocated`). Each
+process is a rank of a worker world (`thrifty.perfmodels.measure.worlds`)
+and loads the workload from its factory spec; results come back as the
+ranks' JSON results."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.measure.timing import (
+    Samples,
+    TimedTrainer,
+    make_trainer,
+    measure_sweep,
+    point,
+    timed_without_gc,
+)
+from thrifty.perfmodels.measure.workloads import import_torch, load_workload
+from thrifty.perfmodels.measure.worlds import RankChannel, World, join_world, serve_rank
+from thrifty.perfmodels.profile import ColocatedPoints
+
+__all__ = ["measure_ddp_overhead", "measure_colocated", "check_colocated"]
+
+STALL_TIMEOUT_S = 600.0  # a worker that reports nothing for this long is stopped
+
+
+def check_colocated(colocated: int, factory: str | None, device: str, make_optimizer: Any) -> None:
+    if isinstance(colocated, bool) or not isinstance(colocated, int) or colocated < 1:
+        raise ProblemError(f"colocated is {colocated!r}, but must be an integer of at least 1")
+    if colocated == 1:
+        return
+    if device != "cpu":
+        raise ProblemError("colocated workers share a host's CPU cores; on CUDA each worker has its own GPU")
+    if factory is None:
+        raise ProblemError("colocated workers load the workload themselves: give its factory ('module:function')")
+    if make_optimizer is not None:
+        raise ProblemError("colocated workers use the default optimizer; leave make_optimizer out")
+
+
+
+
+_THIS = "thrifty.perfmodels.measure.colocated"
+
+
+def measure_ddp_overhead(factory: str, device: str, batch: int, warmup: int, repeats: int, threads: int) -> float:
+    """Seconds PyTorch DDP adds to an iteration besides the allreduce: the
+    median, over `repeats` interleaved pairs at `batch`, of a DDP iteration on
+    a world of one process minus a plain one (bucket copies with its default
+    ``gradient_as_bucket_view=False``, autograd hooks, collective launches).
+    Runs in a worker process of its own (a world of one: gloo, or NCCL on
+    CUDA), which loads the workload from `factory`."""
+    settings = {"factory": factory, "device": device, "batch": batch, "warmup": warmup, "repeats": repeats,
+                "threads": threads}
+    world = World(1, f"{_THIS}:_ddp_overhead_rank", [json.dumps(settings)], threads=threads,
+                  backend="nccl" if device == "cuda" else "gloo", preload=(_THIS,),
+                  where="the DDP overhead measurement")
+    [seconds] = world.run(stall_timeout_s=STALL_TIMEOUT_S, failure=ProblemError)
+    return float(seconds)
+
+
+def _ddp_overhead_rank(argv: list[str]) -> None:
+    settings = json.loads(argv[0])
+    serve_rank(lambda channel: channel.finish(_ddp_overhead(channel, **settings)))
+
+
+def _ddp_overhead(channel: RankChannel, factory: str, device: str, batch: int, warmup: int, repeats: int,
+                  threads: int) -> float:
+    torch = import_torch()
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(threads)
+    join_world(channel, "nccl" if device == "cuda" else "gloo")
+    workload = load_workload(factory)
+    plain = make_trainer(torch, workload, device, None)
+    wrapped = make_trainer(torch, workload, device, None)
+    wrapped = dataclasses.replace(wrapped, model=DistributedDataParallel(wrapped.model))
+    inputs, targets = plain.batch(batch)
+
+    def seconds(trainer: TimedTrainer) -> float:
+        t0, _t1, _t2, t3 = trainer.iteration(inputs, targets)
+        return trainer.clock.seconds(t0, t3)
+
+    def pairs() -> list[float]:
+        differences = []
+        for i in range(warmup + repeats):
+            first, second = (plain, wrapped) if i % 2 == 0 else (wrapped, plain)
+            a, b = seconds(first), seconds(second)
+            if i >= warmup:
+                differences.append(b - a if first is plain else a - b)
+        return differences
+
+    overhead = max(0.0, statistics.median(timed_without_gc(pairs)))
+    dist.destroy_process_group()
+    return overhead
+
+
+def measure_colocated(
+    factory: str, sweep: list[int], workers: int, warmup: int, repeats: int, rounds: int, threads: int, bar: Any
+) -> ColocatedPoints:
+    """The latency sweep measured in `workers` processes at once (see the
+    module docstring): each point pools the samples of every process."""
+    settings = {"factory": factory, "sweep": sweep, "warmup": warmup, "repeats": repeats, "rounds": rounds,
+                "threads": threads}
+    per_worker = len(sweep) * (rounds * warmup + repeats)
+    task = bar.add_task(f"{workers} co-located workers", total=per_worker * workers)
+    world = World(workers, f"{_THIS}:_colocated_rank", [json.dumps(settings)], threads=threads, preload=(_THIS,),
+                  where="a co-located worker")
+    results = world.run(stall_timeout_s=STALL_TIMEOUT_S, failure=ProblemError,
+                        on_progress=lambda done: bar.update(task, completed=done))
+    bar.update(task, completed=per_worker * workers)
+    pooled = {b: Samples([], [], []) for b in sweep}
+    for result in results:
+        for b, samples in result.items():
+            pooled[int(b)].extend(Samples(**samples))
+    return ColocatedPoints(
+        workers=workers,
+        host_cores=os.cpu_count(),
+        step_s=statistics.fmean(v for s in pooled.values() for v in s.step_s),
+        points=[point(b, s) for b, s in pooled.items()],
+    )
+
+
+def _colocated_rank(argv: list[str]) -> None:
+    settings = json.loads(argv[0])
+    serve_rank(lambda channel: channel.finish(_colocated_sweep(channel, **settings)))
+
+
+def _colocated_sweep(channel: RankChannel, factory: str, sweep: list[int], warmup: int, repeats: int, rounds: int,
+                     threads: int) -> dict[int, dict[str, list[float]]]:
+    """One co-located process: the sweep, in step with the others (a barrier
+    of the world before every batch, so that all of them run it together)."""
+    ticks = 0
+    barriers = 0
+
+    def tick() -> None:
+        nonlocal ticks
+        ticks += 1
+        channel.progress(ticks)
+
+    def report(_doing: str) -> Callable[[], None]:
+        nonlocal barriers
+        barriers += 1
+        channel.barrier(f"batch-{barriers}")  # every process starts this batch together
+        return tick
+
+    torch = import_torch()
+    torch.set_num_threads(threads)
+    trainer = make_trainer(torch, load_workload(factory), "cpu", None)
+    measured = measure_sweep(trainer, sweep, warmup, repeats, rounds, report)
+    return {b: dataclasses.asdict(s) for b, s in measured.items()}

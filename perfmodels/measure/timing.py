@@ -1,0 +1,266 @@
+"""Timing training iterations (Srifty 4.1): a copied model, loss and
+optimizer on the profiling device (`make_trainer`), clocks (CUDA events on
+GPUs), the latency repeats of a batch sweep, split over passes so that noise
+from elsewhere on the machine spreads over every batch size, and the
+gradient-readiness trace taken with a hook on every parameter."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.profile import ProfilePoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from thrifty.perfmodels.measure.zoo import Workload
+
+__all__ = ["make_trainer", "timed_without_gc", "measure_sweep", "measure_readiness", "Samples", "point",
+           "DEFAULT_LR", "DEFAULT_MOMENTUM"]
+
+
+DEFAULT_LR, DEFAULT_MOMENTUM = 1e-3, 0.9  # small: profiling must not make the weights blow up
+
+
+class _CpuClock:
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        pass
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return end - start
+
+
+class _CudaClock:
+    """CUDA events on the current stream: they time the GPU's timeline, and
+    `sync` before reading them."""
+
+    def __init__(self, torch: Any):
+        self.torch = torch
+
+    def mark(self) -> Any:
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3
+
+
+@dataclass
+class TimedTrainer:
+    """The copied model, loss and optimizer on the profiling device."""
+
+    torch: Any
+    model: Any
+    loss_fn: Any
+    optimizer: Any
+    make_batch: Callable[[int], Any]
+    device: str
+    clock: Any
+
+    def batch(self, size: int) -> tuple[Any, Any]:
+        try:
+            inputs, targets = self.make_batch(size)
+        except Exception as e:
+            raise ProblemError(f"make_batch({size}) raised {type(e).__name__}: {e}") from e
+        return _to_device(inputs, self.device), _to_device(targets, self.device)
+
+    def iteration(self, inputs: Any, targets: Any) -> tuple[Any, Any, Any, Any]:
+        """One training iteration; returns the clock marks before forward,
+        before backward, after backward and after the optimizer step."""
+        clock = self.clock
+        clock.sync()
+        t0 = clock.mark()
+        loss = self.loss_fn(self.model(inputs), targets)
+        t1 = clock.mark()
+        loss.backward()
+        t2 = clock.mark()
+        self.optimizer.step()
+        # Zero the gradients in place rather than freeing them: a trainer keeps its
+        # gradient memory (a CUDA caching allocator, DDP's buckets), whereas freeing
+        # 10 MB per iteration on CPU costs page faults whose number depends on
+        # glibc's malloc history, not on the model.
+        self.optimizer.zero_grad(set_to_none=False)
+        t3 = clock.mark()
+        clock.sync()
+        return t0, t1, t2, t3
+
+
+def _to_device(value: Any, device: str) -> Any:
+    if hasattr(value, "to"):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class Samples:
+    forward_s: list[float]
+    backward_s: list[float]
+    step_s: list[float]
+
+    def extend(self, more: "Samples") -> None:
+        self.forward_s.extend(more.forward_s)
+        self.backward_s.extend(more.backward_s)
+        self.step_s.extend(more.step_s)
+
+
+def _measure_latency(trainer: TimedTrainer, batch: int, warmup: int, repeats: int, tick: Callable[[], None]) -> Samples:
+    inputs, targets = trainer.batch(batch)
+    forward, backward, step = [], [], []
+    for i in range(warmup + repeats):
+        t0, t1, t2, t3 = trainer.iteration(inputs, targets)
+        if i >= warmup:
+            forward.append(trainer.clock.seconds(t0, t1))
+            backward.append(trainer.clock.seconds(t1, t2))
+            step.append(trainer.clock.seconds(t2, t3))
+        tick()
+    return Samples(forward, backward, step)
+
+
+def measure_readiness(
+    trainer: TimedTrainer, batch: int, repeats: int, tick: Callable[[], None]
+) -> tuple[dict[str, float], list[float]]:
+    """Mean ``ready_frac`` per parameter name (parameters whose gradient never
+    became ready are left out) and the backward durations of the hooked runs."""
+    clock = trainer.clock
+    stamps: dict[str, Any] = {}
+
+    def stamp_when_ready(name: str) -> Callable[[Any], None]:
+        def hook(_parameter: Any) -> None:
+            stamps[name] = clock.mark()
+
+        return hook
+
+    handles = [
+        parameter.register_post_accumulate_grad_hook(stamp_when_ready(name))
+        for name, parameter in trainer.model.named_parameters()
+        if parameter.requires_grad
+    ]
+    inputs, targets = trainer.batch(batch)
+    fractions: dict[str, list[float]] = {}
+    backward: list[float] = []
+    try:
+        for i in range(1 + repeats):  # one warm-up run with the hooks in place
+            stamps.clear()
+            _t0, t1, t2, _t3 = trainer.iteration(inputs, targets)
+            if i == 0:
+                tick()
+                continue
+            duration = clock.seconds(t1, t2)
+            backward.append(duration)
+            for name, stamp in stamps.items():
+                frac = clock.seconds(t1, stamp) / duration if duration > 0 else 0.0
+                fractions.setdefault(name, []).append(min(1.0, max(0.0, frac)))
+            tick()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: statistics.fmean(values) for name, values in fractions.items()}, backward
+
+
+def measure_sweep(
+    trainer: TimedTrainer,
+    sweep: list[int],
+    warmup: int,
+    repeats: int,
+    rounds: int,
+    report: Callable[[str], Callable[[], None]],
+) -> dict[int, Samples]:
+    """Latency samples per batch: `repeats` timed iterations per batch, split
+    over `rounds` ascending passes over the sweep."""
+    # The first iterations of a process pay one-time costs (lazy initialization,
+    # allocator growth); paying them at the largest batch grows the allocator
+    # once for every batch of the sweep.
+    _first_iterations(trainer, sweep[-1])
+    samples = {batch: Samples([], [], []) for batch in sweep}
+    for round_index, round_repeats in enumerate(_split(repeats, rounds)):
+        for batch in sweep:
+            tick = report(f"batch {batch}, pass {round_index + 1} of {rounds}")
+            measured = timed_without_gc(  # the lambda runs now, within this iteration
+                lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))  # noqa: B023
+            samples[batch].extend(measured)
+    return samples
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """`total` as `parts` near-equal positive counts, larger ones first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _first_iterations(trainer: TimedTrainer, batch: int, count: int = 2) -> None:
+    inputs, targets = trainer.batch(batch)
+    for _ in range(count):
+        trainer.iteration(inputs, targets)
+
+
+def timed_without_gc(measure: Callable[[], Any]) -> Any:
+    """Run `measure` with the garbage collector paused, so that a collection
+    does not land inside a timed iteration."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return measure()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def make_trainer(torch: Any, workload: "Workload", device: str,
+                 make_optimizer: Callable[[Any], Any] | None) -> TimedTrainer:
+    """A timed training step for `workload` on `device` (a copy of its model; SGD unless
+    `make_optimizer` is given), shared by `thrifty profile` and `thrifty profile-scaling`."""
+    try:
+        model = copy.deepcopy(workload.model)
+        loss_fn = copy.deepcopy(workload.loss_fn) if isinstance(workload.loss_fn, torch.nn.Module) else workload.loss_fn
+    except Exception as e:
+        raise ProblemError(
+            f"the model cannot be copied for profiling ({type(e).__name__}: {e}); "
+            "the profiler trains a copy so that the caller's weights stay as they were"
+        ) from e
+    model = model.to(device).train()
+    if isinstance(loss_fn, torch.nn.Module):
+        loss_fn = loss_fn.to(device)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if not parameters:
+        raise ProblemError("the model has no parameters that require gradients: there is nothing to train")
+    if make_optimizer is None:
+        optimizer = torch.optim.SGD(parameters, lr=DEFAULT_LR, momentum=DEFAULT_MOMENTUM)
+    else:
+        optimizer = make_optimizer(parameters)
+    clock = _CudaClock(torch) if device == "cuda" else _CpuClock()
+    return TimedTrainer(torch, model, loss_fn, optimizer, workload.make_batch, device, clock)
+
+
+def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def point(batch: int, samples: Samples) -> ProfilePoint:
+    forward, forward_sd = _mean_sd(samples.forward_s)
+    backward, backward_sd = _mean_sd(samples.backward_s)
+    return ProfilePoint(
+        batch=batch,
+        forward_s=forward,
+        backward_s=backward,
+        forward_sd_s=forward_sd,
+        backward_sd_s=backward_sd,
+        repeats=len(samples.forward_s),
+    )
+
+

@@ -1,0 +1,29 @@
+"""Worker worlds: the one way thrifty starts groups of worker processes.
+
+Training worlds, tuning trials, the profiler's co-located and DDP-overhead
+workers, the scaling profiler and the allreduce probe all start their ranks
+here, with one contract: start N ranks around a rendezvous store this process
+hosts (`World`), stream their events in one protocol (`RankChannel` on the
+rank's side), bound every wait with a timeout, have every rank die with its
+starter, and reap every process. The local launcher is the fork server
+(`zygote`): torch imported once, each rank a fork.
+
+This package also holds what the runtime and the measurement tools share
+without the runtime importing measurement: `resolve_factory`
+(``module:function`` names), `loopback_interface` and `resolve_backend`. It is
+the one part of `thrifty.perfmodels.measure` the runtime imports (besides the
+measurement tools' public entry points that its CLI commands call).
+
+Importing this package imports no torch; starting a world does.
+"""
+
+from thrifty.perfmodels.measure.worlds.errors import WorldFailed
+from thrifty.perfmodels.measure.worlds.factory import resolve_factory
+from thrifty.perfmodels.measure.worlds.network import loopback_interface, resolve_backend
+from thrifty.perfmodels.measure.worlds.rank import RankChannel, configure_logging, join_world, serve_rank, world_barrier
+from thrifty.perfmodels.measure.worlds.world import World
+from thrifty.perfmodels.measure.worlds.zygote import die_with_parent, start_zygote, zygote
+
+__all__ = ["World", "WorldFailed", "RankChannel", "serve_rank", "configure_logging", "join_world",
+           "world_barrier", "zygote", "start_zygote", "die_with_parent", "resolve_factory",
+           "loopback_interface", "resolve_backend"]

@@ -1,0 +1,87 @@
+"""Where code may reach (DESIGN.md layering, issue 15): datasets <- perfmodels
+<- solver <- runtime with no upward import; the pure models in perfmodels
+import no torch (measurement lives in perfmodels/measure); the runtime reaches
+measurement only through its shared utilities (`worlds`) and the tools' public
+entry points (the `thrifty.perfmodels.measure` package); and every worker
+process starts through the one worker-world package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("datasets", "perfmodels", "solver", "runtime")
+
+
+def _python_files(folder: str) -> list[Path]:
+    """The modules of a layer. ``datasets/scripts`` are not: they are the
+    scripts that make the data, and use the whole library to do it."""
+    return sorted(p for p in (ROOT / folder).rglob("*.py")
+                  if "__pycache__" not in p.parts and ROOT / "datasets" / "scripts" not in p.parents)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module an import statement names (at any depth), with its line."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return out
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_layer_imports_a_layer_above_it(layer: str):
+    above = LAYERS[LAYERS.index(layer) + 1:]
+    bad = [f"{_where(p, line)} imports {name}" for p in _python_files(layer) for line, name in _imports(p)
+           if any(name == f"thrifty.{up}" or name.startswith(f"thrifty.{up}.") for up in above)]
+    assert not bad, "\n".join(bad)
+
+
+def test_pure_models_import_no_torch():
+    files = [p for p in _python_files("perfmodels") if "measure" not in p.relative_to(ROOT / "perfmodels").parts]
+    assert len(files) > 10
+    bad = [f"{_where(p, line)} imports {name}" for p in files for line, name in _imports(p)
+           if name == "torch" or name.startswith("torch.")]
+    assert not bad, "\n".join(bad)
+
+
+def test_runtime_reaches_measurement_through_its_public_surface_only():
+    allowed = ("thrifty.perfmodels.measure.worlds",)
+    public = {f"thrifty.perfmodels.measure.{name}" for name in __import__(
+        "thrifty.perfmodels.measure", fromlist=["__all__"]).__all__}
+    bad = []
+    for path in _python_files("runtime"):
+        for line, name in _imports(path):
+            if not name.startswith("thrifty.perfmodels.measure"):
+                continue
+            if name == "thrifty.perfmodels.measure" or name in public or name.startswith(allowed):
+                continue
+            bad.append(f"{_where(path, line)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_one_way_to_start_worker_processes():
+    """Only the fork server forks or spawns worker processes; everything else
+    starts them as a `World`. (The provider and CLI code start no workers.)"""
+    zygote = ROOT / "perfmodels" / "measure" / "worlds" / "zygote.py"
+    bad = []
+    for layer in ("perfmodels", "runtime", "solver", "datasets", "benchmarks"):
+        for path in _python_files(layer):
+            if path == zygote:
+                continue
+            text = path.read_text()
+            for needle in ("multiprocessing", "get_context(\"spawn", "get_context(\"fork", "os.fork(",
+                           "subprocess.Popen([sys.executable"):
+                if needle in text:
+                    bad.append(f"{path.relative_to(ROOT)} uses {needle}")
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,62 @@
+"""Entry points of the worker-world tests' ranks (``world_entries:NAME``):
+each is called with the world's argv in a forked worker process."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from thrifty.perfmodels.measure.worlds import RankChannel, join_world, serve_rank
+
+
+def _sum_ranks(channel: RankChannel) -> None:
+    import torch
+    import torch.distributed as dist
+
+    join_world(channel, "gloo", 30.0)
+    total = torch.tensor([channel.rank + 1])
+    dist.all_reduce(total)
+    for step in range(3):
+        channel.barrier(f"step-{step}")
+        channel.progress(step + 1)
+    channel.post("hello", env_thrifty=os.environ.get("THRIFTY_WORLD"))
+    channel.finish({"rank": channel.rank, "total": int(total), "argv": ARGV})
+    dist.destroy_process_group()
+
+
+ARGV: list[str] = []
+
+
+def sum_ranks(argv: list[str]) -> None:
+    ARGV[:] = argv
+    serve_rank(_sum_ranks)
+
+
+def fail(argv: list[str]) -> None:
+    def body(channel: RankChannel) -> None:
+        if channel.rank == int(argv[0]):
+            raise ValueError("rank failed on purpose")
+        time.sleep(60)
+
+    serve_rank(body)
+
+
+def die(argv: list[str]) -> None:
+    def body(channel: RankChannel) -> None:
+        if channel.rank == 1:
+            os._exit(3)
+        time.sleep(60)
+
+    serve_rank(body)
+
+
+def hang(argv: list[str]) -> None:
+    serve_rank(lambda channel: time.sleep(600))
+
+
+def no_result(argv: list[str]) -> None:
+    serve_rank(lambda channel: None)
+
+
+def wait_for_go(argv: list[str]) -> None:
+    serve_rank(lambda channel: channel.finish(channel.wait_command("go", 30.0)))
