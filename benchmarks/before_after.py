@@ -149,7 +149,7 @@ def compare(before: str, after: str, rounds: int, measures: list[str]) -> dict[s
     return values
 
 
-def table(values: dict[str, dict[str, list[float]]]) -> str:
+def table(values: dict[str, dict[str, list[float]]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -162,9 +162,7 @@ def table(values: dict[str, dict[str, list[float]]]) -> str:
         ratio = a / b if lower_better else b / a  # as a time ratio either way
         out.add_row(measure, f"{b:.4g} {unit}", f"{a:.4g} {unit}", f"{ratio:.3f}",
                     "ok" if ratio <= 1.05 else "REGRESSION")
-    console = Console(width=160, record=True)
-    console.print(out)
-    return console.export_text()
+    Console(width=160).print(out)
 
 
 def main() -> None:
@@ -182,9 +180,9 @@ def main() -> None:
     if not args.before:
         parser.error("give --before PYTHON (and --after PYTHON)")
     values = compare(args.before, args.after, args.rounds, args.only.split(","))
-    print(table(values))
     if args.json:
         args.json.write_text(json.dumps(values, indent=1))
+    table(values)
 
 
 if __name__ == "__main__":
