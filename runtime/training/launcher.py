@@ -92,8 +92,10 @@ class Segment:
         self.world_timeout_s, self.stall_timeout_s = world_timeout_s, stall_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.extra_env = dict(env or {})
-        self.world: World | None = None
-        self.started_at = self.formed_at = self.stop_requested_at = None
+        self._world: World | None = None
+        self.started_at: float | None = None
+        self.formed_at: float | None = None
+        self.stop_requested_at: float | None = None
         self.start_iteration: int | None = None
         self.last_checkpoint: int | None = None
         self.end_event: dict[str, Any] | None = None
@@ -115,7 +117,13 @@ class Segment:
 
     @property
     def procs(self) -> list[Any]:
-        return self.world.procs if self.world is not None else []
+        return self._world.procs if self._world is not None else []
+
+    @property
+    def world(self) -> World:
+        if self._world is None:
+            raise RuntimeError(f"segment {self.index} has not started")
+        return self._world
 
     def start(self) -> None:
         job_path = self.folder / f"job-segment{self.index}.json"
@@ -126,7 +134,7 @@ class Segment:
             return {"LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
                     "GROUP_RANK": str(slot.machine_index)}
 
-        self.world = World(len(self.slots), WORKER_ENTRY, ["--job", str(job_path)], logs=self.log_path,
+        self._world = World(len(self.slots), WORKER_ENTRY, ["--job", str(job_path)], logs=self.log_path,
                            env=self.extra_env, rank_env=rank_env, backend="gloo", threads=self.job.threads,
                            timeout_s=max(self.world_timeout_s, self.job.timeout_s), preload=WORKER_PRELOAD,
                            where=f"segment {self.index}")
@@ -147,7 +155,7 @@ class Segment:
         """SIGKILL the given ranks (default: all) that still run. Ranks the
         driver kills are not reported as lost, unless `as_loss` (the fault
         injector taking a machine away, which must look like the real thing)."""
-        if self._closed or self.world is None:
+        if self._closed or self._world is None:
             return
         for rank, proc in enumerate(self.procs):
             if (ranks is None or rank in ranks) and proc.exitcode is None:
@@ -162,8 +170,8 @@ class Segment:
         if self._closed:
             return
         self.kill()
-        if self.world is not None:
-            self.world.close()
+        if self._world is not None:
+            self._world.close()
         self._closed = True
 
     def __enter__(self) -> "Segment":
@@ -260,7 +268,7 @@ class Segment:
                            rank=rank, details=error.get("traceback", ""))
 
     def _check_timeouts(self, now: float, formed: bool) -> None:
-        if not formed and now - self.started_at > self.world_timeout_s:
+        if not formed and self.started_at is not None and now - self.started_at > self.world_timeout_s:
             missing = sorted(set(range(len(self.slots))) - self._joining)
             why = (f"ranks {', '.join(map(str, missing))} never joined" if missing
                    else "every rank joined, but the process group did not form")

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 from thrifty.perfmodels.measure.worlds.errors import WorldFailed
 
@@ -185,6 +185,9 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thrifty.perfmodels.measure.worlds.zygote_main", *preload], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self._stdin: IO[bytes] = self.proc.stdin
+        self._stdout: IO[bytes] = self.proc.stdout
         self.exit_codes: dict[int, int] = {}
         self.launched: dict[int, int] = {}
         self.changed = threading.Condition()
@@ -199,15 +202,15 @@ class Zygote:
         self._reader.start()
 
     def _readline(self, timeout_s: float) -> dict[str, Any] | None:
-        readable, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        readable, _, _ = select.select([self._stdout], [], [], timeout_s)
         if not readable:
             return None
-        line = self.proc.stdout.readline()
+        line = self._stdout.readline()
         return json.loads(line) if line else None
 
     def _read(self) -> None:
         try:
-            for line in self.proc.stdout:
+            for line in self._stdout:
                 try:
                     message = json.loads(line)
                 except ValueError:  # not ours (a library printing): skip it
@@ -234,8 +237,8 @@ class Zygote:
 
     def _write(self, request: dict[str, Any]) -> None:
         with self._lock:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
+            self._stdin.write((json.dumps(request) + "\n").encode())
+            self._stdin.flush()
 
     def launch(self, entry: str, argv: list[str], env: dict[str, str], log_path: str,
                timeout_s: float = 30.0) -> WorkerProcess:
@@ -258,7 +261,7 @@ class Zygote:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.close()  # the zygote kills its workers and exits
+                self._stdin.close()  # the zygote kills its workers and exits
             except OSError:
                 pass
             try:
