@@ -613,10 +613,13 @@ def _tuning_runs(plan, unit: str) -> list[_TuningRun]:
 
 
 def _relaxation_stages(relaxation: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The stages of the plan a relaxation of a tuning problem allows, if it carries them."""
+    """The stages of the plan a relaxation of a tuning problem allows, if it
+    carries them (JSON objects, or `TuningStage`s that read alike)."""
+    from thrifty.solver.plan import PlanRecord
+
     for key in ("stages", "plan"):
         stages = relaxation.get(key)
-        if isinstance(stages, list) and stages and isinstance(stages[0], dict) and "start_s" in stages[0]:
+        if isinstance(stages, list) and stages and isinstance(stages[0], (dict, PlanRecord)) and "start_s" in stages[0]:
             return stages
     return None
 

@@ -8,27 +8,119 @@ JSON keys every consumer may rely on (DESIGN.md, training): ``kind``,
 ``infeasibility: {conflicts: [...], relaxations: [...]}`` (with
 ``conflict_sets``, ``conflict_reasons``, ``conflict_sets_complete`` and
 ``reason``; `Infeasibility`).
+
+The plan is a frozen pydantic model owned by this layer: the solver builds it,
+`Plan.to_dict` writes its JSON, and the runtime reads a plan file back with
+`Plan.from_dict` (every error names the JSON path of the bad field), so the
+schema of a plan file is the model's (``thrifty schema plan``).
+
+Unknown keys are refused (``extra="forbid"``), as in problem files: a plan is
+input to ``thrifty run``, and a misspelt optional key (``predicted.totl_s``)
+would otherwise be dropped without a word. Every key that `to_dict` writes is
+read back, ``name`` included (the problem's name, `Plan.problem_name`), so
+``Plan.from_dict(plan.to_dict()) == plan``. Open-ended parts stay open where
+the solver's answer is open: ``solver.details`` and each relaxation are JSON
+objects of any keys.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-__all__ = ["Allocation", "Prediction", "SolverInfo", "Infeasibility", "Plan"]
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from thrifty.datasets.validation import validate_model
+
+__all__ = ["PlanRecord", "Allocation", "Prediction", "SolverInfo", "Infeasibility", "Plan", "PlanStatus",
+           "Count"]
+
+R = TypeVar("R", bound="PlanRecord")
+
+PlanStatus = Literal["optimal", "feasible", "infeasible"]
+# a number of machines, samples, trials, iterations or GPUs: a JSON integer of at least 1 (no 2.0, no true)
+Count = Annotated[int, Field(strict=True, ge=1)]
 
 
-@dataclass(frozen=True)
-class Allocation:
-    instance_type: str
-    market: str
-    count: int
-    batch_per_instance: int
+class PlanRecord(BaseModel):
+    """A frozen part of a plan that also reads like its JSON object.
+
+    ``record["key"]``, ``record.get("key")``, ``"key" in record`` and
+    ``record.keys()`` see the keys `to_dict` writes (the JSON names, such as
+    ``name`` for `problem_name`), with the typed values, so code written
+    against the plan's JSON (``stage["trials"]``) reads a typed plan as well.
+    Keys named in `_omit_empty` are left out of the JSON while None or empty
+    text (a key the plan does not know, such as a hand-written stage's
+    ``start_s``). `with_changes` is a validated copy: the record itself never
+    changes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    _omit_empty: ClassVar[frozenset[str]] = frozenset()  # JSON keys written only when set
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any, source: str | None = None) -> R:
+        """The record from its JSON object; a `ProblemError` names the JSON path of a bad field."""
+        return validate_model(cls, data, source=source)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def with_changes(self: R, **changes: Any) -> R:
+        """A copy with `changes` (by field name), validated as a new record is."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self).from_dict({**fields, **(self.model_extra or {}), **changes})
+
+    @model_serializer(mode="wrap")
+    def serialize_json_keys(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        omit = self._omitted()
+        return {k: v for k, v in out.items() if k not in omit}
+
+    def _omitted(self) -> set[str]:
+        """The keys (JSON names and field names) left out of this record's JSON."""
+        out = set()
+        for name, info in type(self).model_fields.items():
+            key = info.alias or name
+            value = getattr(self, name)
+            if key in self._omit_empty and (value is None or value == ""):
+                out |= {key, name}
+        return out
+
+    def _json_items(self) -> dict[str, Any]:
+        """JSON key -> typed value, for the keys `to_dict` writes, in its order."""
+        omitted = self._omitted()
+        items = {info.alias or name: getattr(self, name) for name, info in type(self).model_fields.items()}
+        return {k: v for k, v in items.items() if k not in omitted} | (self.model_extra or {})
+
+    def keys(self) -> list[str]:
+        return list(self._json_items())
+
+    def __getitem__(self, key: str) -> Any:
+        return self._json_items()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._json_items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._json_items().get(key, default)
 
 
-@dataclass(frozen=True)
-class Prediction:
+class Allocation(PlanRecord):
+    """`count` machines of one type in one market, each with `batch_per_instance` samples per iteration."""
+
+    instance_type: Annotated[str, Field(min_length=1)]
+    market: Literal["on_demand", "spot"]
+    count: Count
+    batch_per_instance: Count
+
+
+class Prediction(PlanRecord):
+    """The simulator's prediction of the plan: seconds and USD."""
+
     iteration_s: float
     total_s: float
     cost_usd: float
@@ -37,17 +129,15 @@ class Prediction:
     throughput_samples_s: float | None = None
 
 
-@dataclass(frozen=True)
-class SolverInfo:
+class SolverInfo(PlanRecord):
     method: str
     wall_s: float
     gap: float | None  # relative gap between the plan's objective and the best proven bound
     candidates_simulated: int = 0
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)  # the method's own figures, any keys
 
 
-@dataclass(frozen=True)
-class Infeasibility:
+class Infeasibility(PlanRecord):
     """Why no plan exists.
 
     `conflict_sets`: every minimal set of constraints that cannot hold
@@ -58,55 +148,38 @@ class Infeasibility:
     ``direction``) or of several (``fields``, ``current`` and ``needed`` by
     field) that admits a plan, always with ``changes`` (``{field: value}``)
     and that plan (``plan``, ``allocation``, ``total_s``, ``cost_usd``).
-    `thrifty.solver.explain` documents every key and how tight each value is."""
+    `thrifty.solver.explain` documents every key and how tight each value is.
+    A tuning plan's infeasibility has the same keys (its relaxations' ``plan``
+    is a list of stages)."""
 
-    conflicts: list[str]
-    relaxations: list[dict[str, Any]]
-    reason: str = ""
-    conflict_sets: list[list[str]] = field(default_factory=list)
+    # in the order of the JSON
+    conflict_sets: list[list[str]] = Field(default_factory=list)
+    conflict_reasons: list[str] = Field(default_factory=list)
     conflict_sets_complete: bool = True
-    conflict_reasons: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"conflict_sets": self.conflict_sets, "conflict_reasons": self.conflict_reasons,
-                "conflict_sets_complete": self.conflict_sets_complete, "conflicts": self.conflicts,
-                "reason": self.reason, "relaxations": self.relaxations}
+    conflicts: list[str]
+    reason: str = ""
+    relaxations: list[dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class Plan:
-    kind: str
-    status: str
-    objective: str
-    objective_value: float | None
+class Plan(PlanRecord):
+    """A training plan (module docstring). `solver` is None for a plan written
+    by hand; `problem_name` is the problem's ``name``, written as ``name``."""
+
+    _omit_empty = frozenset({"infeasibility", "name"})
+
+    kind: Literal["training"]
+    status: PlanStatus
+    objective: Literal["min_cost", "min_time"]
+    objective_value: float | None = None
     allocation: list[Allocation]
-    predicted: Prediction | None
-    solver: SolverInfo
+    predicted: Prediction | None = None
+    solver: SolverInfo | None = None
     infeasibility: Infeasibility | None = None
-    problem_name: str | None = None
+    problem_name: str | None = Field(default=None, alias="name")
 
     @property
     def feasible(self) -> bool:
         return self.status in ("optimal", "feasible")
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "kind": self.kind,
-            "status": self.status,
-            "objective": self.objective,
-            "objective_value": self.objective_value,
-            "allocation": [asdict(a) for a in self.allocation],
-            "predicted": asdict(self.predicted) if self.predicted else None,
-            "solver": asdict(self.solver),
-        }
-        if self.infeasibility is not None:
-            out["infeasibility"] = self.infeasibility.to_dict()
-        if self.problem_name:
-            out["name"] = self.problem_name
-        return out
-
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
 
     @property
     def config(self) -> str:

@@ -98,8 +98,9 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     return Plan(
         kind="training", status="infeasible", objective=problem.objective, objective_value=None,
         allocation=[], predicted=None,
-        solver=SolverInfo(chosen, time.perf_counter() - start, None, result.simulated,
-                          {**result.details, "proven": result.complete, "space_size": space.size}),
+        solver=SolverInfo(method=chosen, wall_s=time.perf_counter() - start, gap=None,
+                          candidates_simulated=result.simulated,
+                          details={**result.details, "proven": result.complete, "space_size": space.size}),
         infeasibility=why, problem_name=problem.name,
     )
 
@@ -107,7 +108,8 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
 def _plan(space: TrainingSpace, result: SearchResult, method: str, wall_s: float) -> Plan:
     ev: Evaluation = result.best
     allocation = [
-        Allocation(space.choices[i].itype.name, space.choices[i].spec.market, count, batch)
+        Allocation(instance_type=space.choices[i].itype.name, market=space.choices[i].spec.market, count=count,
+                   batch_per_instance=batch)
         for i, count, batch in ev.candidate
     ]
     predicted = Prediction(
@@ -119,7 +121,7 @@ def _plan(space: TrainingSpace, result: SearchResult, method: str, wall_s: float
         kind="training", status="optimal" if result.complete else "feasible",
         objective=space.problem.objective, objective_value=ev.objective_value,
         allocation=allocation, predicted=predicted,
-        solver=SolverInfo(method, wall_s, result.gap, result.simulated,
-                          {**result.details, "space_size": space.size}),
+        solver=SolverInfo(method=method, wall_s=wall_s, gap=result.gap, candidates_simulated=result.simulated,
+                          details={**result.details, "space_size": space.size}),
         problem_name=space.problem.name,
     )

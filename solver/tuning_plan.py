@@ -11,22 +11,38 @@ infeasible problems, ``infeasibility: {conflict_sets, conflict_reasons,
 conflict_sets_complete, conflicts, relaxations, reason}`` whose relaxations
 give the shortest feasible deadline and the least fleet bounds, each with the
 plan it admits (`thrifty.solver.explain.explain_tuning_infeasibility`).
+
+`TuningPlan` and its parts (`TuningStage`, `TuningPrediction`,
+`TuningBaseline`, `TuningSolverInfo`, and the training plan's
+`Infeasibility`) are frozen pydantic models, read from JSON with
+`TuningPlan.from_dict` (errors name the JSON path: ``stages[1].trials``) and
+written by `TuningPlan.to_dict`, which gives back the keys it read, in the
+order above. Each part also reads by key like its JSON object
+(``plan.stages[0]["trials"]``, `thrifty.solver.plan.PlanRecord`). Unknown keys
+are refused as in a training plan, except in ``solver``: the exact
+formulation's own figures (``options``, ``objective``, ...) vary with it.
+``thrifty schema tuning-plan`` prints the schema.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import ConfigDict, Field
+
+from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus
 from thrifty.solver.problem import TuningProblem
 from thrifty.solver.tuning import Candidate, TuningSpace, plan_tuning
 
-__all__ = ["TuningPlan", "solve_tuning", "candidate_json"]
+__all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo", "solve_tuning",
+           "candidate_json"]
 
 
 def candidate_json(space: TuningSpace, c: Candidate | None) -> dict[str, Any]:
+    """One planner's answer as JSON (``{status, stages, predicted}``): a
+    baseline of a plan, the body of the plan itself, and the plan a
+    relaxation admits."""
     if c is None:
         return {"status": "infeasible", "stages": [], "predicted": None}
     r = c.result
@@ -43,36 +59,94 @@ def candidate_json(space: TuningSpace, c: Candidate | None) -> dict[str, Any]:
                           "cost_usd_p95": r.cost_usd_p95, "data_usd": r.data_usd}}
 
 
-@dataclass(frozen=True)
-class TuningPlan:
-    kind: str
-    status: str
-    stages: list[dict[str, Any]]
-    predicted: dict[str, float] | None
-    baselines: dict[str, dict[str, Any]]
-    solver: dict[str, Any]
-    infeasibility: dict[str, Any] | None = None
-    problem_name: str | None = None
+class TuningStage(PlanRecord):
+    """One stage of a tuning plan: `trials` trials, each trained `iters_per_trial`
+    more iterations on `gpus_per_trial` GPUs, on `instances` machines of
+    `instance_type` (`gpus` GPUs in all), from `start_s` to `end_s` of the job
+    at `cost_usd` (predicted). The planner writes every key; a hand-written
+    stage may leave out those after the four counts (the plan executor takes
+    the instance type from its caller), and they stay out of its JSON."""
+
+    _omit_empty = frozenset({"gpus", "instance_type", "start_s", "end_s", "cost_usd"})
+
+    trials: Count
+    iters_per_trial: Count
+    gpus: Count | None = None
+    gpus_per_trial: Count
+    instances: Count
+    instance_type: str | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    cost_usd: float | None = None
+
+
+class TuningPrediction(PlanRecord):
+    """The job simulator's prediction (mean and p95 over its samples): JCT in
+    seconds, cost in USD, of which `data_usd` is data ingress."""
+
+    _omit_empty = frozenset({"cost_usd_p95", "data_usd"})
+
+    jct_s: float
+    cost_usd: float
+    jct_s_p95: float
+    cost_usd_p95: float | None = None
+    data_usd: float | None = None
+
+
+class TuningBaseline(PlanRecord):
+    """A baseline planner's answer to the same problem (static, naive elastic,
+    greedy): its stages and prediction, none when it found no plan."""
+
+    status: Literal["feasible", "infeasible"]
+    stages: list[TuningStage]
+    predicted: TuningPrediction | None
+
+
+class TuningSolverInfo(PlanRecord):
+    """How the plan was found: ``chosen`` is the planner whose plan is the
+    answer (``exact``, ``greedy`` or ``none``) and ``note`` why; the exact
+    formulation's status and model figures; ``planning_s`` by planner. Other
+    keys are the exact formulation's own figures (``options``,
+    ``objective``, ...), kept as they come (``extra="allow"``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str | None = None
+    chosen: str | None = None
+    note: str | None = None
+    wall_s: float | None = None
+    planning_s: dict[str, float] | None = None
+    exact_status: str | None = None
+    exact_model_cost_usd: float | None = None
+    exact_model_jct_s: float | None = None
+    simulations: int | None = None
+    samples: int | None = None
+
+
+class TuningPlan(PlanRecord):
+    """A tuning plan (module docstring). The solver writes every key; a plan
+    read from JSON needs only `kind`, `status` and `stages`, the others
+    defaulting to "not known" (`deadline_s` 0: none given; `solver` None: a
+    plan written by hand). `problem_name` is the problem's ``name``, written
+    as ``name``."""
+
+    _omit_empty = frozenset({"infeasibility", "name"})
+
+    kind: Literal["tuning"]
+    status: PlanStatus
     experiment: str = ""
     deadline_s: float = 0.0
-    billing: str = "per_instance"
+    billing: Literal["per_instance", "per_function"] = "per_instance"
+    stages: list[TuningStage]
+    predicted: TuningPrediction | None = None
+    baselines: dict[str, TuningBaseline] = Field(default_factory=dict)
+    solver: TuningSolverInfo | None = None
+    infeasibility: Infeasibility | None = None
+    problem_name: str | None = Field(default=None, alias="name")
 
     @property
     def feasible(self) -> bool:
         return self.status in ("optimal", "feasible")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "status": self.status, "experiment": self.experiment,
-               "deadline_s": self.deadline_s, "billing": self.billing, "stages": self.stages,
-               "predicted": self.predicted, "baselines": self.baselines, "solver": self.solver}
-        if self.infeasibility is not None:
-            out["infeasibility"] = self.infeasibility
-        if self.problem_name:
-            out["name"] = self.problem_name
-        return out
-
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
 
 
 def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
@@ -93,8 +167,10 @@ def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
     if res.best is not None:
         body = candidate_json(space, res.best)
         status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"
-        return TuningPlan("tuning", status, body["stages"], body["predicted"], baselines, solver, **common)
+        return TuningPlan(kind="tuning", status=status, stages=body["stages"], predicted=body["predicted"],
+                          baselines=baselines, solver=solver, **common)
     from thrifty.solver.explain import explain_tuning_infeasibility
 
     why = explain_tuning_infeasibility(space, res.fastest, time_limit_s or 10.0)
-    return TuningPlan("tuning", "infeasible", [], None, baselines, solver, why, **common)
+    return TuningPlan(kind="tuning", status="infeasible", stages=[], predicted=None, baselines=baselines,
+                      solver=solver, infeasibility=why, **common)

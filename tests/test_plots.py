@@ -6,7 +6,6 @@ one time, and no text outside the figure."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -240,11 +239,11 @@ def tuning_plan(chosen="exact", **changes) -> TuningPlan:
 
     baselines = {k: {"status": "feasible", "stages": v, "predicted": predicted(v, extra=0.2 if k == "static" else 0)}
                  for k, v in base.items()}
-    plan = TuningPlan("tuning", "optimal", ours, predicted(ours), baselines,
-                      {"method": "ilp", "chosen": chosen, "note": "exact plan, verified by simulation",
-                       "exact_model_cost_usd": 1.7, "exact_model_jct_s": 560.0},
+    plan = TuningPlan(kind="tuning", status="optimal", stages=ours, predicted=predicted(ours), baselines=baselines,
+                      solver={"method": "ilp", "chosen": chosen, "note": "exact plan, verified by simulation",
+                              "exact_model_cost_usd": 1.7, "exact_model_jct_s": 560.0},
                       problem_name="hand-made", experiment="SHA(n=4)", deadline_s=600.0)
-    return dataclasses.replace(plan, **changes)
+    return plan.with_changes(**changes)
 
 
 def planners_named(rec) -> set[str]:
@@ -260,8 +259,8 @@ def planners_named(rec) -> set[str]:
 def test_tuning_plot_names_every_planner(chosen, closing):
     plan = tuning_plan(chosen)
     if chosen == "greedy":  # greedy's plan is the answer: the exact plan is named, with its model's figures
-        plan = dataclasses.replace(plan, stages=plan.baselines["greedy"]["stages"],
-                                   predicted=plan.baselines["greedy"]["predicted"])
+        plan = plan.with_changes(stages=plan.baselines["greedy"]["stages"],
+                                 predicted=plan.baselines["greedy"]["predicted"])
     fig, rec = tuning_plan_figure(plan)
     closing(fig)
     assert planners_named(rec) == set(TUNING_PLANNERS)
@@ -273,11 +272,11 @@ def test_tuning_plot_names_every_planner(chosen, closing):
 def test_tuning_plot_names_the_planners_without_a_plan(closing):
     plan = tuning_plan()
     nothing = {"status": "infeasible", "stages": [], "predicted": None}
-    plan = dataclasses.replace(plan, status="infeasible", stages=[], predicted=None,
-                               baselines={k: nothing for k in plan.baselines},
-                               infeasibility={"conflicts": ["deadline_s"], "reason": "too short",
-                                              "relaxations": [{"field": "deadline_s", "current": 600.0,
-                                                               "needed": 700.0, "plan": plan.stages}]})
+    plan = plan.with_changes(status="infeasible", stages=[], predicted=None,
+                             baselines={k: nothing for k in plan.baselines},
+                             infeasibility={"conflicts": ["deadline_s"], "reason": "too short",
+                                            "relaxations": [{"field": "deadline_s", "current": 600.0,
+                                                             "needed": 700.0, "plan": plan.stages}]})
     fig, rec = tuning_plan_figure(plan)
     closing(fig)
     assert planners_named(rec) == set(TUNING_PLANNERS)
@@ -315,7 +314,7 @@ def test_tuning_cost_ends_at_the_predicted_total(closing):
 def test_dollars_in_labels_are_not_mathtext(closing):
     plan = tuning_plan("greedy")
     note = "the exact plan costs $1.7000 under simulation, more than greedy's $1.6500"
-    plan = dataclasses.replace(plan, solver={**plan.solver, "note": note})
+    plan = plan.with_changes(solver={**plan.solver, "note": note})
     fig, _ = tuning_plan_figure(plan)
     closing(fig)
     assert all(not t.get_parse_math() for t in fig.findobj(Text) if "$" in t.get_text())

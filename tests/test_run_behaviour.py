@@ -24,7 +24,7 @@ from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OUTSIDE_LIMITS, main  # no
 from thrifty.runtime.training import ProgressMonitor, RunConfig, SlowWorker, read_run_log, train  # noqa: E402
 from thrifty.runtime.training.driver import resumed_prediction, slowdown_hold_off_s  # noqa: E402
 from thrifty.runtime.training.monitor import WINDOW_MAX_S, WINDOW_MIN_S, auto_window_s  # noqa: E402
-from thrifty.runtime.training.plans import plan_and_problem, plan_from_dict  # noqa: E402
+from thrifty.runtime.training.plans import as_plan, plan_and_problem  # noqa: E402
 from thrifty.runtime.training.rundir import RunRecord, carried_over  # noqa: E402
 from thrifty.solver.problem import parse_problem  # noqa: E402
 
@@ -86,8 +86,8 @@ def test_the_window_scales_with_the_job() -> None:
     problem = parse_problem(demo_problem(limits={"time_s": 30}))
     plan = plan_dict(("local-a", "spot", 1, 16))
     plan["predicted"]["total_s"] = 28.0
-    assert RunConfig().window_for(plan_from_dict(plan), problem) == pytest.approx(2.8)
-    assert RunConfig(window_s=300).window_for(plan_from_dict(plan), problem) == 300
+    assert RunConfig().window_for(as_plan(plan), problem) == pytest.approx(2.8)
+    assert RunConfig(window_s=300).window_for(as_plan(plan), problem) == 300
 
 
 def test_after_a_call_for_a_re_plan_the_monitor_keeps_measuring_and_holds_off() -> None:
@@ -228,8 +228,8 @@ def test_a_resumed_run_takes_its_plan_and_problem_from_its_record_unless_given(t
     carried = carried_over(log)
     assert (carried.seconds, carried.usd, carried.segments) == (7.5, 0.02, 2)
     # its plan's prediction as totals of the whole run: 1 s launch + 50 iterations x 0.1 s, at $0.01 / 10 s
-    predicted = plan_from_dict({**plan, "predicted": {"iteration_s": 0.1, "total_s": 10.0, "cost_usd": 0.01,
-                                                      "total_s_p95": 10.0}})
+    predicted = as_plan({**plan, "predicted": {"iteration_s": 0.1, "total_s": 10.0, "cost_usd": 0.01,
+                                               "total_s_p95": 10.0}})
     assert resumed_prediction(predicted, 50, 1.0, 7.5, 0.02) == pytest.approx((13.5, 0.026))
 
 

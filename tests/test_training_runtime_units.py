@@ -23,7 +23,7 @@ from thrifty.runtime.training.faults import FaultInjector, KillWorker, SlowWorke
 from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.training.launcher import RankSlot
 from thrifty.runtime.training.monitor import ProgressMonitor, projected_cost, spent_cost, window_throughput
-from thrifty.runtime.training.plans import check_plan, plan_from_dict
+from thrifty.runtime.training.plans import as_plan, check_plan
 from thrifty.runtime.training.replan import Replanner, replan_changes
 from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.training.sharding import ShardedStream, rank_offsets, split_batch
@@ -223,17 +223,17 @@ def test_replanner_reports_an_infeasible_remainder():
 def test_a_plan_that_does_not_match_its_problem_names_the_field(allocation, path):
     problem = parse_problem(demo_problem())
     with pytest.raises(ProblemError) as e:
-        check_plan(plan_from_dict(plan_dict(*allocation)), problem, load_catalog(DEMO_CATALOG))
+        check_plan(as_plan(plan_dict(*allocation)), problem, load_catalog(DEMO_CATALOG))
     assert e.value.path == path
 
 
 def test_an_infeasible_or_tuning_plan_is_not_run():
     problem = parse_problem(demo_problem())
     with pytest.raises(ProblemError, match="nothing to run"):
-        check_plan(plan_from_dict({**plan_dict(("local-a", "spot", 1, 16)), "status": "infeasible"}), problem,
+        check_plan(as_plan({**plan_dict(("local-a", "spot", 1, 16)), "status": "infeasible"}), problem,
                    load_catalog(DEMO_CATALOG))
     with pytest.raises(ProblemError, match="'training' plans"):
-        plan_from_dict({"kind": "tuning", "stages": []})
+        as_plan({"kind": "tuning", "stages": []})
 
 
 # -- hooks, run log, faults -----------------------------------------------------------

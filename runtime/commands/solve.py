@@ -94,8 +94,8 @@ def _print_human(problem, plan) -> None:
 
 
 def infeasibility_lines(why) -> list[str]:
-    """An infeasible answer in plain words (a training `Infeasibility` or a
-    tuning plan's dict of the same keys): every minimal conflict set with its
+    """An infeasible answer in plain words (an `Infeasibility`, of a training
+    or a tuning plan, or its JSON object): every minimal conflict set with its
     reason, and every relaxation with the plan it admits."""
     if not isinstance(why, dict):
         why = why.to_dict()
@@ -215,29 +215,28 @@ def _print_tuning(problem, plan) -> None:
     if not plan.feasible:
         for line in infeasibility_lines(plan.infeasibility):
             console.print(line, highlight=False)
-        console.print(f"[dim]solver: {plan.solver['wall_s']:.2f} s[/dim]")
+        console.print(f"[dim]solver: {plan.solver.wall_s:.2f} s[/dim]")
         return
-    table = Table(title=f"tuning plan ({plan.status}, {plan.solver['chosen']})")
+    table = Table(title=f"tuning plan ({plan.status}, {plan.solver.chosen})")
     for col in ("stage", "trials", "iters/trial", "GPUs/trial", "instances", "GPUs", "type", "start s", "end s"):
         table.add_column(col, justify="left" if col == "type" else "right")
     for k, s in enumerate(plan.stages):
-        table.add_row(str(k), str(s["trials"]), str(s["iters_per_trial"]), str(s["gpus_per_trial"]),
-                      str(s["instances"]), str(s["gpus"]), s["instance_type"], f"{s['start_s']:,.0f}",
-                      f"{s['end_s']:,.0f}")
+        table.add_row(str(k), str(s.trials), str(s.iters_per_trial), str(s.gpus_per_trial), str(s.instances),
+                      str(s.gpus), s.instance_type, f"{s.start_s:,.0f}", f"{s.end_s:,.0f}")
     console.print(table)
     p = plan.predicted
-    console.print(f"JCT {p['jct_s']:,.1f} s (p95 {p['jct_s_p95']:,.1f} s), cost ${p['cost_usd']:,.2f} "
-                  f"(p95 ${p['cost_usd_p95']:,.2f})")
+    console.print(f"JCT {p.jct_s:,.1f} s (p95 {p.jct_s_p95:,.1f} s), cost ${p.cost_usd:,.2f} "
+                  f"(p95 ${p.cost_usd_p95:,.2f})")
     base = Table(title="against baselines (simulated)")
     for col in ("planner", "JCT s", "cost $", "vs thrifty"):
         base.add_column(col, justify="left" if col == "planner" else "right")
     for name, b in plan.baselines.items():
-        if b["predicted"] is None:
+        q = b.predicted
+        if q is None:
             base.add_row(name.replace("_", " "), "-", "infeasible", "-")
         else:
-            q = b["predicted"]
-            base.add_row(name.replace("_", " "), f"{q['jct_s']:,.1f}", f"{q['cost_usd']:,.2f}",
-                         _ratio(q["cost_usd"], p["cost_usd"]))
+            base.add_row(name.replace("_", " "), f"{q.jct_s:,.1f}", f"{q.cost_usd:,.2f}",
+                         _ratio(q.cost_usd, p.cost_usd))
     console.print(base)
-    console.print(f"[dim]{plan.solver['note']}; planning {plan.solver['wall_s']:.2f} s, "
-                  f"{plan.solver['simulations']} simulations[/dim]")
+    console.print(f"[dim]{plan.solver.note}; planning {plan.solver.wall_s:.2f} s, "
+                  f"{plan.solver.simulations} simulations[/dim]")

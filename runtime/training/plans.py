@@ -21,48 +21,29 @@ from typing import Any
 from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document, read_json
+from thrifty.datasets.validation import short_value
 from thrifty.runtime.training.rundir import RECORD_NAME, RunRecord
-from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
+from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 
-__all__ = ["as_plan", "plan_from_dict", "check_plan", "plan_and_problem", "as_training_problem"]
+__all__ = ["as_plan", "check_plan", "plan_and_problem", "as_training_problem"]
 
 
-def plan_from_dict(data: Any, source: str | None = None) -> Plan:
-    """A `Plan` from its JSON form (only the keys DESIGN.md promises are read)."""
-    if not isinstance(data, dict):
-        raise ProblemError(f"a plan must be a JSON object, not {type(data).__name__}", source=source)
-    if data.get("kind") != "training":
-        raise ProblemError(f"is {data.get('kind')!r}, but the training runtime runs 'training' plans",
-                           path="kind", source=source)
-    allocation = []
-    for i, row in enumerate(data.get("allocation") or []):
-        try:
-            allocation.append(Allocation(str(row["instance_type"]), str(row["market"]), int(row["count"]),
-                                         int(row["batch_per_instance"])))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ProblemError(f"is malformed ({type(e).__name__}: {e}); needs instance_type, market, count, "
-                               "batch_per_instance", path=f"allocation[{i}]", source=source) from None
-    predicted = data.get("predicted")
-    try:
-        prediction = None if predicted is None else Prediction(**predicted)
-    except TypeError as e:
-        raise ProblemError(f"is malformed: {e}", path="predicted", source=source) from None
-    solver = data.get("solver") or {}
-    return Plan(kind="training", status=str(data.get("status", "")), objective=str(data.get("objective", "")),
-                objective_value=data.get("objective_value"), allocation=allocation, predicted=prediction,
-                solver=SolverInfo(str(solver.get("method", "")), float(solver.get("wall_s", 0.0)), solver.get("gap")),
-                problem_name=data.get("name"))
-
-
-def as_plan(plan: Plan | dict[str, Any] | str | Path) -> Plan:
+def as_plan(plan: Plan | dict[str, Any] | str | Path, source: str | None = None) -> Plan:
+    """A training `Plan` from a `Plan`, its JSON object or a plan file (`source`
+    names where the object came from): validated with the plan's model
+    (`Plan.from_dict`), so every error names the JSON path of the bad field."""
     if isinstance(plan, Plan):
         return plan
-    if isinstance(plan, dict):
-        return plan_from_dict(plan)
     if isinstance(plan, (str, Path)):
-        return plan_from_dict(read_json(plan), source=str(plan))
-    raise ProblemError(f"a plan must be a Plan, a dict or a file path, not {type(plan).__name__}")
+        return as_plan(read_json(plan), source=str(plan))
+    if not isinstance(plan, dict):
+        raise ProblemError(f"a plan must be a Plan, its JSON object or a file path, not {type(plan).__name__}",
+                           source=source)
+    if plan.get("kind") != "training":
+        raise ProblemError(f"is {short_value(plan.get('kind'))}, but the training runtime runs 'training' plans",
+                           path="kind", source=source)
+    return Plan.from_dict(plan, source=source)
 
 
 def _is_problem(data: Any) -> bool:
@@ -91,7 +72,7 @@ def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
     the plan when none is given (its plan in force), and the problem when a
     plan comes without one."""
     if plan is None and resumed is not None:
-        plan = plan_from_dict(resumed.plan, source=str(Path(run_dir or ".") / RECORD_NAME))
+        plan = as_plan(resumed.plan, source=str(Path(run_dir or ".") / RECORD_NAME))
     if plan is None:
         raise ProblemError("nothing to run: give a plan and its problem, or a training problem"
                            + (f" ({run_dir} holds no run record to resume)" if run_dir is not None else ""))
@@ -118,8 +99,7 @@ def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
     if problem is None:
         raise ProblemError("--problem PROBLEM.json is required with a plan (problem= in train()): the runtime "
                            "re-plans with it", source=source)
-    made = plan if isinstance(plan, Plan) else plan_from_dict(data, source=source)
-    return made, as_training_problem(problem)
+    return as_plan(data, source=source), as_training_problem(problem)
 
 
 def check_plan(plan: Plan, problem: TrainingProblem, catalog: Catalog) -> None:

@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -69,46 +69,45 @@ from thrifty.runtime.tuning.loop import Executor
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
 
+if TYPE_CHECKING:  # the solver takes longer to import than this package: it is imported when a plan is read
+    from thrifty.solver.tuning_plan import TuningPlan, TuningStage
+
 __all__ = ["PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "VirtualProvider", "ProfileWorkload",
-           "SimulatedBackend", "simulated_backend", "plan_stages", "stage_trials", "record_result"]
+           "SimulatedBackend", "simulated_backend", "runnable_plan", "stage_trials", "record_result"]
 
 MIN_FRACTION = 0.05  # truncation of a drawn iteration time, as the planner's simulator does
 
 
 # --- the plan ----------------------------------------------------------------------------------
 
-STAGE_KEYS = ("trials", "iters_per_trial", "gpus_per_trial", "instances")
+def runnable_plan(plan: TuningPlan | Mapping[str, Any], instance_type: str | None = None) -> TuningPlan:
+    """`plan` (a `TuningPlan` or its JSON object) validated with the plan's
+    model, so every error names the JSON path (``stages[1].trials``); a plan
+    written by hand may give its stages alone (``kind`` and ``status`` then
+    default to a feasible tuning plan). It must be feasible, with at least
+    one stage; `instance_type` fills in the stages that name none."""
+    from thrifty.solver.tuning_plan import TuningPlan
 
-
-def plan_stages(plan: Any, instance_type: str | None = None) -> list[dict[str, Any]]:
-    """The stages of a `TuningPlan` (or its dict), checked; `instance_type`
-    fills in stages that do not name one."""
-    data = plan.to_dict() if hasattr(plan, "to_dict") else plan
-    if not isinstance(data, Mapping):
-        raise ProblemError(f"the plan is a {type(plan).__name__}, but must be a TuningPlan or its JSON object")
-    if data.get("status") not in (None, "optimal", "feasible"):
-        raise ProblemError(f"is '{data.get('status')}': an infeasible plan has nothing to run", path="status")
-    stages = data.get("stages")
-    if not isinstance(stages, list) or not stages:
+    if not isinstance(plan, TuningPlan):
+        if not isinstance(plan, Mapping):
+            raise ProblemError(f"the plan is a {type(plan).__name__}, but must be a TuningPlan or its JSON object")
+        plan = TuningPlan.from_dict({"kind": "tuning", "status": "feasible", **plan})
+    if not plan.feasible:
+        raise ProblemError(f"is '{plan.status}': an infeasible plan has nothing to run", path="status")
+    if not plan.stages:
         raise ProblemError("must list at least one stage", path="stages")
-    out = []
-    for k, stage in enumerate(stages):
-        for key in STAGE_KEYS:
-            value = stage.get(key) if isinstance(stage, Mapping) else None
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ProblemError(f"is {value!r}, but must be a positive integer", path=f"stages[{k}].{key}")
-        itype = stage.get("instance_type") or instance_type
-        if not itype:
+    for k, stage in enumerate(plan.stages):
+        if not (stage.instance_type or instance_type):
             raise ProblemError("names no instance type; give PlanExecutor(instance_type=...)",
                                path=f"stages[{k}].instance_type")
-        out.append({**stage, "instance_type": itype})
-    return out
+    return plan.with_changes(stages=[stage.with_changes(instance_type=stage.instance_type or instance_type)
+                                     for stage in plan.stages])
 
 
-def stage_trials(stages: Sequence[Mapping[str, Any]]) -> list[bool]:
+def stage_trials(stages: Sequence[TuningStage]) -> list[bool]:
     """For each stage: does it start a bracket (new trials)? The first stage
     does, and so does any stage with more trials than the one before."""
-    return [k == 0 or stages[k]["trials"] > stages[k - 1]["trials"] for k in range(len(stages))]
+    return [k == 0 or stages[k].trials > stages[k - 1].trials for k in range(len(stages))]
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -194,21 +193,22 @@ class PlanExecutor:
     machines from `provider` (see the module docstring).
 
     `catalog` gives GPUs per instance (default: the provider's catalog, else
-    the shipped one); `stage_hook(stage)` is called before each stage trains
-    (the simulated backend uses it to time iterations on the stage's type).
+    the shipped one); `stage_hook(stage)` (a `TuningStage`) is called before
+    each stage trains (the simulated backend uses it to time iterations on the
+    stage's type). The plan is read with `runnable_plan`.
     """
 
-    def __init__(self, plan: Any, executor: Executor, provider: Provider, search_space: SearchSpace, *,
-                 market: str = "on_demand", catalog: Catalog | None = None, instance_type: str | None = None,
-                 min_billed_s: float = 60.0, provision_timeout_s: float = 600.0,
-                 stage_hook: Callable[[Mapping[str, Any]], None] | None = None):
-        self.stages = plan_stages(plan, instance_type)
-        data = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
-        predicted = data.get("predicted") or {}
-        self.predicted_jct_s = predicted.get("jct_s")
-        self.predicted_cost_usd = predicted.get("cost_usd")
-        self.deadline_s = data.get("deadline_s") or None
-        self.billing = data.get("billing", "per_instance")
+    def __init__(self, plan: TuningPlan | Mapping[str, Any], executor: Executor, provider: Provider,
+                 search_space: SearchSpace, *, market: str = "on_demand", catalog: Catalog | None = None,
+                 instance_type: str | None = None, min_billed_s: float = 60.0, provision_timeout_s: float = 600.0,
+                 stage_hook: Callable[[TuningStage], None] | None = None):
+        self.plan = runnable_plan(plan, instance_type)
+        self.stages = self.plan.stages
+        predicted = self.plan.predicted
+        self.predicted_jct_s = predicted.jct_s if predicted is not None else None
+        self.predicted_cost_usd = predicted.cost_usd if predicted is not None else None
+        self.deadline_s = self.plan.deadline_s or None
+        self.billing = self.plan.billing
         self.executor = executor
         self.clock: Clock = executor.clock
         self.provider = provider
@@ -251,40 +251,40 @@ class PlanExecutor:
                           None if best is None else best.trial_id,
                           {t.trial_id: t.error for t in self.trials if t.state == TrialState.FAILED})
 
-    def _run_stage(self, k: int, stage: Mapping[str, Any], previous: list[Trial],
+    def _run_stage(self, k: int, stage: TuningStage, previous: list[Trial],
                    running: dict[int, Trial]) -> list[Trial]:
         new_bracket = stage_trials(self.stages)[k]
-        record = StageRecord(k, stage["instance_type"], stage["instances"], stage["gpus_per_trial"],
-                             stage["iters_per_trial"], new_bracket, started_at=self.clock.now())
-        if "start_s" in stage and "end_s" in stage:
-            record.predicted_s = float(stage["end_s"]) - float(stage["start_s"])
-        record.predicted_cost_usd = stage.get("cost_usd")
+        record = StageRecord(k, stage.instance_type, stage.instances, stage.gpus_per_trial,
+                             stage.iters_per_trial, new_bracket, started_at=self.clock.now())
+        if stage.start_s is not None and stage.end_s is not None:
+            record.predicted_s = stage.end_s - stage.start_s
+        record.predicted_cost_usd = stage.cost_usd
         billing_start = self._billing_now()
         self.records.append(record)
 
         trials = self._stage_trials(stage, new_bracket, previous, record)
         before = {m.id for m in self._held}
-        self._scale(stage["instance_type"], stage["instances"], record)
+        self._scale(stage.instance_type, stage.instances, record)
         record.machines = [m.id for m in self._held]
         record.provisioned = len(set(record.machines) - before)
         record.scaled_at = self.clock.now()
         if self.stage_hook is not None:
             self.stage_hook(stage)
-        gpus = self.catalog.get(stage["instance_type"]).gpus
+        gpus = self.catalog.get(stage.instance_type).gpus
         nodes = {m.id: gpus for m in self._held}
         self._train(trials, stage, nodes, record, running)
         record.ended_at = self.clock.now()
         record.cost_usd = self._stage_cost(record, billing_start, self._billing_now())
         return [t for t in trials if t.state != TrialState.FAILED]
 
-    def _stage_trials(self, stage: Mapping[str, Any], new_bracket: bool, previous: list[Trial],
+    def _stage_trials(self, stage: TuningStage, new_bracket: bool, previous: list[Trial],
                       record: StageRecord) -> list[Trial]:
         for trial in previous:
             if new_bracket:  # the last stage of a bracket: its survivors are done
                 trial.state, trial.ended_at = TrialState.COMPLETED, self.clock.now()
         if new_bracket:
             trials = []
-            for _ in range(stage["trials"]):
+            for _ in range(stage.trials):
                 config = self.search_space.next_config()
                 if config is None:
                     break
@@ -295,12 +295,12 @@ class PlanExecutor:
                 raise ProblemError("the search space produced no configuration", path="search_space")
         else:
             ranked = sorted(previous, key=lambda t: (-t.last_metric, t.trial_id))
-            trials = ranked[: stage["trials"]]
-            for trial in ranked[stage["trials"]:]:
+            trials = ranked[: stage.trials]
+            for trial in ranked[stage.trials:]:
                 trial.state, trial.ended_at = TrialState.TERMINATED, self.clock.now()
                 record.dropped.append(trial.trial_id)
             record.resized = [t.trial_id for t in trials if t.iteration_atoms and
-                              t.iteration_atoms[-1] != stage["gpus_per_trial"]]
+                              t.iteration_atoms[-1] != stage.gpus_per_trial]
         record.trial_ids = [t.trial_id for t in trials]
         return trials
 
@@ -343,9 +343,9 @@ class PlanExecutor:
         return cost
 
     # --- training within a stage -------------------------------------------------------------------
-    def _train(self, trials: list[Trial], stage: Mapping[str, Any], nodes: dict[str, int], record: StageRecord,
+    def _train(self, trials: list[Trial], stage: TuningStage, nodes: dict[str, int], record: StageRecord,
                running: dict[int, Trial]) -> None:
-        g, iters = stage["gpus_per_trial"], stage["iters_per_trial"]
+        g, iters = stage.gpus_per_trial, stage.iters_per_trial
         queue = list(trials)
         target = {t.trial_id: t.iteration + iters for t in trials}
         placement: dict[str, dict[str, int]] = {}
@@ -426,8 +426,8 @@ def _check_capacity(placement: Mapping[str, Mapping[str, int]], nodes: Mapping[s
         raise RuntimeError(f"stage {stage}: the placement overfills {', '.join(over)}")
 
 
-def execute_plan(plan: Any, executor: Executor, provider: Provider, search_space: SearchSpace,
-                 **options: Any) -> PlanResult:
+def execute_plan(plan: TuningPlan | Mapping[str, Any], executor: Executor, provider: Provider,
+                 search_space: SearchSpace, **options: Any) -> PlanResult:
     """Run `plan` to its end (see `PlanExecutor`)."""
     return PlanExecutor(plan, executor, provider, search_space, **options).run()
 
@@ -534,11 +534,11 @@ class SimulatedBackend:
     executor: SimulatedExecutor
     min_billed_s: float
 
-    def stage_hook(self, stage: Mapping[str, Any]) -> None:
-        self.workload.use(stage["instance_type"])
-        self.executor.startup_s = self.workload.profiles[stage["instance_type"]].startup_s
+    def stage_hook(self, stage: TuningStage) -> None:
+        self.workload.use(stage.instance_type)
+        self.executor.startup_s = self.workload.profiles[stage.instance_type].startup_s
 
-    def execute(self, plan: Any, search_space: SearchSpace, **options: Any) -> PlanResult:
+    def execute(self, plan: TuningPlan | Mapping[str, Any], search_space: SearchSpace, **options: Any) -> PlanResult:
         options.setdefault("min_billed_s", self.min_billed_s)
         return execute_plan(plan, self.executor, self.provider, search_space, stage_hook=self.stage_hook,
                             catalog=self.provider.catalog, **options)
