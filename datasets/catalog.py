@@ -2,36 +2,60 @@
 rated network and prices (DESIGN.md, Data).
 
 The shipped catalog is ``datasets/catalog/aws-us-east-1.json`` (format
-``thrifty.catalog/1``), built by ``datasets/scripts/build_catalog.py``; every
-price carries its date and source. The ``local`` type is one worker process on
-this host (device ``cpu``), used to run and measure plans here.
+``thrifty.catalog/1``, schema `CatalogFile`; its fields are described in
+``datasets/catalog/README.md``), built by ``datasets/scripts/build_catalog.py``;
+every price carries its date and source. The ``local`` type is one worker
+process on this host (device ``cpu``), used to run and measure plans here.
+
+A `CatalogFile` (rows: `InstanceTypeRow`) is the schema of the file; a
+`Catalog` is its types by name, each an `InstanceType`, with the file it came
+from. `InstanceType` stays a frozen dataclass: the solver's inner loops read
+its fields (about 80,000 times for one of the Srifty example problems), and a
+pydantic model's attribute reads are twice as slow.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from thrifty.datasets.errors import ProblemError, closest_names
 from thrifty.datasets.io import read_json
+from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
 
-__all__ = ["InstanceType", "Catalog", "load_catalog", "DEFAULT_CATALOG", "CATALOG_FORMAT"]
+__all__ = ["InstanceType", "InstanceTypeRow", "CatalogProvenance", "CatalogFile", "Catalog", "parse_catalog_file",
+           "parse_catalog", "load_catalog", "DEFAULT_CATALOG", "CATALOG_FORMAT"]
 
 CATALOG_FORMAT = "thrifty.catalog/1"
 DEFAULT_CATALOG = Path(__file__).parent / "catalog" / "aws-us-east-1.json"
 
+Name = Annotated[str, Field(min_length=1)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+UsdPerHour = Annotated[float, Field(ge=0, allow_inf_nan=False, description="USD per hour; null when unknown")]
+
+
+def _null_as_zero(value: Any) -> Any:
+    """A host figure the catalog does not know (null) reads as 0, as it always has."""
+    return 0 if value is None else value
+
+
+HostFigure = BeforeValidator(_null_as_zero)
+
 
 @dataclass(frozen=True)
 class InstanceType:
-    """One machine type.
+    """One machine type, as the solver and the simulators read it.
 
     `device` is the key that compute profiles use for this type's accelerator
     (``V100``, ``T4``, ``cpu``...); `gpus` is how many devices (data-parallel
     workers) one machine runs; `interconnect_gbps` the GPU-to-GPU bandwidth
     inside one machine. Prices are USD per hour; ``None`` when unknown
-    (e.g. no spot market).
+    (e.g. no spot market). Built from a checked `InstanceTypeRow`.
     """
 
     name: str
@@ -57,13 +81,99 @@ class InstanceType:
         return value
 
 
+class InstanceTypeRow(FileSchema):
+    """A row of a catalog file: the fields of `InstanceType`, then the ones
+    that record where its figures came from (thrifty does not read those)."""
+
+    name: Name
+    gpus: Annotated[int, Field(gt=0, description="devices per machine: the data-parallel workers it runs")]
+    device: Annotated[str, Field(min_length=1, description="the key compute profiles use: V100, T4, cpu...")]
+    gpu_model: str | None = None
+    gpu_memory_gib: Annotated[NonNegative, HostFigure, Field(description="memory per GPU")] = 0.0
+    vcpus: Annotated[int, Field(ge=0), HostFigure] = 0
+    memory_gib: Annotated[NonNegative, HostFigure] = 0.0
+    network_gbps: Annotated[Positive, Field(description="rated network, Gbit/s ('Up to N Gigabit' -> N)")]
+    network_rating: str | None = None
+    interconnect_gbps: Annotated[Positive, Field(description="GPU-to-GPU in one machine, Gbit/s per GPU per "
+                                                             "direction")] | None = None
+    on_demand_usd_per_hour: UsdPerHour | None = None
+    spot_usd_per_hour: UsdPerHour | None = None
+    price_date: str | None = None
+    price_source: str | None = None
+    gpu_memory_total_gib: NonNegative | None = None
+    network_baseline_gbps: NonNegative | None = None
+    interconnect: str | None = None
+    interconnect_source: str | None = None
+    hardware_source: str | None = None
+    offered_in_region: bool | None = None
+    on_demand_price_source: str | None = None
+    spot_price_date: str | None = None
+    spot_price_source: str | None = None
+    spot_observations_usd_per_hour: dict[str, NonNegative] | None = None
+    spot_usd_per_hour_srifty2022: NonNegative | None = None
+    notes: list[str] | None = None
+
+    def instance_type(self) -> InstanceType:
+        return InstanceType(**{f.name: getattr(self, f.name) for f in fields(InstanceType)})
+
+
+class CatalogProvenance(FileSchema):
+    """Where a catalog came from: the script or command that built it, its
+    inputs and, for published figures, the full citation of every source key
+    the rows use (`sources`)."""
+
+    kind: Literal["measured", "published", "derived"]
+    command: str | None = None
+    source: str | None = None
+    script: str | None = None
+    date: str | None = None
+    region: str | None = None
+    inputs: list[str] | str | None = None
+    sources: dict[str, str] | None = None
+    notes: list[str] | str | None = None
+
+    @model_validator(mode="after")
+    def _says_where(self) -> "CatalogProvenance":
+        if not (self.script or self.command or self.source or self.sources):
+            raise ValueError("a catalog must say where it came from: its script, command or source")
+        return self
+
+
+class CatalogFile(FileSchema):
+    """An instance catalog file (format ``thrifty.catalog/1``)."""
+
+    format: Literal["thrifty.catalog/1"]
+    provider: Name
+    region: Name
+    provenance: CatalogProvenance
+    instance_types: Annotated[list[InstanceTypeRow], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _names_are_unique(self) -> "CatalogFile":
+        first: dict[str, int] = {}
+        for i, t in enumerate(self.instance_types):
+            if t.name in first:
+                raise FieldPathError(("instance_types", i, "name"),
+                                     f"is '{t.name}', which instance_types[{first[t.name]}] already names")
+            first[t.name] = i
+        return self
+
+
 @dataclass(frozen=True)
 class Catalog:
+    """The types of a catalog by name; `source` is the file (or a label)."""
+
     provider: str
     region: str
     types: dict[str, InstanceType]
     source: str
     provenance: dict[str, Any]
+
+    @classmethod
+    def from_file(cls, file: CatalogFile, source: str) -> "Catalog":
+        return cls(provider=file.provider, region=file.region,
+                   types={row.name: row.instance_type() for row in file.instance_types},
+                   source=source, provenance=file.provenance.to_json())
 
     def get(self, name: str) -> InstanceType:
         """The type called `name`; an unknown name lists the closest known ones."""
@@ -80,49 +190,14 @@ class Catalog:
         return name in self.types
 
 
-def _parse_type(row: dict[str, Any], where: str) -> InstanceType:
-    try:
-        return InstanceType(
-            name=str(row["name"]),
-            gpus=int(row["gpus"]),
-            device=str(row["device"]),
-            gpu_memory_gib=float(row.get("gpu_memory_gib") or 0.0),
-            vcpus=int(row.get("vcpus") or 0),
-            memory_gib=float(row.get("memory_gib") or 0.0),
-            network_gbps=float(row["network_gbps"]),
-            on_demand_usd_per_hour=_maybe_float(row.get("on_demand_usd_per_hour")),
-            spot_usd_per_hour=_maybe_float(row.get("spot_usd_per_hour")),
-            price_date=row.get("price_date"),
-            price_source=row.get("price_source"),
-            interconnect_gbps=_maybe_float(row.get("interconnect_gbps")),
-        )
-    except KeyError as e:
-        raise ProblemError(f"is missing the field {e.args[0]!r}", path=where) from None
-    except (TypeError, ValueError) as e:
-        raise ProblemError(f"has a malformed field: {e}", path=where) from None
+def parse_catalog_file(data: Any, source: str) -> CatalogFile:
+    """Check catalog data (parsed JSON) against `CatalogFile`; an error names
+    the JSON path of the bad field (``instance_types[3].network_gbps``)."""
+    return validate_model(CatalogFile, data, source=source)
 
 
-def _maybe_float(x: Any) -> float | None:
-    return None if x is None else float(x)
-
-
-def parse_catalog(data: dict[str, Any], source: str) -> Catalog:
-    if not isinstance(data, dict) or data.get("format") != CATALOG_FORMAT:
-        raise ProblemError(f"is not a thrifty catalog (format must be {CATALOG_FORMAT!r})", source=source)
-    types: dict[str, InstanceType] = {}
-    for i, row in enumerate(data.get("instance_types", [])):
-        try:
-            t = _parse_type(row, f"instance_types[{i}]")
-        except ProblemError as e:
-            raise ProblemError(e.message, path=e.path, source=source) from None
-        types[t.name] = t
-    return Catalog(
-        provider=str(data.get("provider", "")),
-        region=str(data.get("region", "")),
-        types=types,
-        source=source,
-        provenance=dict(data.get("provenance", {})),
-    )
+def parse_catalog(data: Any, source: str) -> Catalog:
+    return Catalog.from_file(parse_catalog_file(data, source), source)
 
 
 @lru_cache(maxsize=8)

@@ -1,6 +1,6 @@
 """Validate JSON-shaped data against a pydantic model, turning the first
 error into a `ProblemError` that names the JSON path (``points[2].batch``),
-the rule broken and the value given."""
+the rule broken and the value given; and the base of the file schemas."""
 
 from __future__ import annotations
 
@@ -13,9 +13,24 @@ import pydantic
 
 from thrifty.datasets.errors import ProblemError
 
-__all__ = ["FieldPathError", "json_path", "validate_model", "short_value"]
+__all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "short_value"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class FileSchema(pydantic.BaseModel):
+    """The base of a data file's schema: frozen, unknown keys rejected (a
+    misspelt optional key would otherwise be silently ignored).
+
+    `to_json` is the file's content: the fields a file gave (or a writer set),
+    so loading and dumping a file gives back the same data, and a default
+    left out stays out.
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class FieldPathError(ValueError):

@@ -26,9 +26,9 @@ What this module computes:
   is exactly ``B = b / a``, where the per-sample cost equals the fixed cost:
   the latency-to-throughput transition.
 
-Saved as JSON (``thrifty.compute_model/1``) with the fitted segments, so a
-model can be loaded without refitting; `load_compute_model` also accepts a
-profile file and fits it.
+Saved as JSON (``thrifty.compute_model/1``, schema `ComputeModelFile`) with
+the fitted segments, so a model can be loaded without refitting;
+`load_compute_model` also accepts a profile file and fits it.
 """
 
 from __future__ import annotations
@@ -37,23 +37,127 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_json, write_json
-from thrifty.perfmodels.profile import ComputeProfile, Provenance, parse_profile
+from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.perfmodels.profile import (
+    ComputeProfile,
+    LayerGrad,
+    NonNegativeSeconds,
+    PositiveSeconds,
+    Provenance,
+    parse_profile,
+)
 
 __all__ = [
     "PiecewiseLinear",
     "fit_piecewise_linear",
     "ComputeModel",
     "load_compute_model",
+    "PiecewiseLinearFile",
+    "ComputeModelFile",
     "MODEL_FORMAT",
 ]
 
 MODEL_FORMAT = "thrifty.compute_model/1"
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+def _increasing(values: list[float], loc: tuple[Any, ...]) -> None:
+    for i in range(1, len(values)):
+        if values[i] <= values[i - 1]:
+            raise FieldPathError((*loc, i), f"is {values[i]:g}, but must be larger than the one before "
+                                            f"({values[i - 1]:g})")
+
+
+def _same_length(values: list[Any], loc: tuple[Any, ...], like: str, n: int) -> None:
+    if len(values) != n:
+        raise FieldPathError(loc, f"has {len(values)} entries, but must have one per entry of {like} ({n})")
+
+
+# -- the file format ------------------------------------------------------------
+
+
+class PiecewiseLinearFile(FileSchema):
+    """A fitted `PiecewiseLinear` as saved: knots increasing, one slope change each."""
+
+    intercept: Finite
+    slope: Finite
+    knots: list[Finite] = []
+    slope_changes: list[Finite] = []
+
+    @model_validator(mode="after")
+    def _one_change_per_knot(self) -> "PiecewiseLinearFile":
+        _increasing(self.knots, ("knots",))
+        _same_length(self.slope_changes, ("slope_changes",), "knots", len(self.knots))
+        return self
+
+
+class CvTable(FileSchema):
+    """Coefficient of variation (sd / mean) of each pass at the profiled batches."""
+
+    batches: Annotated[list[PositiveFinite], Field(min_length=1)]
+    forward: list[NonNegativeFinite]
+    backward: list[NonNegativeFinite]
+
+    @model_validator(mode="after")
+    def _one_per_batch(self) -> "CvTable":
+        _increasing(self.batches, ("batches",))
+        for name in ("forward", "backward"):
+            _same_length(getattr(self, name), (name,), "cv.batches", len(self.batches))
+        return self
+
+
+class ProfiledTable(FileSchema):
+    """Mean measured latency of each pass at the profiled batches (``cv.batches``)."""
+
+    forward_s: list[PositiveSeconds]
+    backward_s: list[PositiveSeconds]
+
+
+class ColocatedModelFile(FileSchema):
+    """The model measured with `workers` processes sharing `host_cores` cores (0: unknown)."""
+
+    workers: Annotated[int, Field(ge=2)]
+    host_cores: Annotated[int, Field(ge=0)] | None = 0
+    model: "ComputeModelFile"
+
+
+class ComputeModelFile(FileSchema):
+    """A fitted compute model file (format ``thrifty.compute_model/1``)."""
+
+    format: Literal["thrifty.compute_model/1"]
+    model: Annotated[str, Field(min_length=1)]
+    device: Annotated[str, Field(min_length=1)]
+    forward: PiecewiseLinearFile
+    backward: PiecewiseLinearFile
+    cv: CvTable
+    profiled: ProfiledTable
+    max_batch: Annotated[int, Field(gt=0)]
+    step_s: NonNegativeSeconds
+    threshold_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
+    threshold_batch: Annotated[int, Field(gt=0)] | None = None  # for readers; recomputed on load
+    layers: Annotated[list[LayerGrad], Field(min_length=1)]
+    provenance: Provenance
+    buffer_bytes: Annotated[int, Field(ge=0)] = 0
+    ddp_overhead_s: NonNegativeSeconds = 0.0
+    colocated: ColocatedModelFile | None = None
+
+    @model_validator(mode="after")
+    def _profiled_at_the_cv_batches(self) -> "ComputeModelFile":
+        for name in ("forward_s", "backward_s"):
+            _same_length(getattr(self.profiled, name), ("profiled", name), "cv.batches", len(self.cv.batches))
+        return self
+
+
+ColocatedModelFile.model_rebuild()  # its `model` is a ComputeModelFile, defined after it
 
 
 @dataclass(frozen=True)
@@ -97,13 +201,12 @@ class PiecewiseLinear:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "PiecewiseLinear":
-        return cls(
-            float(data["intercept"]),
-            float(data["slope"]),
-            tuple(float(k) for k in data.get("knots", ())),
-            tuple(float(c) for c in data.get("slope_changes", ())),
-        )
+    def from_file(cls, file: PiecewiseLinearFile) -> "PiecewiseLinear":
+        return cls(file.intercept, file.slope, tuple(file.knots), tuple(file.slope_changes))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str | None = None) -> "PiecewiseLinear":
+        return cls.from_file(validate_model(PiecewiseLinearFile, data, source=source))
 
 
 def _hinge_design(x: np.ndarray, knots: tuple[float, ...]) -> np.ndarray:
@@ -281,7 +384,8 @@ class ComputeModel:
 
     # -- persistence --------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The saved form, checked against `ComputeModelFile` (a model that would not load is not saved)."""
+        data = {
             "format": MODEL_FORMAT,
             "model": self.model,
             "device": self.device,
@@ -304,46 +408,43 @@ class ComputeModel:
                           {"workers": self.colocated_workers, "host_cores": self.host_cores,
                            "model": self.colocated.to_json()}),
         }
+        return validate_model(ComputeModelFile, data, source=f"the compute model of {self.model} on {self.device}"
+                              ).to_json()
 
     def save(self, path: str | Path) -> None:
         write_json(path, self.to_json())
 
     @classmethod
+    def from_file(cls, file: ComputeModelFile) -> "ComputeModel":
+        colocated = file.colocated
+        return cls(
+            model=file.model,
+            device=file.device,
+            forward=PiecewiseLinear.from_file(file.forward),
+            backward=PiecewiseLinear.from_file(file.backward),
+            cv_batches=tuple(file.cv.batches),
+            cv_forward=tuple(file.cv.forward),
+            cv_backward=tuple(file.cv.backward),
+            profiled_forward_s=tuple(file.profiled.forward_s),
+            profiled_backward_s=tuple(file.profiled.backward_s),
+            max_batch=file.max_batch,
+            step_s=file.step_s,
+            layer_names=tuple(layer.name for layer in file.layers),
+            grad_bytes=tuple(layer.grad_bytes for layer in file.layers),
+            ready_frac=tuple(layer.ready_frac for layer in file.layers),
+            provenance=file.provenance.model_dump(exclude_none=True),
+            threshold_fraction=file.threshold_fraction,
+            buffer_bytes=file.buffer_bytes,
+            ddp_overhead_s=file.ddp_overhead_s,
+            colocated=None if colocated is None else cls.from_file(colocated.model),
+            colocated_workers=0 if colocated is None else colocated.workers,
+            host_cores=0 if colocated is None else colocated.host_cores or 0,
+        )
+
+    @classmethod
     def from_json(cls, data: dict[str, Any], source: str | None = None) -> "ComputeModel":
-        try:
-            if data.get("format") != MODEL_FORMAT:
-                raise ProblemError(f"format must be {MODEL_FORMAT!r}", path="format", source=source)
-            Provenance.model_validate(data["provenance"])
-            layers = data["layers"]
-            model = cls(
-                model=str(data["model"]),
-                device=str(data["device"]),
-                forward=PiecewiseLinear.from_json(data["forward"]),
-                backward=PiecewiseLinear.from_json(data["backward"]),
-                cv_batches=tuple(float(b) for b in data["cv"]["batches"]),
-                cv_forward=tuple(float(c) for c in data["cv"]["forward"]),
-                cv_backward=tuple(float(c) for c in data["cv"]["backward"]),
-                profiled_forward_s=tuple(float(c) for c in data["profiled"]["forward_s"]),
-                profiled_backward_s=tuple(float(c) for c in data["profiled"]["backward_s"]),
-                max_batch=int(data["max_batch"]),
-                step_s=float(data["step_s"]),
-                layer_names=tuple(str(layer["name"]) for layer in layers),
-                grad_bytes=tuple(int(layer["grad_bytes"]) for layer in layers),
-                ready_frac=tuple(float(layer["ready_frac"]) for layer in layers),
-                provenance=dict(data["provenance"]),
-                threshold_fraction=float(data.get("threshold_fraction", 0.5)),
-                buffer_bytes=int(data.get("buffer_bytes", 0)),
-                ddp_overhead_s=float(data.get("ddp_overhead_s", 0.0)),
-                colocated=(None if not data.get("colocated") else
-                           cls.from_json(data["colocated"]["model"], source=source)),
-                colocated_workers=int(data["colocated"]["workers"]) if data.get("colocated") else 0,
-                host_cores=int(data["colocated"].get("host_cores") or 0) if data.get("colocated") else 0,
-            )
-        except ProblemError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise ProblemError(f"malformed compute model: {e}", source=source) from None
-        return model
+        """A saved model (parsed JSON), checked against `ComputeModelFile`; errors name the JSON path."""
+        return cls.from_file(validate_model(ComputeModelFile, data, source=source))
 
 
 def load_compute_model(path: str | Path, threshold_fraction: float = 0.5) -> ComputeModel:

@@ -8,8 +8,17 @@ checkpoint, connecting workers). Between profiled points we interpolate the
 *throughput* (1 / latency) linearly in the GPU count, and the sd linearly;
 beyond the largest point the profile is not extrapolated (that allocation is
 not offered). Files: ``datasets/profiles/scaling/<model>__<instance type>.json``
-(format ``thrifty.scaling_profile/1``), derived by
-``datasets/scripts/derive_scaling_profiles.py``.
+(format ``thrifty.scaling_profile/1``, schema `ScalingProfileFile`), derived by
+``datasets/scripts/derive_scaling_profiles.py`` or measured by
+``thrifty profile-scaling``::
+
+    {"format": "thrifty.scaling_profile/1", "model": "resnet50", "instance_type": "p3.8xlarge",
+     "batch": 512, "iteration": "one step of batch 512", "startup_s": 0.0,
+     "provenance": {"kind": "derived", "script": "...", "inputs": [...]},
+     "points": [{"gpus": 1, "iteration_s": 1.3555, "iteration_sd_s": 0.0339}, ...]}
+
+The schema checks the file; a `ScalingProfile` is the checked curve in the
+form the simulators read.
 
 `CloudProfile`: the instance type (GPUs per instance, price per hour), the
 billing model (``per_instance``: per second with a 60 s minimum;
@@ -21,27 +30,67 @@ ingress price per GB and the dataset size each new instance downloads, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from thrifty.datasets.errors import ProblemError, closest_names
 from thrifty.datasets.io import read_json
+from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.perfmodels.profile import Provenance
 
-__all__ = ["ScalingProfile", "CloudProfile", "load_scaling_profile", "available_scaling_profiles",
-           "SCALING_DIR", "SCALING_FORMAT"]
+__all__ = ["ScalingProfile", "ScalingPoint", "ScalingProfileFile", "CloudProfile", "parse_scaling_profile",
+           "load_scaling_profile", "available_scaling_profiles", "SCALING_DIR", "SCALING_FORMAT"]
 
 SCALING_FORMAT = "thrifty.scaling_profile/1"
 SCALING_DIR = Path(__file__).resolve().parent.parent / "datasets" / "profiles" / "scaling"
+MAX_LATENCY_S = 86_400.0  # an iteration, its sd or a start-up of more than a day is not a profile of one trial
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_LATENCY_S, allow_inf_nan=False)]
+
+
+class ScalingPoint(FileSchema):
+    """One profiled GPU count: mean and sd of one iteration's latency."""
+
+    gpus: Annotated[int, Field(gt=0)]
+    iteration_s: Annotated[float, Field(gt=0, le=MAX_LATENCY_S, allow_inf_nan=False)]
+    iteration_sd_s: Seconds = 0.0
+    repeats: Annotated[int, Field(ge=1)] | None = None  # timed iterations behind a measured mean
+
+
+class ScalingProfileFile(FileSchema):
+    """A scaling profile file (format ``thrifty.scaling_profile/1``)."""
+
+    format: Literal["thrifty.scaling_profile/1"]
+    model: Annotated[str, Field(min_length=1)]
+    instance_type: Annotated[str, Field(min_length=1)]
+    batch: Annotated[int, Field(gt=0)] | None = None  # the trial's batch (strong scaling: fixed)
+    iteration: str | None = None  # what one iteration is ("one epoch of CIFAR-10 at batch 1024")
+    startup_s: Seconds = 0.0
+    provenance: Provenance | None = None
+    points: Annotated[list[ScalingPoint], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _gpus_start_at_one_and_increase(self) -> "ScalingProfileFile":
+        gpus = [p.gpus for p in self.points]
+        if gpus[0] != 1:
+            raise FieldPathError(("points", 0, "gpus"), f"is {gpus[0]}, but a profile must start at 1 GPU")
+        for i in range(1, len(gpus)):
+            if gpus[i] <= gpus[i - 1]:
+                raise FieldPathError(("points", i, "gpus"), f"is {gpus[i]}, but GPU counts must increase "
+                                                            f"(points[{i - 1}].gpus is {gpus[i - 1]})")
+        return self
 
 
 @dataclass(frozen=True)
 class ScalingProfile:
     """Iteration latency of one trial on g GPUs: mean `iteration_s[i]` and sd
-    `iteration_sd_s[i]` at `gpus[i]` (increasing powers of two, from 1)."""
+    `iteration_sd_s[i]` at `gpus[i]` (increasing, from 1), as checked by
+    `ScalingProfileFile`; built from a file by `parse_scaling_profile`."""
 
     model: str
     instance_type: str
@@ -51,19 +100,25 @@ class ScalingProfile:
     startup_s: float = 0.0
     batch: int | None = None
     source: str = ""
+    # the interpolation tables of `iteration`, built once (it runs for every simulated trial)
+    _gpus: np.ndarray = field(init=False, repr=False, compare=False)
+    _rates: np.ndarray = field(init=False, repr=False, compare=False)
+    _sds: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.gpus or self.gpus[0] != 1:
-            raise ProblemError("must start at 1 GPU", path="points[0].gpus", source=self.source or None)
-        for i, (g, t, sd) in enumerate(zip(self.gpus, self.iteration_s, self.iteration_sd_s)):
-            if i and g <= self.gpus[i - 1]:
-                raise ProblemError("GPU counts must increase", path=f"points[{i}].gpus", source=self.source or None)
-            if not t > 0:
-                raise ProblemError(f"is {t}, but must be positive", path=f"points[{i}].iteration_s",
-                                   source=self.source or None)
-            if sd < 0:
-                raise ProblemError(f"is {sd}, but must be >= 0", path=f"points[{i}].iteration_sd_s",
-                                   source=self.source or None)
+        object.__setattr__(self, "_gpus", np.asarray(self.gpus, float))
+        object.__setattr__(self, "_rates", 1.0 / np.asarray(self.iteration_s, float))
+        object.__setattr__(self, "_sds", np.asarray(self.iteration_sd_s, float))
+
+    @classmethod
+    def from_file(cls, file: ScalingProfileFile, source: str = "") -> "ScalingProfile":
+        return cls(
+            model=file.model, instance_type=file.instance_type,
+            gpus=tuple(p.gpus for p in file.points),
+            iteration_s=tuple(p.iteration_s for p in file.points),
+            iteration_sd_s=tuple(p.iteration_sd_s for p in file.points),
+            startup_s=file.startup_s, batch=file.batch, source=source,
+        )
 
     @property
     def max_gpus(self) -> int:
@@ -74,10 +129,7 @@ class ScalingProfile:
         if gpus < 1 or gpus > self.max_gpus:
             raise ProblemError(f"{gpus} GPUs per trial is outside the profile of {self.model} "
                                f"(1..{self.max_gpus})")
-        xs = np.asarray(self.gpus, float)
-        rate = float(np.interp(gpus, xs, 1.0 / np.asarray(self.iteration_s)))
-        sd = float(np.interp(gpus, xs, np.asarray(self.iteration_sd_s)))
-        return 1.0 / rate, sd
+        return 1.0 / float(np.interp(gpus, self._gpus, self._rates)), float(np.interp(gpus, self._gpus, self._sds))
 
     def scaled(self, base_iteration_s: float | None = None, sd_s: float | None = None) -> "ScalingProfile":
         """The same curve with 1-GPU latency `base_iteration_s` (every point scaled
@@ -98,19 +150,9 @@ def available_scaling_profiles() -> list[str]:
 
 
 def parse_scaling_profile(data: Any, source: str) -> ScalingProfile:
-    if not isinstance(data, dict) or data.get("format") != SCALING_FORMAT:
-        raise ProblemError(f"is not a scaling profile (format must be {SCALING_FORMAT!r})", source=source)
-    try:
-        points = data["points"]
-        return ScalingProfile(
-            model=str(data["model"]), instance_type=str(data["instance_type"]),
-            gpus=tuple(int(p["gpus"]) for p in points),
-            iteration_s=tuple(float(p["iteration_s"]) for p in points),
-            iteration_sd_s=tuple(float(p.get("iteration_sd_s", 0.0)) for p in points),
-            startup_s=float(data.get("startup_s", 0.0)), batch=data.get("batch"), source=source,
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise ProblemError(f"is malformed: {e!r}", source=source) from None
+    """Check scaling profile data (parsed JSON) against `ScalingProfileFile`;
+    an error names the JSON path of the bad field."""
+    return ScalingProfile.from_file(validate_model(ScalingProfileFile, data, source=source), source)
 
 
 @lru_cache(maxsize=32)

@@ -1,5 +1,8 @@
 """The shipped AWS instance catalog and its loader: contents, error messages,
-and that the committed build script reproduces the shipped file."""
+and that the committed build script reproduces the shipped file. The file
+format is the schema `CatalogFile`: every shipped catalog loads and dumps to
+the same data, and a bad field is named by its JSON path (also through the
+CLI, exit 2)."""
 
 from __future__ import annotations
 
@@ -11,11 +14,15 @@ import pytest
 
 import thrifty.datasets as ds
 from thrifty.datasets import ProblemError, load_catalog
+from thrifty.datasets.catalog import parse_catalog_file
+from thrifty.runtime.cli import main
 
 from helpers import load_script
 
 SHIPPED = Path(ds.__file__).parent / "catalog" / "aws-us-east-1.json"
 BUILD_SCRIPT = Path(ds.__file__).parent / "scripts" / "build_catalog.py"
+SHIPPED_CATALOGS = [SHIPPED, SHIPPED.parent / "srifty-2022.json",
+                    Path(ds.__file__).parent / "examples" / "local-demo-catalog.json"]
 KNOWN_DEVICES = {"V100", "M60", "T4", "A10G", "L4", "A100", "H100", "cpu"}
 REQUIRED_TYPES = [
     "local",
@@ -162,6 +169,64 @@ def test_unknown_market_and_missing_spot_price(tmp_path):
         cat.get("x.nospot").price("spot")
     with pytest.raises(ProblemError, match="market"):
         cat.get("x.nospot").price("reserved")
+
+
+@pytest.mark.parametrize("path", SHIPPED_CATALOGS, ids=lambda p: p.name)
+def test_every_shipped_catalog_round_trips_through_its_schema(path):
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert parse_catalog_file(data, str(path)).to_json() == data
+
+
+@pytest.mark.parametrize("row,key,value,message", [
+    (1, "gpus", 0, "is 0, but must be greater than 0"),
+    (2, "network_gbps", -10.0, "is -10, but must be greater than 0"),
+    (0, "on_demand_usd_per_hour", "free", "input should be a valid number"),
+    (3, "spot_usd_per_hour", -1.0, "is -1, but must be at least 0"),
+    (4, "interconnect_gbps", float("inf"), "is inf, but must be a finite number"),
+    (5, "device", "", "string should have at least 1 character"),
+    (6, "spot_usd_per_hr", 0.5, "is not a known field"),
+    (7, "name", "p3.2xlarge", "is 'p3.2xlarge', which instance_types[1] already names"),
+])
+def test_a_bad_field_of_a_row_is_named_by_its_path(row, key, value, message):
+    data = shipped_json()
+    data["instance_types"][row][key] = value
+    with pytest.raises(ProblemError) as e:
+        parse_catalog_file(data, "bad.json")
+    assert (e.value.source, e.value.path) == ("bad.json", f"instance_types[{row}].{key}")
+    assert e.value.message.startswith(message), e.value.message
+
+
+@pytest.mark.parametrize("key,value,path,message", [
+    ("format", "thrifty.catalog/0", "format", "input should be 'thrifty.catalog/1'"),
+    ("provenance", {"kind": "derived"}, "provenance", "a catalog must say where it came from"),
+    ("instance_types", [], "instance_types", "list should have at least 1 item"),
+    ("provider", None, "provider", "input should be a valid string"),
+])
+def test_a_bad_top_level_field_is_named_by_its_path(key, value, path, message):
+    data = shipped_json()
+    data[key] = value
+    with pytest.raises(ProblemError) as e:
+        parse_catalog_file(data, "bad.json")
+    assert e.value.path == path
+    assert e.value.message.startswith(message), e.value.message
+
+
+def test_unknown_host_figures_read_as_zero():
+    data = shipped_json()
+    row = data["instance_types"][0]
+    row["gpu_memory_gib"] = row["vcpus"] = row["memory_gib"] = None
+    t = parse_catalog_file(data, "nulls.json").instance_types[0]
+    assert (t.gpu_memory_gib, t.vcpus, t.memory_gib) == (0.0, 0, 0.0)
+
+
+def test_cli_names_the_bad_field_of_a_catalog_and_exits_2(tmp_path, capsys):
+    data = shipped_json()
+    data["instance_types"][2]["gpus"] = "four"
+    path = write(tmp_path / "bad-catalog.json", data)
+    assert main(["simulate", "--model", "resnet50", "--config", "p3.8xlarge@64", "--catalog", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: instance_types[2].gpus: input should be a valid integer" in err
+    assert "Traceback" not in err
 
 
 # --- the build script ------------------------------------------------------------------

@@ -81,3 +81,14 @@ def test_simulate_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("kind,field", [
+    ("catalog", "instance_types"), ("scaling-profile", "points"), ("compute-profile", "layers"),
+    ("compute-model", "cv"),
+])
+def test_schema_of_each_data_file_format(kind, field, capsys):
+    assert main(["schema", kind]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    top = schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]] if "$ref" in schema else schema
+    assert field in top["properties"] and top["additionalProperties"] is False

@@ -1,11 +1,14 @@
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.paths import profile_files
 from thrifty.perfmodels.compute import ComputeModel, fit_piecewise_linear, load_compute_model
-from thrifty.perfmodels.profile import ComputeProfile, load_profile, parse_profile
+from thrifty.perfmodels.profile import ComputeProfile, load_profile, parse_profile, save_profile
+from thrifty.runtime.cli import main
 
 from helpers import compute_model, profile_dict
 
@@ -136,3 +139,72 @@ def test_colocated_points_round_trip_and_are_checked(tmp_path):
                                  + data["points"][1:]}}
     with pytest.raises(ProblemError, match=r"colocated\.points\[0\]\.batch.*max_batch 256"):
         parse_profile(bad, source="bad.json")
+
+
+# -- the file formats: shipped files round trip, a bad field is named by its path ----------
+
+SHIPPED_PROFILES = profile_files()
+
+
+@pytest.mark.parametrize("path", SHIPPED_PROFILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_profile_round_trips_and_its_fitted_model_too(path, tmp_path):
+    save_profile(load_profile(path), tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text()) == json.loads(path.read_text())
+    model = load_compute_model(path)
+    saved = json.loads(json.dumps(model.to_json()))
+    again = ComputeModel.from_json(saved, source="m.json")
+    assert again == model
+    assert again.to_json() == saved
+
+
+def _saved_model() -> dict:
+    data = profile_dict(device="cpu")
+    data["colocated"] = {"workers": 2, "host_cores": 2, "points": data["points"]}
+    return ComputeModel.from_profile(ComputeProfile.model_validate(data)).to_json()
+
+
+@pytest.mark.parametrize("loc,value,path,message", [
+    (("forward", "knots"), [64.0, 16.0], "forward.knots[1]", "is 16, but must be larger than the one before (64)"),
+    (("backward", "slope_changes"), [0.1], "backward.slope_changes", "has 1 entries, but must have one per entry"),
+    (("forward", "slope"), "steep", "forward.slope", "input should be a valid number"),
+    (("cv", "batches", 2), 1.5, "cv.batches[2]", "is 1.5, but must be larger than the one before (2)"),
+    (("cv", "forward"), [0.01], "cv.forward", "has 1 entries, but must have one per entry of cv.batches (9)"),
+    (("profiled", "backward_s", 0), 0, "profiled.backward_s[0]", "is 0, but must be greater than 0"),
+    (("layers", 1, "ready_frac"), 1.5, "layers[1].ready_frac", "is 1.5, but must be at most 1"),
+    (("max_batch",), 0, "max_batch", "is 0, but must be greater than 0"),
+    (("step_s",), -0.001, "step_s", "is -0.001, but must be at least 0"),
+    (("provenance", "kind"), "guessed", "provenance.kind", "input should be 'measured', 'published' or 'derived'"),
+    (("colocated", "workers"), 1, "colocated.workers", "is 1, but must be at least 2"),
+    (("colocated", "model", "cv", "backward", 0), -1, "colocated.model.cv.backward[0]",
+     "is -1, but must be at least 0"),
+    (("format",), "thrifty.compute_profile/1", "format", "input should be 'thrifty.compute_model/1'"),
+])
+def test_a_bad_field_of_a_saved_model_is_named_by_its_path(loc, value, path, message):
+    data = _saved_model()
+    *parents, last = loc
+    inner = data
+    for key in parents:
+        inner = inner[key]
+    inner[last] = value
+    with pytest.raises(ProblemError) as e:
+        ComputeModel.from_json(data, source="m.json")
+    assert (e.value.source, e.value.path) == ("m.json", path)
+    assert e.value.message.startswith(message), e.value.message
+
+
+def test_a_model_that_would_not_load_is_not_saved(tmp_path):
+    model = compute_model()
+    broken = dataclasses.replace(model, provenance={})
+    with pytest.raises(ProblemError, match=r"provenance\.kind: is required"):
+        broken.save(tmp_path / "m.json")
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_cli_names_the_bad_field_of_a_saved_model_and_exits_2(tmp_path, capsys):
+    data = _saved_model()
+    data["layers"][0]["grad_bytes"] = -4
+    path = _write(tmp_path, data)
+    assert main(["simulate", "--model", str(path), "--config", "local@16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: layers[0].grad_bytes: is -4, but must be greater than 0" in err
+    assert "Traceback" not in err

@@ -29,7 +29,7 @@ from botocore.stub import ANY, Stubber
 
 from aws_fakes import REGION, ImdsServer, MotoServer, fake_aws_env, fixture, raise_on
 from thrifty.datasets.catalog import DEFAULT_CATALOG, load_catalog, parse_catalog
-from thrifty.datasets.io import read_json
+from thrifty.datasets.io import read_json, write_json
 from thrifty.datasets.errors import ProblemError, ProviderError
 from thrifty.runtime.cli import main
 from thrifty.runtime.providers.base import CapacityError
@@ -580,3 +580,18 @@ def test_catalog_refresh_of_another_region_drops_prices_it_cannot_read(moto, pri
 def test_catalog_refresh_unknown_type_is_bad_input_before_any_aws_call(capsys):
     assert main(["catalog", "refresh", "--region", REGION, "--types", "g4dn.xlargee"]) == 2
     assert "closest known: g4dn.xlarge" in capsys.readouterr().err
+
+
+def test_catalog_refresh_of_a_bad_base_names_its_field_before_any_aws_call(tmp_path, capsys, monkeypatch):
+    base = read_json(DEFAULT_CATALOG)
+    base["instance_types"][1]["network_gbps"] = 0
+    path = tmp_path / "base.json"
+    write_json(path, base)
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a bad base catalog must stop the command before it opens an AWS session")
+
+    monkeypatch.setattr("thrifty.runtime.providers._aws.make_session", no_session)
+    assert main(["catalog", "refresh", "--region", REGION, "--base", str(path), "--out", str(tmp_path / "o.json")]) == 2
+    assert f"{path}: instance_types[1].network_gbps: is 0, but must be greater than 0" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()

@@ -36,7 +36,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-CATALOG_FORMAT = "thrifty.catalog/1"  # must match thrifty.datasets.catalog.CATALOG_FORMAT
 CATALOG_DATE = "2026-11-21"  # the day this table of prices and specs was compiled
 REGION = "us-east-1"
 SCRIPT = "datasets/scripts/build_catalog.py"
@@ -405,12 +404,15 @@ def local_row() -> dict[str, Any]:
 
 
 def build() -> dict[str, Any]:
+    """The catalog, checked against (and laid out by) its schema, `thrifty.datasets.catalog.CatalogFile`."""
+    from thrifty.datasets.catalog import CATALOG_FORMAT, parse_catalog_file
+
     moto_version, moto_types, offered = load_moto()
     rows = [local_row() if name == "local" else build_row(name, moto_types, offered) for name in TYPES]
     keys = ("hardware_source", "interconnect_source", "on_demand_price_source", "spot_price_source")
     used = {r.get(k) for r in rows for k in keys} | {p["stale"] for p in PRICES.values() if "stale" in p}
     sources = {k: v.format(moto_version=moto_version) for k, v in SOURCES.items() if k in used}
-    return {
+    return parse_catalog_file({
         "format": CATALOG_FORMAT,
         "provider": "aws",
         "region": REGION,
@@ -439,7 +441,7 @@ def build() -> dict[str, Any]:
             ],
         },
         "instance_types": rows,
-    }
+    }, source=SCRIPT).to_json()
 
 
 def render(catalog: dict[str, Any]) -> str:

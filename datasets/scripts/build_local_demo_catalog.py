@@ -33,6 +33,9 @@ DEMO_PRICES = {
 
 
 def build(source: Path = SOURCE) -> dict:
+    """The catalog, checked against (and laid out by) its schema, `thrifty.datasets.catalog.CatalogFile`."""
+    from thrifty.datasets.catalog import parse_catalog_file
+
     data = json.loads(source.read_text())
     local = next(row for row in data["instance_types"] if row["name"] == "local")
     rows = []
@@ -40,7 +43,7 @@ def build(source: Path = SOURCE) -> dict:
         rows.append({**local, "name": name, "on_demand_usd_per_hour": on_demand, "spot_usd_per_hour": spot,
                      "price_date": None, "price_source": DEMO_SOURCE,
                      "notes": [*local.get("notes", []), "demo prices: not measured, not published"]})
-    return {
+    return parse_catalog_file({
         "format": data["format"], "provider": "local", "region": "localhost",
         "provenance": {"kind": "derived", "script": "datasets/scripts/build_local_demo_catalog.py",
                        "inputs": ["datasets/catalog/aws-us-east-1.json (the 'local' row)",
@@ -48,7 +51,7 @@ def build(source: Path = SOURCE) -> dict:
                        "notes": "pseudo machine types for running plans on this host; every price is a demo "
                                 "value, not a cloud price"},
         "instance_types": rows,
-    }
+    }, source=str(OUT)).to_json()
 
 
 def main(argv: list[str]) -> int:

@@ -22,6 +22,9 @@ CITATION = "Srifty (MLSys 2022), Table 3 'Supported instance prices' (spot price
 
 
 def build(source: Path = SOURCE) -> dict:
+    """The catalog, checked against (and laid out by) its schema, `thrifty.datasets.catalog.CatalogFile`."""
+    from thrifty.datasets.catalog import parse_catalog_file
+
     data = json.loads(source.read_text())
     rows = []
     for row in data["instance_types"]:
@@ -29,14 +32,14 @@ def build(source: Path = SOURCE) -> dict:
             price = PAPER_PRICES[row["name"]]
             rows.append({**row, "on_demand_usd_per_hour": price, "spot_usd_per_hour": price,
                          "price_date": "2022", "price_source": CITATION})
-    return {
+    return parse_catalog_file({
         "format": data["format"], "provider": "aws", "region": data["region"],
         "provenance": {"kind": "derived", "script": "datasets/scripts/build_srifty_catalog.py",
                        "inputs": ["datasets/catalog/aws-us-east-1.json", CITATION],
                        "notes": "hardware from the shipped AWS catalog; every price is the paper's hourly rate, "
                                 "used for both markets so either market reproduces the paper's costs"},
         "instance_types": rows,
-    }
+    }, source=str(OUT)).to_json()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,6 +121,10 @@ def calibrate_resnet101(b_intra: float) -> float:
 
 
 def derive(out: Path) -> list[Path]:
+    from thrifty.datasets.io import write_json
+    from thrifty.perfmodels.profile import Provenance
+    from thrifty.perfmodels.scaling import SCALING_FORMAT, ScalingPoint, ScalingProfileFile
+
     b_intra = fit_intra_bandwidth()
     r101 = calibrate_resnet101(b_intra)
     written = []
@@ -138,13 +142,13 @@ def derive(out: Path) -> list[Path]:
             points = []
             for g in GPUS:
                 t = iteration_s(base, g, t1, steps, gpi, gbps, b_intra)
-                points.append({"gpus": g, "iteration_s": round(t, 4), "iteration_sd_s": round(CV * t, 4)})
-            doc = {
-                "format": "thrifty.scaling_profile/1", "model": model, "instance_type": itype,
-                "batch": w["batch"], "iteration": w["unit"], "startup_s": 0.0,
-                "provenance": {
-                    "kind": "derived", "script": "datasets/scripts/derive_scaling_profiles.py",
-                    "inputs": [
+                points.append(ScalingPoint(gpus=g, iteration_s=round(t, 4), iteration_sd_s=round(CV * t, 4)))
+            profile = ScalingProfileFile(
+                format=SCALING_FORMAT, model=model, instance_type=itype,
+                batch=w["batch"], iteration=w["unit"], startup_s=0.0,
+                provenance=Provenance(
+                    kind="derived", script="datasets/scripts/derive_scaling_profiles.py",
+                    inputs=[
                         f"datasets/profiles/derived/{base}__V100.json (derived V100 compute profile, parameters)",
                         "RubberBand (EuroSys 2021) Table 1: ResNet-50 batch 1024 on p3.16xlarge with placement: "
                         "749.58 / 1480.07 / 2773.04 samples/s on 1 / 2 / 4 GPUs",
@@ -153,17 +157,15 @@ def derive(out: Path) -> list[Path]:
                         f"thrifty catalog: {itype} has {gpi} V100 and {gbps:g} Gbps network",
                         "Srifty 2.2: compute latency sd about 2.5% of the mean",
                     ],
-                    "notes": f"1-GPU step {t1:.4f} s ({basis}); exposed intra-instance allreduce bandwidth "
-                             f"{b_intra / 1e9:.2f} GB/s (fit to Table 1); network at {NET_EFFICIENCY:.0%} of rated, "
-                             "not overlapped; trial start-up latency not published, set to 0.",
-                },
-                "points": points,
-            }
+                    notes=f"1-GPU step {t1:.4f} s ({basis}); exposed intra-instance allreduce bandwidth "
+                          f"{b_intra / 1e9:.2f} GB/s (fit to Table 1); network at {NET_EFFICIENCY:.0%} of rated, "
+                          "not overlapped; trial start-up latency not published, set to 0.",
+                ),
+                points=points,
+            )
             path = out / f"{model}__{itype}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            from thrifty.datasets.io import write_json
-
-            write_json(path, doc)
+            write_json(path, profile.to_json())
             written.append(path)
     return written
 

@@ -53,7 +53,8 @@ from typing import Any
 from thrifty.datasets.errors import ProblemError
 from thrifty.perfmodels.measure.probe import ProbeFailed
 from thrifty.perfmodels.measure.worlds import RankChannel, World, join_world, serve_rank, world_barrier
-from thrifty.perfmodels.scaling import SCALING_FORMAT
+from thrifty.perfmodels.profile import Provenance
+from thrifty.perfmodels.scaling import SCALING_FORMAT, ScalingPoint, ScalingProfileFile
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -190,7 +191,8 @@ def profile_scaling(
     """Measure the scaling profile of the workload that the factory `spec`
     (``module:function``) builds, at every world size in `world_sizes` (which
     must include 1), with the trial batch `batch`; return the
-    ``thrifty.scaling_profile/1`` document.
+    ``thrifty.scaling_profile/1`` document (schema
+    `thrifty.perfmodels.scaling.ScalingProfileFile`).
 
     `timeout_s` bounds every collective and the rendezvous, and is how long
     a world may go without finishing an iteration before it is stopped.
@@ -210,7 +212,8 @@ def profile_scaling(
     load_workload(spec)  # a bad factory is a clear error here, not a traceback from every rank
     per_world = warmup + iterations
     total = per_world * len(sizes)
-    points, startup_s = [], 0.0
+    points: list[ScalingPoint] = []
+    startup_s = 0.0
     for index, size in enumerate(sizes):
         plan = _RankPlan(backend, spec, batch // size, iterations, warmup, threads, float(timeout_s))
 
@@ -226,21 +229,21 @@ def profile_scaling(
         if index == 0:
             startup_s = max(0.0, result["first_started"] - spawned)
         points.append(_point(size, result["times"], iterations))
-    return {
-        "format": SCALING_FORMAT,
-        "model": model_name or default_model_name(spec),
-        "instance_type": instance_type,
-        "batch": batch,
-        "iteration": f"one synchronous DDP training step of batch {batch} split over the workers",
-        "startup_s": round(startup_s, 4),
-        "provenance": {
-            "kind": "measured",
-            "command": command or _python_command(spec, sizes, batch, iterations, warmup, device, threads),
-            "machine": f"{machine_description(resolved, threads)}, {backend} backend",
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
-        },
-        "points": points,
-    }
+    return ScalingProfileFile(
+        format=SCALING_FORMAT,
+        model=model_name or default_model_name(spec),
+        instance_type=instance_type,
+        batch=batch,
+        iteration=f"one synchronous DDP training step of batch {batch} split over the workers",
+        startup_s=round(startup_s, 4),
+        provenance=Provenance(
+            kind="measured",
+            command=command or _python_command(spec, sizes, batch, iterations, warmup, device, threads),
+            machine=f"{machine_description(resolved, threads)}, {backend} backend",
+            date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        ),
+        points=points,
+    ).to_json()
 
 
 def _workers(size: int) -> str:
@@ -255,15 +258,15 @@ def _check_gpus(sizes: list[int]) -> None:
         raise ProblemError(f"world size {sizes[-1]} needs one GPU per worker, but this host has {gpus}")
 
 
-def _point(size: int, times: list[float], iterations: int) -> dict[str, Any]:
+def _point(size: int, times: list[float], iterations: int) -> ScalingPoint:
     if len(times) != iterations:
         raise ProbeFailed(f"world size {size}: expected {iterations} iteration times, got {len(times)}")
-    return {
-        "gpus": size,
-        "iteration_s": statistics.fmean(times),
-        "iteration_sd_s": statistics.stdev(times) if len(times) > 1 else 0.0,
-        "repeats": iterations,
-    }
+    return ScalingPoint(
+        gpus=size,
+        iteration_s=statistics.fmean(times),
+        iteration_sd_s=statistics.stdev(times) if len(times) > 1 else 0.0,
+        repeats=iterations,
+    )
 
 
 def _python_command(

@@ -41,13 +41,13 @@ def make_clients(session: Any, region: str) -> tuple[Any, Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.datasets.catalog import DEFAULT_CATALOG, parse_catalog
+    from thrifty.datasets.catalog import DEFAULT_CATALOG, parse_catalog_file
     from thrifty.datasets.io import read_json, write_json
     from thrifty.runtime.providers._aws import make_session, verify_credentials
     from thrifty.runtime.providers.pricing import base_rows, catalog_types, refresh_catalog
 
     base_path = Path(args.base) if args.base else DEFAULT_CATALOG
-    base = read_json(base_path)
+    base = parse_catalog_file(read_json(base_path), str(base_path)).to_json()  # a bad base stops here
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
     catalog_types(base_rows(base), types, str(base_path))  # bad input stops before any AWS call
     session = make_session(args.profile, args.region)
@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     catalog = refresh_catalog(base, region=region, ec2=ec2, pricing=pricing, types=types, today=today,
                               base_source=str(base_path))
     out = Path(args.out) if args.out else Path(f"aws-{region}-{today.isoformat()}.json")
-    parse_catalog(catalog, source=str(out))  # what the solver will load must load
-    write_json(out, catalog)
+    write_json(out, catalog)  # refresh_catalog checked it against the schema: the solver loads it
     _print_summary(base, catalog, out)
     return EXIT_OK
 

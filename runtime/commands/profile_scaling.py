@@ -63,7 +63,8 @@ def command_line(args: argparse.Namespace, sizes: list[int], name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.datasets.io import write_json
-    from thrifty.perfmodels.scaling import parse_scaling_profile
+    from thrifty.datasets.validation import validate_model
+    from thrifty.perfmodels.scaling import ScalingProfileFile
     from thrifty.perfmodels.measure import check_world_sizes, default_model_name, profile_scaling
 
     sizes = check_world_sizes(
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     document = measure(None) if args.no_progress else _with_bar(measure)
-    parse_scaling_profile(document, args.out)  # never write a file that does not load
-    write_json(args.out, document)
+    profile = validate_model(ScalingProfileFile, document, source=args.out)  # never write a file that does not load
+    write_json(args.out, profile.to_json())
     _print_summary(document, args.out)
     return 0
 

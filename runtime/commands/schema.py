@@ -1,10 +1,12 @@
-"""``thrifty schema``: print the JSON Schema of a problem file or of a plan file.
+"""``thrifty schema``: print the JSON Schema of a problem file, a plan file or a data file.
 
 ``training`` and ``tuning`` are the two problem kinds; ``plan`` is a training
 plan (what ``thrifty solve --out`` writes for a training problem and
 ``thrifty run`` reads) and ``tuning-plan`` a tuning plan (what the plan
-executor reads). Each schema is its pydantic model's, so it accepts exactly
-what thrifty accepts.
+executor reads). The data files are an instance catalog, a scaling profile, a
+compute profile and a fitted compute model. Each schema is its pydantic
+model's, owned by the layer that reads the file, so it accepts exactly what
+thrifty accepts.
 """
 
 from __future__ import annotations
@@ -13,29 +15,39 @@ import argparse
 import json
 from typing import Any
 
-HELP = "print the JSON Schema of a problem file (training, tuning) or a plan file (plan, tuning-plan)"
+HELP = "print the JSON Schema of a problem file (training, tuning), a plan file (plan, tuning-plan) or a data file"
 
-KINDS = ("training", "tuning", "plan", "tuning-plan")
+PROBLEM_KINDS = ("training", "tuning")
+PLAN_KINDS = ("plan", "tuning-plan")
+DATA_FORMATS = ("catalog", "scaling-profile", "compute-profile", "compute-model")
+KINDS = PROBLEM_KINDS + PLAN_KINDS + DATA_FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=KINDS, help="training or tuning: a problem file; plan: a training plan; "
-                                                    "tuning-plan: a tuning plan")
+    parser.add_argument("kind", choices=KINDS,
+                        help="training or tuning: a problem file; plan: a training plan; tuning-plan: a tuning plan; "
+                             "or a data file: an instance catalog (thrifty.catalog/1), a scaling profile, a compute "
+                             "profile or a fitted compute model")
 
 
 def schema(kind: str) -> dict[str, Any]:
-    """The JSON Schema of one of `KINDS`."""
-    if kind == "plan":
-        from thrifty.solver.plan import Plan
+    """The JSON Schema of one of `KINDS`, from the model of the layer that reads it."""
+    if kind in PROBLEM_KINDS:
+        from thrifty.solver.problem import problem_json_schema
 
-        return Plan.model_json_schema()
-    if kind == "tuning-plan":
+        return problem_json_schema(kind)
+    if kind in PLAN_KINDS:
+        from thrifty.solver.plan import Plan
         from thrifty.solver.tuning_plan import TuningPlan
 
-        return TuningPlan.model_json_schema()
-    from thrifty.solver.problem import problem_json_schema
+        return (Plan if kind == "plan" else TuningPlan).model_json_schema()
+    from thrifty.datasets.catalog import CatalogFile
+    from thrifty.perfmodels.compute import ComputeModelFile
+    from thrifty.perfmodels.profile import ComputeProfile
+    from thrifty.perfmodels.scaling import ScalingProfileFile
 
-    return problem_json_schema(kind)
+    models = dict(zip(DATA_FORMATS, (CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile)))
+    return models[kind].model_json_schema()
 
 
 def run(args: argparse.Namespace) -> int:

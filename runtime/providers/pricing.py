@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, timezone
 from typing import Any, Protocol
 
-from thrifty.datasets.catalog import CATALOG_FORMAT, Catalog
+from thrifty.datasets.catalog import CATALOG_FORMAT, Catalog, parse_catalog_file
 from thrifty.datasets.errors import ProblemError, ProviderError, closest_names
 from thrifty.runtime.providers._aws import api_errors
 
@@ -226,8 +226,7 @@ def refresh_catalog(base: Mapping[str, Any], *, region: str, ec2: Any, pricing: 
     base is for the same region) or gets none (another region), and its row
     says so. `types` limits the refresh to some types (others are left out).
     """
-    if base.get("format") != CATALOG_FORMAT:
-        raise ProblemError(f"is not a thrifty catalog (format must be {CATALOG_FORMAT!r})", source=base_source)
+    base = parse_catalog_file(base, base_source).to_json()
     today = today or datetime.now(timezone.utc).date()
     rows = base_rows(base)
     wanted = catalog_types(rows, types, base_source)
@@ -241,13 +240,14 @@ def refresh_catalog(base: Mapping[str, Any], *, region: str, ec2: Any, pricing: 
         od = fetch_on_demand_price(pricing, name, region)
         spot = fetch_spot_prices(ec2, name)
         new_rows.append(_refreshed_row(rows[name], od, spot, name in offered, same_region, region, today))
-    return {
+    catalog = {
         "format": CATALOG_FORMAT,
         "provider": "aws",
         "region": region,
         "provenance": _refresh_provenance(base, base_source, region, today),
         "instance_types": new_rows,
     }
+    return parse_catalog_file(catalog, f"the refreshed catalog of {region}").to_json()  # one the solver loads
 
 
 def base_rows(base: Mapping[str, Any]) -> dict[str, Any]:
