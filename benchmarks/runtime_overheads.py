@@ -110,7 +110,7 @@ def section_checkpoints(repeats: int) -> list[tuple[str, str, str]]:
     import torch
 
     from thrifty.perfmodels.measure.zoo import FACTORIES
-    from thrifty.runtime.training.checkpoint import capture_rng, save_checkpoint
+    from thrifty.runtime.ddp.checkpoint import capture_rng, save_checkpoint
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -158,8 +158,8 @@ def ab_worker(channel: "object", model: str, iterations: int) -> dict[str, list[
 
     from thrifty.perfmodels.measure.worlds import join_world
     from thrifty.perfmodels.measure.zoo import FACTORIES
-    from thrifty.runtime.training.reweight import loss_scale, register_reweighting
-    from thrifty.runtime.training.worker import _scaled_loss, train_step
+    from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
+    from thrifty.runtime.ddp.steps import scaled_loss, train_step
 
     torch.set_num_threads(1)
     join_world(channel, "gloo", 300.0)
@@ -167,7 +167,7 @@ def ab_worker(channel: "object", model: str, iterations: int) -> dict[str, list[
     ddp = {name: DistributedDataParallel(w.model) for name, w in copies.items()}
     register_reweighting(ddp["hook"], 32, 64)
     losses = {name: w.loss_fn for name, w in copies.items()}
-    losses["batch"] = functools.partial(_scaled_loss, copies["batch"].loss_fn, loss_scale(32, 64, 2))
+    losses["batch"] = functools.partial(scaled_loss, copies["batch"].loss_fn, loss_scale(32, 64, 2))
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for name, m in ddp.items()}
     batches = [copies["plain"].make_batch(32) for _ in range(4)]
     warmup, times = 5, {name: [] for name in VARIANTS}

@@ -47,6 +47,18 @@ def test_no_layer_imports_a_layer_above_it(layer: str):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.parametrize("package, apart", [
+    ("ddp", ("training", "tuning")),  # the DDP kit serves both, and knows neither
+    ("tuning", ("training",)),  # tuning trials run on the DDP kit, not on the training runtime
+])
+def test_runtime_packages_stay_apart(package: str, apart: tuple[str, ...]):
+    files = _python_files(f"runtime/{package}")
+    assert files
+    bad = [f"{_where(p, line)} imports {name}" for p in files for line, name in _imports(p)
+           if any(name == f"thrifty.runtime.{a}" or name.startswith(f"thrifty.runtime.{a}.") for a in apart)]
+    assert not bad, "\n".join(bad)
+
+
 def test_pure_models_import_no_torch():
     files = [p for p in _python_files("perfmodels") if "measure" not in p.relative_to(ROOT / "perfmodels").parts]
     assert len(files) > 10

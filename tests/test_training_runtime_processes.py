@@ -28,7 +28,7 @@ from thrifty.runtime.training import (  # noqa: E402
     read_run_log,
     train,
 )
-from thrifty.runtime.training.worker import single_process_reference  # noqa: E402
+from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 
 from test_training_runtime_units import DEMO_CATALOG, demo_problem, plan_dict  # noqa: E402
 
@@ -88,10 +88,10 @@ def max_difference(a: dict, b: dict) -> float:
 def plain_ddp_reference(batches: list[int], iterations: int) -> dict:
     """What DDP's plain averaging would train: each rank's mean gradient
     weighted 1/W, i.e. sample j of rank r weighted 1/(W * b_r)."""
-    from thrifty.runtime.training.checkpoint import seed_everything
+    from thrifty.runtime.ddp.checkpoint import seed_everything
     from thrifty.runtime.training.examples import tiny_mlp
-    from thrifty.runtime.training.sharding import ShardedStream
-    from thrifty.runtime.training.worker import fetch_batch
+    from thrifty.runtime.ddp.sharding import ShardedStream
+    from thrifty.runtime.ddp.steps import fetch_batch
 
     made = tiny_mlp()
     seed_everything(0)
@@ -319,7 +319,7 @@ def test_a_trainer_that_raises_in_the_workers_is_a_clear_error(tmp_path):
 
 
 def test_a_stalled_worker_is_stopped_not_waited_for(tmp_path):
-    from thrifty.runtime.training.job import JobSpec, WorkerFault
+    from thrifty.runtime.ddp.job import JobSpec, WorkerFault
     from thrifty.runtime.training.launcher import RankSlot, Segment
 
     job = JobSpec(trainer=TINY, global_batch=B, iterations=50, batches=(8, 8), checkpoint_path=str(tmp_path / "c.pt"),

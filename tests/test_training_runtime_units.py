@@ -26,7 +26,7 @@ from thrifty.runtime.training.monitor import ProgressMonitor, projected_cost, sp
 from thrifty.runtime.training.plans import as_plan, check_plan
 from thrifty.runtime.training.replan import Replanner, replan_changes
 from thrifty.runtime.training.runlog import RunLog, read_run_log
-from thrifty.runtime.training.sharding import ShardedStream, rank_offsets, split_batch
+from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets, split_batch
 from thrifty.solver.problem import parse_problem
 
 from helpers import load_script
@@ -73,7 +73,7 @@ def test_each_sample_once_per_epoch_and_ranks_concatenate_to_the_global_batch():
 
 def test_reweighting_factors():
     pytest.importorskip("torch")
-    from thrifty.runtime.training.reweight import batch_weight, loss_scale
+    from thrifty.runtime.ddp.reweight import batch_weight, loss_scale
 
     batches = [3, 5, 8]
     assert sum(batch_weight(b, 16) for b in batches) == pytest.approx(1.0)
@@ -313,7 +313,7 @@ def test_local_provider_bills_prices_capacity_and_notices():
 
 def test_checkpoint_write_is_atomic_and_a_failed_save_keeps_the_last_one(tmp_path):
     torch = pytest.importorskip("torch")
-    from thrifty.runtime.training.checkpoint import load_checkpoint, save_checkpoint
+    from thrifty.runtime.ddp.checkpoint import load_checkpoint, save_checkpoint
 
     path = tmp_path / "checkpoint.pt"
     seconds, size = save_checkpoint(path, {"iteration": 5, "model": {"w": torch.ones(3)}})
@@ -333,7 +333,7 @@ def test_rng_states_round_trip():
     torch = pytest.importorskip("torch")
     import random
 
-    from thrifty.runtime.training.checkpoint import capture_rng, restore_rng
+    from thrifty.runtime.ddp.checkpoint import capture_rng, restore_rng
 
     state = capture_rng()
     first = (torch.rand(3), random.random(), np.random.rand())
@@ -358,7 +358,7 @@ def not_a_trainer():
     ("test_training_runtime_units:not_a_trainer", "returned a int"),
 ])
 def test_a_bad_trainer_is_a_clear_error(spec, message):
-    from thrifty.runtime.training.trainer import load_trainer
+    from thrifty.runtime.ddp.trainer import load_trainer
 
     with pytest.raises(ProblemError, match=message):
         load_trainer(spec)
@@ -407,3 +407,36 @@ def test_demo_catalog_is_what_its_script_builds_and_says_its_prices_are_made_up(
     assert json.loads(Path(DEMO_CATALOG).read_text()) == script.build()
     catalog = load_catalog(DEMO_CATALOG)
     assert all(t.device == "cpu" and "demo price" in t.price_source for t in catalog.types.values())
+
+
+# --- the one job spec: training jobs and tuning trials -------------------------------------------
+
+def test_job_spec_round_trips_a_training_job_and_a_tuning_trial(tmp_path):
+    from thrifty.runtime.ddp.job import JobSpec, WorkerFault
+
+    training = JobSpec(trainer="m:f", global_batch=24, iterations=10, batches=(8, 16), checkpoint_path="c.pt",
+                       faults=(WorkerFault(rank=1, kind="slow", at_iteration=2, seconds=0.1),), machine_ids=("a", "b"))
+    trial = JobSpec(trainer="m:f", trainer_args={"lr": 0.1}, checkpoint_path="t.pt", restore="required",
+                    steps_per_iteration=None, checkpoint_every=None, evaluate=True, await_decision=True,
+                    metrics_every_s=None, weighting="hook")
+    for job in (training, trial):
+        path = tmp_path / "job.json"
+        job.write(path)
+        assert JobSpec.read(path) == job
+    assert trial.global_batch is None and trial.batches is None and trial.iterations is None
+
+
+@pytest.mark.parametrize("changes, path", [
+    ({"iterations": None}, "iterations"),  # a job that does not await decisions needs an end
+    ({"restore": "sometimes"}, "restore"),
+    ({"steps_per_iteration": 0}, "steps_per_iteration"),
+    ({"batches": (8, 8)}, "batches"),  # sums to 16, not the global 24
+    ({"weighting": "mean"}, "weighting"),  # plain averaging of unequal batches
+])
+def test_job_spec_names_the_bad_field(changes, path):
+    from thrifty.runtime.ddp.job import JobSpec
+
+    fields = {"trainer": "m:f", "global_batch": 24, "iterations": 10, "batches": (8, 16), "checkpoint_path": "c.pt"}
+    with pytest.raises(ProblemError) as caught:
+        JobSpec(**{**fields, **changes})
+    assert caught.value.path == path

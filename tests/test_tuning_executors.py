@@ -14,7 +14,7 @@ import pytest
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.providers.base import billed_cost_usd
 from thrifty.runtime.providers.local import LocalProvider
-from thrifty.runtime.training.trainer import Trainer
+from thrifty.runtime.ddp.trainer import Trainer
 from thrifty.runtime.tuning import (ASHA, FIFO, ConfigList, Decision, HyperSched, Scheduler, Start, TrialState,
                                     run_experiment, synthetic_search_space)
 from thrifty.runtime.tuning.executor_local import LocalExecutor, TunableTrainer, example_trainer

@@ -20,7 +20,7 @@ from typing import Any
 _EXPORTS = {
     "train": "driver", "RunConfig": "driver", "RunResult": "driver", "SegmentRecord": "driver",
     "ProgressSnapshot": "driver",
-    "Trainer": "trainer", "load_trainer": "trainer",
+    "Trainer": "thrifty.runtime.ddp.trainer", "load_trainer": "thrifty.runtime.ddp.trainer",
     "Hooks": "hooks", "HOOK_EVENTS": "hooks",
     "KillWorker": "faults", "SlowWorker": "faults", "DelayStart": "faults",
     "ProgressMonitor": "monitor", "ThroughputWindow": "monitor", "Verdict": "monitor",
@@ -36,7 +36,8 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'thrifty.runtime.training' has no attribute '{name}'")
-    return getattr(importlib.import_module(f"thrifty.runtime.training.{_EXPORTS[name]}"), name)
+    module = _EXPORTS[name]
+    return getattr(importlib.import_module(module if "." in module else f"thrifty.runtime.training.{module}"), name)
 
 
 def __dir__() -> list[str]:

@@ -42,7 +42,7 @@ from thrifty.runtime.providers.base import CapacityError, Machine, Provider
 from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, TrainingError
 from thrifty.runtime.training.faults import Fault, FaultInjector
 from thrifty.runtime.training.hooks import Hooks
-from thrifty.runtime.training.job import JobSpec
+from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.training.launcher import WORKER_PRELOAD, RankSlot, Segment, SegmentPoll
 from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
 from thrifty.runtime.training.plans import check_plan, plan_and_problem
@@ -50,8 +50,8 @@ from thrifty.runtime.training.replan import Replan, Replanner
 from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_paths, carried_over, default_run_dir,
                                              new_run_id, read_run_record, write_run_record)
 from thrifty.runtime.training.runlog import RunLog, read_run_log
-from thrifty.runtime.training.sharding import split_batch
-from thrifty.runtime.training.trainer import load_trainer, trainer_spec
+from thrifty.runtime.ddp.sharding import split_batch
+from thrifty.runtime.ddp.trainer import load_trainer, trainer_spec
 from thrifty.perfmodels.measure.worlds import start_zygote
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem
@@ -72,7 +72,7 @@ class RunConfig:
     solver's time limit on a re-plan (Srifty gives itself 1 s). `weighting`:
     ``batch`` (gradient reweighting by loss scaling, the default), ``hook``
     (the same as a DDP communication hook) or ``mean`` (plain DDP averaging,
-    equal batches only); see `thrifty.runtime.training.reweight`.
+    equal batches only); see `thrifty.runtime.ddp.reweight`.
     """
 
     checkpoint_every: int | None = 100
@@ -424,7 +424,7 @@ class _Driver:
     # -- the run ----------------------------------------------------------------------------
     def run(self, resume: bool) -> RunResult:
         if resume:
-            from thrifty.runtime.training.checkpoint import load_checkpoint
+            from thrifty.runtime.ddp.checkpoint import load_checkpoint
 
             self.done = int(load_checkpoint(self.folder / "checkpoint.pt")["iteration"])
             self.predicted_total_s, self.predicted_cost_usd = resumed_prediction(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thrifty.runtime.training.trainer import Trainer
+from thrifty.runtime.ddp.trainer import Trainer
 
 __all__ = ["tiny_mlp", "zoo"]
 

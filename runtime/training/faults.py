@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.runtime.training.job import WorkerFault
+from thrifty.runtime.ddp.job import WorkerFault
 from thrifty.runtime.training.launcher import RankSlot
 
 __all__ = ["KillWorker", "SlowWorker", "DelayStart", "Fault", "FaultInjector"]

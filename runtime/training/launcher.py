@@ -33,17 +33,15 @@ from typing import Any, Literal
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.perfmodels.measure.worlds import World, WorldFailed
+from thrifty.runtime.ddp.job import METRICS, STOP, JobSpec
 from thrifty.runtime.training.errors import StallError, TrainingError, WorkerFailed, WorldFormationError
-from thrifty.runtime.training.job import JobSpec
 
 __all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS", "WORKER_ENTRY", "WORKER_PRELOAD"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 WORKER_ENTRY = "thrifty.runtime.training.worker:main"
 # imported by the fork server before it forks workers: the worker and what it loads at start
-WORKER_PRELOAD = ("thrifty.runtime.training.worker", "thrifty.runtime.training.examples")
-# the worker's command and published name (kept equal to thrifty.runtime.training.worker's, which imports torch)
-STOP, METRICS = "stop", "metrics"
+WORKER_PRELOAD = ("thrifty.runtime.training.worker", "thrifty.runtime.ddp.loop", "thrifty.runtime.training.examples")
 ERROR_GRACE_S = 0.5  # after an error report, how long to look for a rank lost without one
 EXIT_GRACE_S = 5.0  # after the workers said they are done, how long they may take to exit
 
@@ -80,8 +78,9 @@ class Segment:
     def __init__(self, job: JobSpec, slots: Sequence[RankSlot], folder: str | Path, index: int = 0, *,
                  world_timeout_s: float = 120.0, stall_timeout_s: float = 600.0, stop_timeout_s: float = 120.0,
                  env: dict[str, str] | None = None):
-        if len(slots) != len(job.batches):
-            raise ProblemError(f"{len(slots)} rank slots for {len(job.batches)} local batches")
+        batches = job.batches or ()  # a training job always lists its local batches
+        if len(slots) != len(batches):
+            raise ProblemError(f"{len(slots)} rank slots for {len(batches)} local batches")
         remote = sorted({s.host for s in slots if s.host not in LOCAL_HOSTS})
         if remote:
             raise ProblemError(f"the local launcher starts workers on this host only, but machines run on "

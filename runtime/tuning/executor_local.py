@@ -2,9 +2,9 @@
 
 Implements the loop's executor interface (`thrifty.runtime.tuning.loop`) with
 one *world* of worker processes per launched trial: ``atoms`` ranks of
-synchronous data-parallel training (DDP, gloo on 127.0.0.1), the same pieces
-the training runtime uses (`thrifty.runtime.training`: trainer factories,
-atomic checkpoints, batch-weighted gradients, sharded data stream), its ranks
+synchronous data-parallel training (DDP, gloo on 127.0.0.1), with the DDP kit
+the training runtime uses (`thrifty.runtime.ddp`: trainer factories, atomic
+checkpoints, batch-weighted gradients, sharded data stream, one rank loop), its ranks
 a worker world (`thrifty.perfmodels.measure.worlds`: forked by the fork
 server, dying with their parent, reporting in the worlds' one protocol). What HyperSched (4.3) and
 HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
@@ -41,17 +41,19 @@ by themselves). A worker that raises or dies is a `Crash` (the loop marks the
 trial failed and goes on); every process is reaped when its world ends and in
 `close()`.
 
-Deviations, stated: after a restore each rank re-seeds from ``(seed, step,
-rank)`` (`training.checkpoint.rank_seed`) instead of restoring random
-states, because a resized world has other ranks; and the metric is computed
-by rank 0 alone, on the whole validation set.
+The ranks run the one rank loop (`thrifty.runtime.ddp.loop`) that training
+jobs run, on a `JobSpec` that leaves the batch and the iteration to the
+trainer, evaluates after every iteration and awaits the loop's decision. A
+resumed trial restores every rank's random state when it has as many ranks as
+when it was saved, and after a resize seeds each rank from ``(seed, step,
+rank)`` (`thrifty.runtime.ddp.checkpoint.rank_seed`). Deviation, stated: the
+metric is computed by rank 0 alone, on the whole validation set.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -60,8 +62,10 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.measure.worlds import RankChannel, World, WorldFailed, join_world, serve_rank
-from thrifty.runtime.training.trainer import Trainer, load_trainer, trainer_spec
+from thrifty.perfmodels.measure.worlds import RankChannel, World, WorldFailed, serve_rank
+from thrifty.runtime.ddp.job import DECISION as COMMAND
+from thrifty.runtime.ddp.job import JobSpec
+from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
 from thrifty.runtime.tuning.clock import Clock, RealClock
 from thrifty.runtime.tuning.trial import Crash, Report, Trial
 
@@ -70,24 +74,8 @@ __all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "accuracy", "examp
 log = logging.getLogger(__name__)
 RANK_ENTRY = "thrifty.runtime.tuning.executor_local:_rank_main"
 # the fork server imports these before forking a trial's ranks
-RANK_PRELOAD = ("thrifty.runtime.training.worker", "thrifty.runtime.tuning.executor_local")
-COMMAND = "iteration-{}"  # the loop's decision after iteration n: go | save | stop
+RANK_PRELOAD = ("thrifty.runtime.ddp.loop", "thrifty.runtime.tuning.executor_local")
 POLL_S = 0.01
-
-
-@dataclass(frozen=True)
-class TunableTrainer(Trainer):
-    """A training-runtime `Trainer` plus what tuning needs: `metric(model) ->
-    float` (validation accuracy or any higher-is-better score, computed on the
-    unwrapped model in eval mode without gradients), the global `batch_size`
-    and the optimizer steps of one iteration (None: one pass over the dataset).
-
-    The factory (``MODULE:FACTORY``) is called with the trial's configuration
-    as keyword arguments, in every worker process."""
-
-    metric: Callable[[Any], float]
-    batch_size: int = 32
-    steps_per_iteration: int | None = None
 
 
 def accuracy(model: Any, inputs: Any, targets: Any) -> float:
@@ -146,100 +134,19 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
                           steps_per_iteration=steps_per_iteration)
 
 
-def load_tunable_trainer(spec: str, config: dict[str, Any]) -> TunableTrainer:
-    made = load_trainer(spec, config)
-    if not isinstance(made, TunableTrainer):
-        raise ProblemError(f"trainer '{spec}' returned a {type(made).__name__}, but the tuning runtime needs a "
-                           "thrifty.runtime.tuning.TunableTrainer (a Trainer with metric=... for validation)")
-    if not callable(made.metric):
-        raise ProblemError(f"trainer '{spec}': metric is a {type(made.metric).__name__}, but must be callable")
-    if not isinstance(made.batch_size, int) or made.batch_size < 1:
-        raise ProblemError(f"trainer '{spec}': batch_size is {made.batch_size!r}, but must be a positive integer")
-    steps = made.steps_per_iteration
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ProblemError(f"trainer '{spec}': steps_per_iteration is {steps!r}, but must be a positive integer "
-                           "or None")
-    return made
-
-
 # --- the worker side (runs in the trial's processes; imports torch) --------------------------
 
 def _rank_main(argv: list[str]) -> None:  # pragma: no cover - runs in a trial's worker process
-    """Entry point of one rank of a trial (a worker world's rank)."""
-    spec = json.loads(argv[0])
-    serve_rank(lambda channel: _run_rank(spec, channel))
+    """Entry point of one rank of a trial (a worker world's rank): the one
+    rank loop (`thrifty.runtime.ddp.loop`) on the trial's job."""
+    job = JobSpec.from_dict(json.loads(argv[0]))
 
+    def body(channel: RankChannel) -> None:
+        from thrifty.runtime.ddp.loop import run_rank
 
-def _run_rank(spec: dict[str, Any], channel: RankChannel) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+        run_rank(job, channel)
 
-    from thrifty.runtime.training.checkpoint import load_checkpoint, rank_seed, save_checkpoint, seed_everything
-    from thrifty.runtime.training.reweight import register_reweighting
-    from thrifty.runtime.training.sharding import ShardedStream, rank_offsets, split_batch
-    from thrifty.runtime.training.worker import fetch_batch, train_step
-
-    rank, world_size = channel.rank, channel.world_size
-    torch.set_num_threads(spec["threads"])
-    join_world(channel, "gloo", spec["decision_timeout_s"])
-    trainer = load_tunable_trainer(spec["trainer"], spec["config"])
-    seed = spec["seed"]
-    seed_everything(seed)
-    model = trainer.model()
-    if not isinstance(model, torch.nn.Module):
-        raise ProblemError(f"trainer '{spec['trainer']}': model() returned a {type(model).__name__}, "
-                           "but must return a torch.nn.Module")
-    restore_started = time.perf_counter()
-    state = load_checkpoint(spec["checkpoint"]) if spec["restore"] else None
-    if spec["restore"] and state is None:
-        raise ProblemError("the trial's checkpoint is missing", source=spec["checkpoint"])
-    if state is not None:
-        if state["config"] != spec["config"] or state["trainer"] != spec["trainer"]:
-            raise ProblemError(f"was written for {state['trainer']} {state['config']}, not this trial",
-                               source=spec["checkpoint"])
-        model.load_state_dict(state["model"])
-    ddp = DistributedDataParallel(model)
-    batches = split_batch(trainer.batch_size, world_size)
-    register_reweighting(ddp, batches[rank], trainer.batch_size)
-    optimizer = trainer.optimizer(ddp.parameters())
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    restore_s = time.perf_counter() - restore_started if state is not None else 0.0
-    dataset = trainer.dataset()
-    steps = trainer.steps_per_iteration or math.ceil(len(dataset) / trainer.batch_size)
-    stream = ShardedStream(len(dataset), trainer.batch_size, rank_offsets(batches)[rank], batches[rank], seed)
-    iteration = int(state["iteration"]) if state is not None else 0
-    step = int(state["step"]) if state is not None else 0
-    seed_everything(rank_seed(seed, step, rank))
-
-    first = True
-    while True:
-        started_at = time.time()
-        t0 = time.perf_counter()
-        ddp.train()
-        for _ in range(steps):
-            train_step(ddp, optimizer, trainer.loss, *fetch_batch(dataset, stream.indices(step), torch.device("cpu")))
-            step += 1
-        iteration += 1
-        if rank == 0:
-            model.eval()
-            with torch.no_grad():
-                metric = float(trainer.metric(model))
-            extra = {"started_at": started_at, "restore_s": restore_s} if first else {}
-            channel.post("result", iteration=iteration, metric=metric, iteration_s=time.perf_counter() - t0, **extra)
-        first = False
-        command = channel.wait_command(COMMAND.format(iteration), spec["decision_timeout_s"])
-        if command == "save":
-            if rank == 0:
-                seconds, size = save_checkpoint(spec["checkpoint"], {
-                    "iteration": iteration, "step": step, "trainer": spec["trainer"], "config": spec["config"],
-                    "seed": seed, "model": model.state_dict(), "optimizer": optimizer.state_dict()})
-                channel.post("saved", iteration=iteration, save_s=seconds, bytes=size)
-            break
-        if command != "go":
-            break
-    dist.destroy_process_group()
+    serve_rank(body)
 
 
 # --- the executor side ------------------------------------------------------------------------
@@ -322,10 +229,13 @@ class LocalExecutor:
             record.ended = "crashed"
             self._ready.append(Crash(trial.trial_id, f"cannot resume: {checkpoint['error']}", self.clock.now()))
             return
-        spec = {"trainer": self.trainer, "config": dict(trial.config), "seed": self.seed, "threads": self.threads,
-                "checkpoint": str(folder / "checkpoint.pt"), "restore": checkpoint is not None,
-                "decision_timeout_s": self.decision_timeout_s}
-        world = World(atoms, RANK_ENTRY, [json.dumps(spec)], logs=lambda rank: folder / f"rank{rank}.log",
+        job = JobSpec(trainer=self.trainer, trainer_args=dict(trial.config),
+                      checkpoint_path=str(folder / "checkpoint.pt"),
+                      restore="required" if checkpoint is not None else "never", steps_per_iteration=None,
+                      checkpoint_every=None, evaluate=True, await_decision=True, metrics_every_s=None,
+                      weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
+                      timeout_s=self.decision_timeout_s)
+        world = World(atoms, RANK_ENTRY, [json.dumps(job.to_dict())], logs=lambda rank: folder / f"rank{rank}.log",
                       threads=self.threads, timeout_s=self.decision_timeout_s,
                       preload=RANK_PRELOAD,
                       where=f"trial {trial.trial_id}")
@@ -412,7 +322,7 @@ class LocalExecutor:
             kind = event["event"]
             if kind == "result":
                 world.pending.append(event)
-            elif kind == "saved":
+            elif kind == "checkpoint":
                 world.saved = event
             elif kind == "error" and world.error is None:
                 world.error = f"rank {event['rank']}: {event['message']}"
@@ -455,7 +365,7 @@ class LocalExecutor:
         if not world.reported:
             world.record.startup_s = max(0.0, float(event["started_at"]) - world.launched_at)
             world.record.restore_s = float(event["restore_s"])
-            overhead = world.record.overhead_s
+            overhead = world.record.startup_s + world.record.save_s
         world.reported = True
         world.iteration = int(event["iteration"])
         world.idle = True

@@ -1,7 +1,7 @@
 """Checkpoints that a crash cannot half-write, and that resume a run exactly.
 
 A checkpoint holds the model and optimizer states, the iteration count (the
-data position: `thrifty.runtime.training.sharding` makes the stream position
+data position: `thrifty.runtime.ddp.sharding` makes the stream position
 ``iteration * global_batch``), and every rank's random number generator
 states (torch, CUDA, Python, NumPy), so a resumed run on the same ranks and
 batches continues bit for bit as if it had never stopped. After a re-plan

@@ -8,7 +8,7 @@ keyword arguments for the factory travel as JSON, so the same name works in
 worker processes on this host, under torchrun and on other machines.
 
 The loss must average over the batch (PyTorch's default ``reduction="mean"``):
-gradient reweighting (Srifty 4.5, `thrifty.runtime.training.reweight`) turns
+gradient reweighting (Srifty 4.5, `thrifty.runtime.ddp.reweight`) turns
 each rank's mean into its share of the global-batch mean.
 
 Every run reports its training loss (the global-batch mean, reduced over the
@@ -27,7 +27,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError, ThriftyError
 
-__all__ = ["Trainer", "load_trainer", "trainer_spec"]
+__all__ = ["Trainer", "TunableTrainer", "load_trainer", "load_tunable_trainer", "trainer_spec"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,21 @@ class Trainer:
     dataset: Callable[[], Any]
     loss: Callable[[Any, Any], Any]
     metrics: Callable[[Any, Any], Mapping[str, Any]] | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class TunableTrainer(Trainer):
+    """A `Trainer` plus what tuning needs: `metric(model) -> float`
+    (validation accuracy or any higher-is-better score, computed on the
+    unwrapped model in eval mode without gradients), the global `batch_size`
+    and the optimizer steps of one iteration (None: one pass over the dataset).
+
+    The factory (``MODULE:FACTORY``) is called with the trial's configuration
+    as keyword arguments, in every worker process."""
+
+    metric: Callable[[Any], float]
+    batch_size: int = 32
+    steps_per_iteration: int | None = None
 
 
 def trainer_spec(trainer: str | Callable[..., Any]) -> str:
@@ -82,4 +97,22 @@ def load_trainer(spec: str, args: Mapping[str, Any] | None = None) -> Trainer:
         if not callable(value) and not (name == "metrics" and value is None):
             raise ProblemError(f"trainer '{spec}': {name} is a {type(value).__name__}, but must be callable"
                                + (" or None" if name == "metrics" else ""))
+    return made
+
+
+def load_tunable_trainer(spec: str, config: Mapping[str, Any] | None = None) -> TunableTrainer:
+    """`load_trainer`, for a factory that must return a `TunableTrainer`
+    (a tuning trial's, called with the trial's configuration)."""
+    made = load_trainer(spec, config)
+    if not isinstance(made, TunableTrainer):
+        raise ProblemError(f"trainer '{spec}' returned a {type(made).__name__}, but the tuning runtime needs a "
+                           "thrifty.runtime.tuning.TunableTrainer (a Trainer with metric=... for validation)")
+    if not callable(made.metric):
+        raise ProblemError(f"trainer '{spec}': metric is a {type(made.metric).__name__}, but must be callable")
+    if not isinstance(made.batch_size, int) or made.batch_size < 1:
+        raise ProblemError(f"trainer '{spec}': batch_size is {made.batch_size!r}, but must be a positive integer")
+    steps = made.steps_per_iteration
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ProblemError(f"trainer '{spec}': steps_per_iteration is {steps!r}, but must be a positive integer "
+                           "or None")
     return made

@@ -1,0 +1,15 @@
+"""The DDP kit: one rank of synchronous data-parallel training, shared by
+training jobs (`thrifty.runtime.training`) and tuning trials
+(`thrifty.runtime.tuning`).
+
+- `trainer`: what a user trains (`Trainer`, `TunableTrainer`) and how a
+  factory name loads in a worker process;
+- `job`: what one world is asked to do (`JobSpec`) and the names the starter
+  and the ranks share;
+- `sharding`, `reweight`, `checkpoint`: per-rank batches of the global
+  batch, gradient reweighting (Srifty 4.5), atomic checkpoints and random
+  states;
+- `steps` and `loop`: the pieces of a step and the one rank loop
+  (`run_rank`). These two import torch; the rest does not, so the driver
+  and the executors import this package without it.
+"""
