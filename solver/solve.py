@@ -91,7 +91,7 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     else:
         result = run_method(space, chosen, time_limit_s)
     if result.best is not None:
-        return _plan(space, result, chosen, time.perf_counter() - start)
+        return _plan(space, result, result.best, chosen, time.perf_counter() - start)
     from thrifty.solver.explain import explain_infeasibility
 
     why = explain_infeasibility(space, proven=result.complete)
@@ -105,8 +105,8 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     )
 
 
-def _plan(space: TrainingSpace, result: SearchResult, method: str, wall_s: float) -> Plan:
-    ev: Evaluation = result.best
+def _plan(space: TrainingSpace, result: SearchResult, ev: Evaluation, method: str, wall_s: float) -> Plan:
+    """The plan of `ev`, the best that `result` found."""
     allocation = [
         Allocation(instance_type=space.choices[i].itype.name, market=space.choices[i].spec.market, count=count,
                    batch_per_instance=batch)
