@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
@@ -66,6 +66,17 @@ def run_method(space: TrainingSpace, method: str, time_limit_s: float | None) ->
 
         return search_smt(space, deadline=deadline)
     raise ProblemError(f"method is '{method}', but must be one of {', '.join(METHODS)}")
+
+
+@overload
+def solve(problem: TrainingProblem, method: str = ..., time_limit_s: float | None = ...,
+          exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> Plan: ...
+@overload
+def solve(problem: TuningProblem, method: str = ..., time_limit_s: float | None = ...,
+          exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> TuningPlan: ...
+@overload
+def solve(problem: Problem | dict[str, Any] | str | Path, method: str = ..., time_limit_s: float | None = ...,
+          exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> Plan | TuningPlan: ...
 
 
 def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
