@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import re
 import reprlib
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
 
 from thrifty.datasets.errors import ProblemError
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 __all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "short_value"]
 
@@ -95,7 +98,7 @@ def _number(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     msg = error["msg"]
     kind = error["type"]
     if kind == "missing":
@@ -132,7 +135,7 @@ def _field(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return loc
 
 
-def _first_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+def _first_error(errors: list[ErrorDetails]) -> ErrorDetails:
     """The error to report: the first, except that a list given to a field
     that is a string or a list (``batch_sizes``, ``instance_type``) is
     reported by the list member of the union ("batch_sizes[0]: is 0, ..."),

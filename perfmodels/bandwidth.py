@@ -49,6 +49,7 @@ from thrifty.datasets.catalog import InstanceType
 __all__ = [
     "MTU_BYTES",
     "BandwidthModel",
+    "ConcurrentBandwidthModel",
     "AnalyticAllreduce",
     "bus_bandwidth_from_time",
     "allreduce_time",
@@ -78,6 +79,17 @@ class BandwidthModel(Protocol):
     def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float: ...
 
     def source(self, itype: InstanceType) -> str: ...
+
+
+class ConcurrentBandwidthModel(BandwidthModel, Protocol):
+    """A model that also rates a transfer by the transfers in flight (see above):
+    ``concurrency_levels(itype)`` and ``bus_bandwidth(..., concurrent=c)``."""
+
+    def bus_bandwidth(
+        self, itype: InstanceType, sizes: np.ndarray, world_size: int, instances: int, concurrent: int = 1
+    ) -> np.ndarray: ...
+
+    def concurrency_levels(self, itype: InstanceType) -> int: ...
 
 
 class AnalyticAllreduce:

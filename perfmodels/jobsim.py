@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -273,12 +274,16 @@ class JobSimulator:
             if new:
                 cohorts.append([itype, new, np.zeros(S)])
             if cloud.billing == "per_instance":
-                scale = self.scale_latency(k, itype) if new else None
-                for c in cohorts[:-1] if new else cohorts:
-                    c[2] = c[2] + stage
                 if new:
+                    scale = self.scale_latency(k, itype)
+                    for c in cohorts[:-1]:
+                        c[2] = c[2] + stage
                     cohorts[-1][2] = cohorts[-1][2] + stage - scale
-                scale_mean = self._mean(scale) if new else 0.0
+                    scale_mean = self._mean(scale)
+                else:
+                    for c in cohorts:
+                        c[2] = c[2] + stage
+                    scale_mean = 0.0
                 stage_costs.append((a.instances * stage_mean - new * scale_mean) * cloud.usd_per_second)
             else:
                 cost += busy * cloud.usd_per_gpu_second
@@ -354,7 +359,8 @@ def build_dag(spec: ExperimentSpec, plan: Sequence[StageAllocation],
 
 def critical_path(nodes: Sequence[Node], latency: Mapping[int, np.ndarray]) -> np.ndarray:
     """Algorithm 1: finish time of the last node, per sample (nodes in topological order)."""
-    finish: dict[int, np.ndarray] = {}
+    # per-sample arrays, but 0.0 after nodes without a latency: numpy's types have no max over that mix
+    finish: dict[int, Any] = {}
     for v in nodes:
         start = np.max([finish[d] for d in v.deps], axis=0) if v.deps else 0.0
         finish[v.id] = latency.get(v.id, 0.0) + start

@@ -438,7 +438,7 @@ class CurveForecast:
         """P(y(epoch) < y) under the mixture of Gaussians truncated to [lower, upper]."""
         return float(self._weight @ _truncated_cdf(y, self._components(epoch), self.lower, self.upper))
 
-    def _components(self, epoch: int) -> _Components:
+    def _components(self, epoch: float) -> _Components:
         epoch = _finite("epoch", epoch)
         if not 0 < epoch <= self.max_epoch:
             raise ValueError(f"epoch is {epoch:g}, but must be in (0, max_epoch={self.max_epoch:g}]")

@@ -43,7 +43,7 @@ Optional, for devices that share a host's cores (CPU worker processes):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,7 +62,7 @@ __all__ = [
     "save_profile",
 ]
 
-PROFILE_FORMAT = "thrifty.compute_profile/1"
+PROFILE_FORMAT: Final = "thrifty.compute_profile/1"
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -46,7 +46,7 @@ from thrifty.perfmodels.profile import Provenance
 __all__ = ["ScalingProfile", "ScalingPoint", "ScalingProfileFile", "CloudProfile", "parse_scaling_profile",
            "load_scaling_profile", "available_scaling_profiles", "SCALING_DIR", "SCALING_FORMAT"]
 
-SCALING_FORMAT = "thrifty.scaling_profile/1"
+SCALING_FORMAT: Final = "thrifty.scaling_profile/1"
 SCALING_DIR = Path(__file__).resolve().parent.parent / "datasets" / "profiles" / "scaling"
 MAX_LATENCY_S = 86_400.0  # an iteration, its sd or a start-up of more than a day is not a profile of one trial
 

@@ -77,14 +77,14 @@ import heapq
 import math
 from dataclasses import asdict, dataclass
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from scipy.special import ndtri
 
 from thrifty.datasets.catalog import InstanceType
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, allreduce_time
+from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, ConcurrentBandwidthModel, allreduce_time
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary, shipped_library
@@ -149,7 +149,7 @@ def ddp_buckets(
 
 
 def exchange_time(
-    starts: list[float], work: list[float], bus_bw: list[float] | list[Sequence[float]], cap: float
+    starts: list[float], work: list[float], bus_bw: Sequence[float] | Sequence[Sequence[float]], cap: float
 ) -> float:
     """Srifty 4.3's event queue: the time the last transfer finishes.
 
@@ -178,7 +178,12 @@ def exchange_time(
     property test against the literal queue).
     """
     n = len(starts)
-    rows = bus_bw if n and isinstance(bus_bw[0], (list, tuple)) else [(b,) for b in bus_bw]
+    # all numbers or all sequences: the first says which (a cast, as mypy cannot narrow a list by one item)
+    rows: Sequence[Sequence[float]]
+    if n and isinstance(bus_bw[0], (list, tuple)):
+        rows = cast("Sequence[Sequence[float]]", bus_bw)
+    else:
+        rows = [(b,) for b in cast("Sequence[float]", bus_bw)]
     levels = len(rows[0]) if n else 1
     inf = math.inf
     push, pop = heapq.heappush, heapq.heappop
@@ -187,7 +192,11 @@ def exchange_time(
     key = [0.0] * n         # L: finish time; S: virtual finish
     cur = [row[-1] for row in rows]  # b at the current level
     active: set[int] = set()
-    Lfin, Svk, Sb, Lb = [], [], [], []
+    # heaps of (key, transfer, version): L by finish time and by -b, S by virtual finish and by b
+    Lfin: list[tuple[float, int, int]] = []
+    Svk: list[tuple[float, int, int]] = []
+    Sb: list[tuple[float, int, int]] = []
+    Lb: list[tuple[float, int, int]] = []
     t = V = agg = 0.0
     share = inf
     c = i = level = 0
@@ -387,7 +396,9 @@ class IterationSimulator:
         """Bus bandwidth at concurrency `c` (a model answers beyond its levels as at its last)."""
         if c == 1:
             return self.bandwidth.bus_bandwidth(itype, sizes, world, instances)
-        return self.bandwidth.bus_bandwidth(itype, sizes, world, instances, concurrent=c)
+        # c > 1 only up to `_levels`, which is 1 unless the model has concurrency_levels
+        model = cast(ConcurrentBandwidthModel, self.bandwidth)
+        return model.bus_bandwidth(itype, sizes, world, instances, concurrent=c)
 
     def exposed_lower_bound(self, types: tuple[InstanceType, ...], world: int, instances: int,
                             slowest: ComputeModel, backward_s: float) -> float:
@@ -528,6 +539,7 @@ class IterationSimulator:
         sources = {t.name: self.bandwidth.source(t) for t in types}
         t_pe = 0.0
         if world > 1:
+            assert slowest is not None  # groups is not empty, and a mean backward pass is more than -1
             sizes, ready = self.transfers(slowest)
             bus, cap = self._bandwidth(
                 types, sizes, (tuple(t.name for t in types), world, instances, slowest.device), world, instances

@@ -141,7 +141,7 @@ def _make_space(trial: str, want: int, assignment: Mapping[str, Mapping[str, int
         return best[1] if best else None
     # a multi-node trial: empty whole nodes, those with the least to move first
     order = sorted(nodes, key=lambda n: (sum(assignment[t][n] for t in per_node[n]), n))
-    chosen: list[str] = []
+    chosen = []
     total = 0
     for n in order:
         others = [t for t in assignment if n in assignment[t] and t not in smaller]

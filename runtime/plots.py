@@ -15,16 +15,29 @@ from __future__ import annotations
 import functools
 import math
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-__all__ = ["TUNING_PLANNERS", "PlotRecord", "crowded_groups", "literal_text", "padded_limits", "pareto_front",
-           "place_annotation", "plot_training_plan", "plot_tuning_plan", "pyplot", "save_png",
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+
+__all__ = ["TUNING_PLANNERS", "LineStyle", "PlotRecord", "crowded_groups", "literal_text", "padded_limits",
+           "pareto_front", "place_annotation", "plot_training_plan", "plot_tuning_plan", "pyplot", "save_png",
            "training_plan_figure", "tuning_plan_figure", "wrap_title"]
 
 FILL_MIN_POINTS = 200  # below this many recorded candidates, the plot adds lower bounds of the rest
 LOG_RATIO = 30.0       # an axis whose data span more than this factor is drawn on a log scale
+
+
+class LineStyle(TypedDict, total=False):
+    """Keyword arguments of a matplotlib line, shared by a line and its legend entry."""
+
+    color: str
+    lw: float
+    ls: str | tuple[float, Sequence[float]]  # a named style, or (offset, on-off dash lengths)
+    alpha: float
 
 
 @dataclass
@@ -150,7 +163,7 @@ def place_annotation(ax, xy: tuple[float, float], text: str, placed: list, avoid
     def inside(box, outer) -> bool:
         return box.x0 >= outer.x0 and box.x1 <= outer.x1 and box.y0 >= outer.y0 and box.y1 <= outer.y1
 
-    best = None
+    best: tuple[int, int, int] | None = None  # (score, dx, dy)
     for dx, dy in ring:
         ann = ax.annotate(text, xy, xytext=(dx, dy), ha="left" if dx > 0 else "right",
                           va="bottom" if dy > 0 else "top", **style)
@@ -163,6 +176,7 @@ def place_annotation(ax, xy: tuple[float, float], text: str, placed: list, avoid
             best = (score, dx, dy)
         if score == 0:
             break
+    assert best is not None  # the ring has offsets
     _, dx, dy = best
     ann = ax.annotate(text, xy, xytext=(dx, dy), ha="left" if dx > 0 else "right",
                       va="bottom" if dy > 0 else "top", **style)
@@ -372,8 +386,9 @@ def _relaxation_label(r: dict[str, Any]) -> str:
     if "field" in r:
         changes = {r["field"]: (r.get("current"), r.get("needed"))}
     else:
-        current = r.get("current") if isinstance(r.get("current"), dict) else {}
-        needed = r.get("needed") if isinstance(r.get("needed"), dict) else {}
+        current, needed = r.get("current"), r.get("needed")
+        current = current if isinstance(current, dict) else {}
+        needed = needed if isinstance(needed, dict) else {}
         changes = {f: (current.get(f), needed.get(f)) for f in r.get("fields", [])}
     return "with " + " and ".join(f"{f} {_fmt_value(now)} \u2192 {_fmt_value(new)}" if now is not None else
                         f"{f} {_fmt_value(new)}" for f, (now, new) in changes.items())
@@ -444,7 +459,7 @@ def _plane_handles(plane: _Plane, key_labels: list[str]) -> list:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = []
+    handles: list[Artist] = []
     if plane.time_limit is not None or plane.cost_limit is not None:
         handles.append(Patch(fc="#55a868", alpha=0.25, label="within the limits"))
     if plane.time_limit is not None:
@@ -555,7 +570,8 @@ def plot_training_plan(space, plan, path: str | Path) -> PlotRecord:
 
 # -- tuning plans ----------------------------------------------------------------------
 
-_TUNING_STYLES = {  # drawn in this order: the widest line first, so narrower ones stay visible on top
+# drawn in this order: the widest line first, so narrower ones stay visible on top
+_TUNING_STYLES: dict[str, LineStyle] = {
     "thrifty": {"color": "#55a868", "lw": 4.0, "ls": "-", "alpha": 0.75},
     "static": {"color": "#c44e52", "lw": 2.0, "ls": ":"},
     "naive elastic": {"color": "#dd8452", "lw": 1.6, "ls": "-."},

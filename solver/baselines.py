@@ -26,7 +26,9 @@ the limits, so their plans may be infeasible (``best.feasible``).
 from __future__ import annotations
 
 import time
+from typing import cast
 
+from thrifty.perfmodels.simulator import IterationSimulator
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Candidate, Choice, TrainingSpace
 
@@ -162,7 +164,10 @@ def apm_optimized(space: TrainingSpace) -> SearchResult:
 
     start, sim0 = time.perf_counter(), space.simulated
     apm = ApmSimulator(space.model, library=space.library, bandwidth=space.simulator.bandwidth)
-    apm_space = TrainingSpace(space.problem, library=space.library, catalog=space.catalog, simulator=apm)
+    # APM predicts iterations with IterationSimulator's simulate(), its whole interface: the
+    # search without pruning asks for nothing else (no lower bounds, no device statistics)
+    apm_space = TrainingSpace(space.problem, library=space.library, catalog=space.catalog,
+                              simulator=cast(IterationSimulator, apm))
     res = search_exhaustive(apm_space, prune=False)
     cand = res.best.candidate if res.best else None
     return _result("apm", space, cand, start, sim0, apm_predicted=res.best.objective_value if res.best else None)

@@ -263,6 +263,7 @@ class _Analysis:
     def conflict_sets(self) -> tuple[list[list[str]], bool]:
         if self.variant({n: None for n in self.names}).size == 0:
             return [["global_batch"]], True
+        found: list[set[str]]
         if len(self.names) > MUS_MAX_CONSTRAINTS:
             found, complete = [], False
         else:
@@ -384,12 +385,13 @@ class _Analysis:
         """Several fields relaxed together, each to its least value with the
         later ones dropped and the earlier ones at their values."""
         fixed: Values = {}
-        best = None
+        best: Evaluation | None = None
         for k, name in enumerate(order):
             found = self.least(name, {**fixed, **{later: None for later in order[k + 1:]}})
             if found is None or found[0] <= self.current(name):
                 return None  # this field need not change: a smaller relaxation covers it
             fixed[name], best = found
+        assert best is not None  # order names at least one field, so the loop found a plan
         note = None
         if set(order) == set(LIMITS):
             note = ("the cheapest plan within the quotas" if order[0] == "limits.cost_usd"

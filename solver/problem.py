@@ -102,17 +102,19 @@ def _valid_text(value: str) -> str:
     return value
 
 
-def _int(low: int, high: int, why: str) -> Any:
+def _int_range(low: int, high: int, why: str) -> tuple[Any, ...]:
+    """A field's range as the metadata of ``Annotated[int, *_int_range(...)]``:
+    unpacked into Annotated, the annotation stays a type that mypy reads."""
     # a count from 1 is "greater than 0", as the messages have always said
     bound = Field(gt=0, le=high) if low == 1 else Field(ge=low, le=high)
-    return Annotated[int, bound, Field(description=f"integer {low:,} to {high:,}: {why}"),
-                     BeforeValidator(_whole_float_to_int)]
+    return bound, Field(description=f"integer {low:,} to {high:,}: {why}"), BeforeValidator(_whole_float_to_int)
 
 
-def _float(low: float, high: float, why: str, *, positive: bool = False) -> Any:
+def _float_range(low: float, high: float, why: str, *, positive: bool = False) -> tuple[Any, ...]:
+    """The metadata of ``Annotated[float, *_float_range(...)]``, as `_int_range`."""
     bound = Field(gt=low, le=high, allow_inf_nan=False) if positive else Field(ge=low, le=high, allow_inf_nan=False)
     rule = f"> {low:g}" if positive else f">= {low:g}"
-    return Annotated[float, bound, Field(description=f"finite number {rule} and <= {high:g}: {why}")]
+    return bound, Field(description=f"finite number {rule} and <= {high:g}: {why}")
 
 
 Text = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_valid_text)]
@@ -131,10 +133,10 @@ class _Frozen(BaseModel):
 class Limits(_Frozen):
     """Hard limits on the whole job: wall time in seconds and cost in USD."""
 
-    time_s: _float(0, MAX_TIME_S, "wall time of the whole job in seconds (32 years at most)",
-                   positive=True) | None = None
-    cost_usd: _float(0, MAX_COST_USD, "cost of the whole job in USD ($1 billion at most)",
-                     positive=True) | None = None
+    time_s: Annotated[float, *_float_range(0, MAX_TIME_S, "wall time of the whole job in seconds (32 years at most)",
+                                           positive=True)] | None = None
+    cost_usd: Annotated[float, *_float_range(0, MAX_COST_USD, "cost of the whole job in USD ($1 billion at most)",
+                                             positive=True)] | None = None
 
 
 class InstanceChoice(_Frozen):
@@ -142,7 +144,8 @@ class InstanceChoice(_Frozen):
 
     instance_type: Text
     market: Literal["on_demand", "spot"] = "on_demand"
-    quota: _int(1, MAX_QUOTA, "machines of this type in this market (above any account's quota)")
+    quota: Annotated[int, *_int_range(1, MAX_QUOTA,
+                                      "machines of this type in this market (above any account's quota)")]
 
     @property
     def label(self) -> str:
@@ -150,12 +153,14 @@ class InstanceChoice(_Frozen):
 
 
 class Overheads(_Frozen):
-    launch_s: _float(0, MAX_OVERHEAD_S, "seconds from asking for machines to the first iteration") = 0.0
-    min_billed_s: _float(0, MAX_OVERHEAD_S, "billing minimum per machine in seconds (60 on EC2)") = 60.0
+    launch_s: Annotated[float, *_float_range(0, MAX_OVERHEAD_S,
+                                             "seconds from asking for machines to the first iteration")] = 0.0
+    min_billed_s: Annotated[float, *_float_range(0, MAX_OVERHEAD_S,
+                                                 "billing minimum per machine in seconds (60 on EC2)")] = 60.0
 
 
 BatchList = Annotated[
-    list[_int(1, MAX_GLOBAL_BATCH, "a per-machine batch")],
+    list[Annotated[int, *_int_range(1, MAX_GLOBAL_BATCH, "a per-machine batch")]],
     Field(min_length=1, max_length=MAX_BATCH_LIST),
 ]
 
@@ -163,9 +168,9 @@ BatchList = Annotated[
 class TrainingProblem(_Frozen):
     kind: Literal["training"]
     model: Text
-    global_batch: _int(1, MAX_GLOBAL_BATCH, "samples per iteration over all machines "
-                       "(16x the largest published data-parallel batch)")
-    iterations: _int(1, MAX_ITERATIONS, "training iterations (32 years at 1 s each)")
+    global_batch: Annotated[int, *_int_range(1, MAX_GLOBAL_BATCH, "samples per iteration over all machines "
+                                             "(16x the largest published data-parallel batch)")]
+    iterations: Annotated[int, *_int_range(1, MAX_ITERATIONS, "training iterations (32 years at 1 s each)")]
     objective: Literal["min_cost", "min_time"] = "min_cost"
     limits: Limits = Limits()
     instances: Annotated[list[InstanceChoice], Field(
@@ -224,7 +229,9 @@ def parse_problem(data: Any, source: str | None = None, base: Path | None = None
         raise ProblemError(f"is {short_value(kind)}, but must be 'training' or 'tuning'", path="kind", source=source)
     if base is not None:
         data = _resolve_paths(data, base)
-    return validate_model(TrainingProblem if kind == "training" else TuningProblem, data, source=source)
+    if kind == "training":
+        return validate_model(TrainingProblem, data, source=source)
+    return validate_model(TuningProblem, data, source=source)
 
 
 def load_problem(path: str | Path) -> Problem:
@@ -245,9 +252,9 @@ class Experiment(_Frozen):
     """SHA(n, r, R, eta) or Hyperband(r, R, eta) (RubberBand 3.1)."""
 
     algorithm: Literal["sha", "hyperband"] = "sha"
-    trials: _int(1, MAX_TRIALS, "trials SHA starts (papers run 32 to 1,000)") | None = None
-    min_iters: _int(1, MAX_ITERS, "iterations of a trial in the first stage (r)")
-    max_iters: _int(1, MAX_ITERS, "iterations of a trial that reaches the end (R)")
+    trials: Annotated[int, *_int_range(1, MAX_TRIALS, "trials SHA starts (papers run 32 to 1,000)")] | None = None
+    min_iters: Annotated[int, *_int_range(1, MAX_ITERS, "iterations of a trial in the first stage (r)")]
+    max_iters: Annotated[int, *_int_range(1, MAX_ITERS, "iterations of a trial that reaches the end (R)")]
     eta: Annotated[float, Field(allow_inf_nan=False, le=MAX_ETA,
                                 description=f"greater than 1 and <= {MAX_ETA:g}: 1/eta of the trials "
                                             "go on to the next stage (papers use 2 to 4)")] = 2.0
@@ -264,35 +271,37 @@ class Experiment(_Frozen):
 
 
 class StageSpec(_Frozen):
-    trials: _int(1, MAX_TRIALS, "trials of this stage")
-    iters: _int(1, MAX_ITERS, "iterations of each trial in this stage")
+    trials: Annotated[int, *_int_range(1, MAX_TRIALS, "trials of this stage")]
+    iters: Annotated[int, *_int_range(1, MAX_ITERS, "iterations of each trial in this stage")]
 
 
-def _latency(why: str) -> Any:
-    return _float(0, MAX_LATENCY_S, f"{why} in seconds (a day at most)")
+def _latency_range(why: str) -> tuple[Any, ...]:
+    return _float_range(0, MAX_LATENCY_S, f"{why} in seconds (a day at most)")
 
 
 class Cloud(_Frozen):
     """RubberBand 4.1 cloud variables (latencies in seconds, prices in USD)."""
 
-    scale_latency_s: _latency("provider queuing delay of one scale-up") = 0.0
-    scale_latency_sd_s: _latency("its standard deviation") = 0.0
-    init_latency_s: _latency("start-up of a new instance") = 0.0
-    init_latency_sd_s: _latency("its standard deviation") = 0.0
-    data_usd_per_gb: _float(0, MAX_USD_PER_GB, "data ingress price in USD per GB") = 0.0
-    dataset_gb: _float(0, MAX_DATASET_GB, "GB every new instance downloads (100 TB at most)") = 0.0
-    min_billed_s: _float(0, MAX_OVERHEAD_S, "billing minimum per instance in seconds") = 60.0
-    preemptions_per_hour: _float(0, MAX_PREEMPTIONS_PER_HOUR,
-                                 "spot preemptions per instance-hour (one per 6 minutes at most)") = 0.0
-    recovery_s: _latency("extra latency to resume a preempted trial") = 0.0
+    scale_latency_s: Annotated[float, *_latency_range("provider queuing delay of one scale-up")] = 0.0
+    scale_latency_sd_s: Annotated[float, *_latency_range("its standard deviation")] = 0.0
+    init_latency_s: Annotated[float, *_latency_range("start-up of a new instance")] = 0.0
+    init_latency_sd_s: Annotated[float, *_latency_range("its standard deviation")] = 0.0
+    data_usd_per_gb: Annotated[float, *_float_range(0, MAX_USD_PER_GB, "data ingress price in USD per GB")] = 0.0
+    dataset_gb: Annotated[float, *_float_range(0, MAX_DATASET_GB,
+                                               "GB every new instance downloads (100 TB at most)")] = 0.0
+    min_billed_s: Annotated[float, *_float_range(0, MAX_OVERHEAD_S, "billing minimum per instance in seconds")] = 60.0
+    preemptions_per_hour: Annotated[float, *_float_range(
+        0, MAX_PREEMPTIONS_PER_HOUR, "spot preemptions per instance-hour (one per 6 minutes at most)")] = 0.0
+    recovery_s: Annotated[float, *_latency_range("extra latency to resume a preempted trial")] = 0.0
 
 
 class ProfileOverride(_Frozen):
     """Rescale the shipped scaling curve: 1-GPU iteration latency and an absolute sd."""
 
-    base_iteration_s: _float(0, MAX_ITERATION_S, "1-GPU iteration latency in seconds",
-                             positive=True) | None = None
-    iteration_sd_s: _float(0, MAX_ITERATION_S, "sd of one iteration in seconds") | None = None
+    base_iteration_s: Annotated[float, *_float_range(0, MAX_ITERATION_S, "1-GPU iteration latency in seconds",
+                                                     positive=True)] | None = None
+    iteration_sd_s: Annotated[float, *_float_range(0, MAX_ITERATION_S,
+                                                   "sd of one iteration in seconds")] | None = None
 
 
 class TuningProblem(_Frozen):
@@ -316,16 +325,17 @@ class TuningProblem(_Frozen):
     stages: Annotated[list[StageSpec], Field(min_length=1, max_length=MAX_STAGES)] | None = None
     model: Text
     instance_type: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_TUNING_TYPES)]
-    deadline_s: _float(0, MAX_TIME_S, "the job's deadline in seconds (32 years at most)", positive=True)
+    deadline_s: Annotated[float, *_float_range(0, MAX_TIME_S, "the job's deadline in seconds (32 years at most)",
+                                               positive=True)]
     deadline_on: Literal["mean", "p95"] = "mean"
     billing: Literal["per_instance", "per_function"] = "per_instance"
     market: Literal["on_demand", "spot"] = "on_demand"
     cloud: Cloud = Cloud()
     profile: ProfileOverride = ProfileOverride()
-    max_instances: _int(1, MAX_INSTANCES, "instances held at once") = 256
-    max_gpus_per_trial: _int(1, MAX_GPUS_PER_TRIAL, "GPUs of one trial") | None = None
-    samples: _int(1, MAX_SAMPLES, "Monte Carlo samples of the job simulator") = 200
-    seed: _int(0, MAX_SEED, "seed of the simulator's random numbers") = 0
+    max_instances: Annotated[int, *_int_range(1, MAX_INSTANCES, "instances held at once")] = 256
+    max_gpus_per_trial: Annotated[int, *_int_range(1, MAX_GPUS_PER_TRIAL, "GPUs of one trial")] | None = None
+    samples: Annotated[int, *_int_range(1, MAX_SAMPLES, "Monte Carlo samples of the job simulator")] = 200
+    seed: Annotated[int, *_int_range(0, MAX_SEED, "seed of the simulator's random numbers")] = 0
     catalog: OptionalText | None = None
     name: OptionalText | None = None
 
@@ -363,6 +373,7 @@ def _job_stages(problem: TuningProblem) -> tuple[tuple[int, int], ...]:
     if problem.stages is not None:
         return tuple((s.trials, s.iters) for s in problem.stages)
     e = problem.experiment
+    assert e is not None  # _one_job: a problem gives exactly one of experiment and stages
     if e.algorithm == "hyperband":
         brackets = int(math.floor(math.log(e.max_iters / e.min_iters, e.eta) + 1e-9)) + 1
         if brackets > MAX_STAGES:
@@ -371,6 +382,7 @@ def _job_stages(problem: TuningProblem) -> tuple[tuple[int, int], ...]:
                 f"so more than {MAX_STAGES} stages; use a larger eta or min_iters"))
         spec = hyperband_spec(e.min_iters, e.max_iters, e.eta)
     else:
+        assert e.trials is not None  # Experiment._check: SHA's trials are required
         if _sha_stage_count(e.trials, e.min_iters, e.max_iters, e.eta, MAX_STAGES) > MAX_STAGES:
             raise FieldPathError(("experiment", "eta"), (
                 f"SHA(n={e.trials}, r={e.min_iters}, R={e.max_iters}, eta={e.eta:g}) has more than "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
@@ -68,6 +68,17 @@ def run_method(space: TrainingSpace, method: str, time_limit_s: float | None) ->
     raise ProblemError(f"method is '{method}', but must be one of {', '.join(METHODS)}")
 
 
+@overload
+def solve(problem: TrainingProblem, method: str = ..., time_limit_s: float | None = ...,
+          exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> Plan: ...
+@overload
+def solve(problem: TuningProblem, method: str = ..., time_limit_s: float | None = ...,
+          exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> TuningPlan: ...
+@overload
+def solve(problem: Problem | dict[str, Any] | str | Path, method: str = ..., time_limit_s: float | None = ...,
+          exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> Plan | TuningPlan: ...
+
+
 def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
           time_limit_s: float | None = None, exhaustive_limit: int = DEFAULT_EXHAUSTIVE_LIMIT,
           space: TrainingSpace | None = None) -> Plan | TuningPlan:
@@ -91,7 +102,7 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     else:
         result = run_method(space, chosen, time_limit_s)
     if result.best is not None:
-        return _plan(space, result, chosen, time.perf_counter() - start)
+        return _plan(space, result, result.best, chosen, time.perf_counter() - start)
     from thrifty.solver.explain import explain_infeasibility
 
     why = explain_infeasibility(space, proven=result.complete)
@@ -105,8 +116,8 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     )
 
 
-def _plan(space: TrainingSpace, result: SearchResult, method: str, wall_s: float) -> Plan:
-    ev: Evaluation = result.best
+def _plan(space: TrainingSpace, result: SearchResult, ev: Evaluation, method: str, wall_s: float) -> Plan:
+    """The plan of `ev`, the best that `result` found."""
     allocation = [
         Allocation(instance_type=space.choices[i].itype.name, market=space.choices[i].spec.market, count=count,
                    batch_per_instance=batch)

@@ -120,8 +120,10 @@ def build_spec(problem: TuningProblem) -> ExperimentSpec:
     if problem.stages is not None:
         return ExperimentSpec.explicit([(s.trials, s.iters) for s in problem.stages])
     e = problem.experiment
+    assert e is not None  # TuningProblem: exactly one of experiment and stages
     if e.algorithm == "hyperband":
         return hyperband_spec(e.min_iters, e.max_iters, e.eta)
+    assert e.trials is not None  # Experiment: SHA's trials are required
     return sha_spec(e.trials, e.min_iters, e.max_iters, e.eta)
 
 
@@ -320,12 +322,15 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
     _check_integer_range(space, opts, mmax)
     model = cp_model.CpModel()
     x = {(k, i): model.new_bool_var(f"x_{k}_{i}") for k in range(K) for i in range(len(opts[k]))}
-    time_terms, p95_terms, cost_terms = [], [], []
-    prev = {t: 0 for t in types}
+    time_terms: list[cp_model.LinearExprT] = []
+    p95_terms: list[cp_model.LinearExprT] = []
+    cost_terms: list[cp_model.LinearExprT] = []
+    prev: dict[str, int | cp_model.IntVar] = {t: 0 for t in types}  # instances held after stage k - 1
     for k in range(K):
         model.add_exactly_one(x[k, i] for i in range(len(opts[k])))                      # (1)
         b = model.new_bool_var(f"b_{k}")
-        taus, tau_ub = [], 0
+        taus: list[cp_model.IntVar] = []
+        tau_ub = 0
         for t in types:
             if mmax[t] == 0:
                 continue
@@ -379,8 +384,8 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverError(f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s")
     chosen = tuple(next(o for i, o in enumerate(opts[k]) if solver.value(x[k, i])) for k in range(K))
-    t, _, c = model_value(space, chosen)
-    return ExactResult(chosen, t, c, "optimal" if status == cp_model.OPTIMAL else "feasible", wall,
+    jct, _, c = model_value(space, chosen)
+    return ExactResult(chosen, jct, c, "optimal" if status == cp_model.OPTIMAL else "feasible", wall,
                        {"options": sum(len(v) for v in opts.values()), "objective": objective})
 
 
@@ -486,6 +491,7 @@ def plan_greedy(space: TuningSpace, static: Candidate | None, factors: tuple[int
     if static is None:
         return None
     itype = static.plan[0].instance_type
+    assert itype is not None  # plan_static's allocations name their type
     G = space.clouds[itype].gpus_per_instance
     K = space.spec.num_stages
     cache: dict[tuple[int, ...], Candidate] = {}

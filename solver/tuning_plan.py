@@ -49,6 +49,7 @@ def candidate_json(space: TuningSpace, c: Candidate | None) -> dict[str, Any]:
     stages = []
     for k, a in enumerate(c.plan):
         n, iters = space.spec.get_stage(k)
+        assert a.instance_type is not None  # the planners name each stage's type
         G = space.clouds[a.instance_type].gpus_per_instance
         stages.append({"trials": n, "iters_per_trial": iters, "gpus": a.instances * G,
                        "gpus_per_trial": a.gpus_per_trial, "instances": a.instances,

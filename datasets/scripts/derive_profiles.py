@@ -1002,8 +1002,8 @@ def calibrate() -> Calibration:
             target,
             1e-3, 10.0)
     # batch-1 inference must be host-bound for the floor calibration to hold
-    for dname, ctx in (("V100", "lambda-pt-V100"), ("T4", "srifty-T4")):
-        t = Timing.of(rn50, DEVICES[dname], eta[ctx], k_host)
+    for dname, ctx_name in (("V100", "lambda-pt-V100"), ("T4", "srifty-T4")):
+        t = Timing.of(rn50, DEVICES[dname], eta[ctx_name], k_host)
         assert sum(t.op_fwd(1, 1.0)) < t.floor_f, f"ResNet-50 batch 1 on {dname} is not host-bound"
     # 3. per-model factors
     fitted: list[tuple[Anchor, float]] = []
@@ -1023,6 +1023,7 @@ def calibrate() -> Calibration:
     for a in ANCHORS:
         if a.ref_context is None:
             continue
+        assert a.ref_samples_s is not None  # a relative anchor gives the ratio's reference throughput
         net = build_model(a.variant)
         ref_hw = HARDWARE[CONTEXTS[a.ref_context].device]
         k_ref = _geomean([k for b, k in fitted
@@ -1069,11 +1070,12 @@ def model_factor(cal: Calibration, model: str, device: str) -> tuple[float, str,
     if device in fam:  # published on this very GPU (family)
         used = fam[device]
         how = "published throughput of this model on this GPU"
-        refs = [a for a, _ in used if a.ref_context is not None]
+        refs = [(a.ref_context, a.forward_only) for a, _ in used if a.ref_context is not None]  # relative anchors
         if refs:
-            ref_hw = HARDWARE[CONTEXTS[refs[0].ref_context].device]
+            ref_context, forward_only = refs[0]
+            ref_hw = HARDWARE[CONTEXTS[ref_context].device]
             how = (f"published {device}/{ref_hw} throughput ratio of this model (same source"
-                   f"{', inference' if refs[0].forward_only else ''}) applied to its {ref_hw} factor")
+                   f"{', inference' if forward_only else ''}) applied to its {ref_hw} factor")
             used = used + fam.get(ref_hw, [])
         return _geomean([k for b, k in used if HARDWARE[CONTEXTS[b.context].device] == device]), how, \
             [a for a, _ in used]
@@ -1096,9 +1098,9 @@ def model_factor(cal: Calibration, model: str, device: str) -> tuple[float, str,
     donors = K_DONORS[model]
     ks, used_all = [], []
     for d in donors:
-        k, _, used = model_factor(cal, d, device)
+        k, _, donor_used = model_factor(cal, d, device)
         ks.append(k)
-        used_all += [a for a in used if a not in used_all]
+        used_all += [a for a in donor_used if a not in used_all]
     return _geomean(ks), K_DONOR_NOTE[model], used_all
 
 
@@ -1371,6 +1373,7 @@ def readme(cal: Calibration, rows: list[dict[str, Any]]) -> str:
         unit = "samples/s" if a.model in ("bert-base", "dlrm") else "img/s"
         rel = ""
         if a.ref_context is not None:
+            assert a.ref_samples_s is not None  # a relative anchor gives the ratio's reference throughput
             rel = (f" ({'inference; ' if a.forward_only else ''}used as the ratio to "
                    f"{_fmt(a.ref_samples_s)} on {CONTEXTS[a.ref_context].device}, same source)")
         lines.append(f"| {a.model}{variant} | {c.device} ({a.context}) | {_fmt(a.samples_s)} {unit}{rel} | "

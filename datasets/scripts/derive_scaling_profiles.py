@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "profiles" / "scaling"
@@ -54,12 +55,21 @@ LATENCY_S = 15 + 15                                # 6.3.1: scale-up and initial
 SHA_32 = [(32, 1), (10, 3), (3, 9), (1, 37)]      # SHA(32, 1, 50, 3)
 P3 = {"p3.2xlarge": (1, 10.0), "p3.8xlarge": (4, 10.0), "p3.16xlarge": (8, 25.0)}  # GPUs, Gbps (catalog)
 
-WORKLOADS = {
-    "resnet50": dict(batch=512, samples=512, unit="one step of batch 512 (224x224 images)"),
-    "resnet50-b2048": dict(batch=2048, samples=2048, unit="one step of batch 2048 (224x224 images)", base="resnet50"),
-    "resnet101": dict(batch=1024, samples=50_000, unit="one epoch of CIFAR-10 (50,000 images) at batch 1024"),
-    "resnet152": dict(batch=1024, samples=50_000, unit="one epoch of CIFAR-100 (50,000 images) at batch 1024"),
-    "bert-base": dict(batch=128, samples=2_490, unit="one epoch of RTE (2,490 examples) at batch 128"),
+
+class Workload(TypedDict):
+    batch: int
+    samples: int
+    unit: str  # what one iteration is
+    base: NotRequired[str]  # the compute profile's model, when not the workload's own
+
+
+WORKLOADS: dict[str, Workload] = {
+    "resnet50": Workload(batch=512, samples=512, unit="one step of batch 512 (224x224 images)"),
+    "resnet50-b2048": Workload(batch=2048, samples=2048, unit="one step of batch 2048 (224x224 images)",
+                               base="resnet50"),
+    "resnet101": Workload(batch=1024, samples=50_000, unit="one epoch of CIFAR-10 (50,000 images) at batch 1024"),
+    "resnet152": Workload(batch=1024, samples=50_000, unit="one epoch of CIFAR-100 (50,000 images) at batch 1024"),
+    "bert-base": Workload(batch=128, samples=2_490, unit="one epoch of RTE (2,490 examples) at batch 128"),
 }
 
 

@@ -54,9 +54,9 @@ def load_split(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)
-    return tuple(  # type: ignore[return-value]
-        train_test_split(x, y, test_size=VALIDATION_FRACTION, random_state=seed, stratify=y)
-    )
+    x_train, x_val, y_train, y_val = train_test_split(
+        x, y, test_size=VALIDATION_FRACTION, random_state=seed, stratify=y)
+    return x_train, x_val, y_train, y_val
 
 
 def build_model(config: dict[str, Any], n_in: int, n_out: int):

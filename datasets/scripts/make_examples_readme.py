@@ -43,12 +43,16 @@ Regenerate this table: `python datasets/scripts/make_examples_readme.py`.
 
 
 def row(path: Path) -> str:
+    from thrifty.solver.plan import Plan
     from thrifty.solver.solve import solve
 
     plan = solve(path)
+    assert isinstance(plan, Plan)  # the case studies are training problems
+    assert plan.solver is not None  # solve() says how it solved
     paper, measured = PAPER.get(path.stem, ("?", "?"))
     if plan.feasible:
         p = plan.predicted
+        assert p is not None  # solve() predicts a plan it finds
         choice = plan.config.replace("xlarge", "xl")
         if plan.objective == "min_cost":
             per_iter = p.cost_usd / plan_iterations(path) * 100
@@ -56,6 +60,7 @@ def row(path: Path) -> str:
         else:
             predicted = f"{p.iteration_s:.3f} s/iter, total {p.total_s:.0f} s, ${p.cost_usd:.2f}"
     else:
+        assert plan.infeasibility is not None  # solve() explains a problem without a plan
         choice = "infeasible (" + ", ".join(plan.infeasibility.conflicts) + ")"
         needs = [r for r in plan.infeasibility.relaxations if "fields" in r]
         predicted = ("fastest plan needs " + f"{needs[-1]['needed']['limits.time_s']:.0f} s and "

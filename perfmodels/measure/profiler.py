@@ -231,6 +231,7 @@ def profile_workload(
                 ddp_s = measure_ddp_overhead(factory, resolved, ready_at, warmup, repeats, threads)
             shared = None
             if colocated > 1:
+                assert factory is not None  # check_colocated: co-located workers load it
                 shared = measure_colocated(factory, sweep, colocated, warmup, repeats, rounds, threads, bar)
     finally:
         torch.set_num_threads(previous_threads)

@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from thrifty.datasets.errors import ProblemError
@@ -191,8 +192,7 @@ def measure_sweep(
     for round_index, round_repeats in enumerate(_split(repeats, rounds)):
         for batch in sweep:
             tick = report(f"batch {batch}, pass {round_index + 1} of {rounds}")
-            measured = timed_without_gc(  # the lambda runs now, within this iteration
-                lambda b=batch: _measure_latency(trainer, b, warmup, round_repeats, tick))  # noqa: B023
+            measured = timed_without_gc(partial(_measure_latency, trainer, batch, warmup, round_repeats, tick))
             samples[batch].extend(measured)
     return samples
 

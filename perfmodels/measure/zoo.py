@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from thrifty.datasets.optional import require
 
 torch = require("torch", "torch")
-from torch import Tensor, nn  # noqa: E402 - after `require` has said how to install torch
+from torch import Generator, Tensor, nn  # noqa: E402 - after `require` has said how to install torch
 
 __all__ = ["Workload", "SyntheticBatches", "mlp", "small_cnn", "tiny_transformer", "FACTORIES"]
 
@@ -57,7 +57,7 @@ class SyntheticBatches:
 
     def __init__(
         self,
-        draw_inputs: Callable[[torch.Generator, int], Tensor],
+        draw_inputs: Callable[[Generator, int], Tensor],
         teacher: Callable[[Tensor], Tensor],
         seed: int,
     ):

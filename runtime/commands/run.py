@@ -19,10 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
 from thrifty.runtime.commands._args import int_at_least, non_negative_float, positive_float
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from rich.progress import Progress, TaskID
 
 HELP = "run a training plan (local worker processes by default), watch it and re-plan on preemption"
 
@@ -236,7 +241,8 @@ class _ProgressBar:
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
-        self.progress = self.task = None
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
 
     def __enter__(self) -> "_ProgressBar":
         return self
@@ -252,9 +258,10 @@ class _ProgressBar:
         self.progress.__enter__()
         self.task = self.progress.add_task("starting", total=1, rate="", time="", cost="")
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self.progress is not None:
-            self.progress.__exit__(*exc)
+            self.progress.__exit__(exc_type, exc, traceback)
 
     def say(self, text: str) -> None:
         if self.enabled and self.progress is None:
@@ -267,6 +274,7 @@ class _ProgressBar:
             return
         if self.progress is None:
             self._start()
+        assert self.progress is not None and self.task is not None  # _start made them
         w = s.window
         rate = f"{w.mean:.1f}±{w.sd:.1f} it/s" if w is not None else "-- it/s"
         if s.eta_s is not None:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 HELP = "print the JSON Schema of a problem file (training, tuning), a plan file (plan, tuning-plan) or a data file"
 
@@ -46,7 +49,8 @@ def schema(kind: str) -> dict[str, Any]:
     from thrifty.perfmodels.profile import ComputeProfile
     from thrifty.perfmodels.scaling import ScalingProfileFile
 
-    models = dict(zip(DATA_FORMATS, (CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile)))
+    models: dict[str, type[BaseModel]] = dict(
+        zip(DATA_FORMATS, (CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile)))
     return models[kind].model_json_schema()
 
 

@@ -15,7 +15,7 @@ from thrifty.datasets.errors import ProblemError, ProviderError
 from thrifty.datasets.optional import require
 
 __all__ = ["boto3_module", "make_session", "make_client", "verify_credentials", "api_errors", "error_code",
-           "is_botocore_error", "CredentialsError"]
+           "error_message", "is_botocore_error", "CredentialsError"]
 
 
 class CredentialsError(ProviderError):
@@ -77,6 +77,12 @@ def error_code(error: BaseException) -> str | None:
     """The AWS error code of a botocore ``ClientError`` (None for others)."""
     response = getattr(error, "response", None)
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def error_message(error: BaseException) -> str:
+    """The AWS error message of a botocore ``ClientError`` ('' for others)."""
+    response = getattr(error, "response", None)
+    return response.get("Error", {}).get("Message", "") if isinstance(response, dict) else ""
 
 
 def is_botocore_error(error: BaseException) -> bool:

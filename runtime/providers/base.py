@@ -23,9 +23,10 @@ from typing import Literal
 from thrifty.datasets.errors import ProviderError
 from thrifty.runtime.events import Preemption
 
-__all__ = ["Machine", "MachineState", "Provider", "CapacityError", "billed_cost_usd"]
+__all__ = ["Machine", "MachineState", "Market", "Provider", "CapacityError", "billed_cost_usd"]
 
 MachineState = Literal["pending", "running", "stopping", "terminated"]
+Market = Literal["on_demand", "spot"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Machine:
 
     id: str
     instance_type: str
-    market: Literal["on_demand", "spot"]
+    market: Market
     host: str
     launched_at: float
     price_per_hour: float
@@ -99,7 +100,7 @@ class Provider(abc.ABC):
             self._machines.update((m.id, m) for m in made)
 
     @abc.abstractmethod
-    def provision(self, instance_type: str, count: int, market: str = "on_demand",
+    def provision(self, instance_type: str, count: int, market: Market = "on_demand",
                   timeout_s: float = 600.0) -> list[Machine]:
         """Start `count` machines and wait until they run; raise
         `CapacityError` when the market has none, `ProviderError` on timeout

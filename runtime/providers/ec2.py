@@ -64,12 +64,13 @@ from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers._aws import (
     api_errors,
     error_code,
+    error_message,
     is_botocore_error,
     make_client,
     make_session,
     verify_credentials,
 )
-from thrifty.runtime.providers.base import CapacityError, Machine, MachineState, Provider
+from thrifty.runtime.providers.base import CapacityError, Machine, MachineState, Market, Provider
 from thrifty.runtime.providers.config import ClusterConfig, user_data
 from thrifty.runtime.providers.imds import ImdsPoller
 from thrifty.runtime.providers.pricing import PRICING_REGION, ApiPrices, CatalogPrices, Prices
@@ -272,7 +273,7 @@ class Ec2Provider(Provider):
         return self.prices.price(instance_type, market, self.config.availability_zone)
 
     # -- provisioning ---------------------------------------------------------------
-    def provision(self, instance_type: str, count: int, market: str = "on_demand",
+    def provision(self, instance_type: str, count: int, market: Market = "on_demand",
                   timeout_s: float | None = None) -> list[Machine]:
         _check_market(market)
         if count < 1:
@@ -293,14 +294,14 @@ class Ec2Provider(Provider):
             self._reap_launch(launch, [m.id for m in started], quoted)
             code = error_code(e)
             if code in CAPACITY_ERROR_CODES:
-                raise CapacityError(instance_type, market, f"no capacity for {what}: {code}: "
-                                    f"{e.response.get('Error', {}).get('Message', '')}") from None
+                raise CapacityError(instance_type, market,
+                                    f"no capacity for {what}: {code}: {error_message(e)}") from None
             if is_botocore_error(e):
                 raise ProviderError(f"launching {what} failed: {e}") from e
             raise
         return machines
 
-    def _record(self, instance: dict[str, Any], market: str, price: float) -> Machine:
+    def _record(self, instance: dict[str, Any], market: Market, price: float) -> Machine:
         """Own `instance` (a describe_instances record) and return it as a Machine."""
         with self._lock:
             machine = Machine(
@@ -321,7 +322,7 @@ class Ec2Provider(Provider):
             return instance["PublicIpAddress"]
         return instance.get("PrivateIpAddress") or instance.get("PublicIpAddress") or ""
 
-    def _wait_running(self, started: list[Machine], market: str, timeout_s: float, what: str) -> list[Machine]:
+    def _wait_running(self, started: list[Machine], market: Market, timeout_s: float, what: str) -> list[Machine]:
         ids = [m.id for m in started]
         deadline = time.monotonic() + timeout_s
         while True:
@@ -343,7 +344,7 @@ class Ec2Provider(Provider):
                                     f"{timeout_s:g} s; all of them are terminated")
             self._sleep(min(self.config.poll_interval_s, left))
 
-    def _running(self, instance: dict[str, Any], market: str) -> Machine:
+    def _running(self, instance: dict[str, Any], market: Market) -> Machine:
         zone = instance.get("Placement", {}).get("AvailabilityZone")
         price = self.prices.price(instance["InstanceType"], market, zone)
         machine = self._record(instance, market, price)
@@ -497,7 +498,7 @@ class Ec2Provider(Provider):
         } for m in machines]
 
 
-def instance_market(instance: dict[str, Any]) -> str:
+def instance_market(instance: dict[str, Any]) -> Market:
     """``spot`` or ``on_demand``, from the instance's own record."""
     return "spot" if instance.get("InstanceLifecycle") == "spot" else "on_demand"
 

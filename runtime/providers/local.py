@@ -24,7 +24,7 @@ from pathlib import Path
 from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.datasets.errors import ProblemError, ProviderError
 from thrifty.runtime.events import Preemption
-from thrifty.runtime.providers.base import CapacityError, Machine, Provider
+from thrifty.runtime.providers.base import CapacityError, Machine, Market, Provider
 
 __all__ = ["LocalProvider", "LOCALHOST"]
 
@@ -53,7 +53,7 @@ class LocalProvider(Provider):
             raise ProblemError(f"the local provider runs CPU worker processes, but {instance_type} is a "
                                f"'{device}' machine; local types in {self.catalog.source}: {', '.join(cpu_types)}")
 
-    def provision(self, instance_type: str, count: int, market: str = "on_demand",
+    def provision(self, instance_type: str, count: int, market: Market = "on_demand",
                   timeout_s: float = 600.0) -> list[Machine]:
         self._check_type(instance_type, market)
         if count < 1:

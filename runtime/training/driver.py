@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.datasets.errors import ProblemError
@@ -46,7 +46,7 @@ from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.training.launcher import WORKER_PRELOAD, RankSlot, Segment, SegmentPoll
 from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
 from thrifty.runtime.training.plans import check_plan, plan_and_problem
-from thrifty.runtime.training.replan import Replan, Replanner
+from thrifty.runtime.training.replan import Key, Replan, Replanner
 from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_paths, carried_over, default_run_dir,
                                              new_run_id, read_run_record, write_run_record)
 from thrifty.runtime.training.runlog import RunLog, read_run_log
@@ -88,8 +88,8 @@ class RunConfig:
     provision_timeout_s: float = 600.0
     threads: int = 1
     seed: int = 0
-    backend: str = "auto"
-    weighting: str = "batch"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    weighting: Literal["batch", "hook", "mean"] = "batch"
     solver_method: str = "auto"
     replan_time_limit_s: float | None = 1.0
     max_replans: int = 16
@@ -294,7 +294,7 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     resuming = bool(resume)
     if resuming and folder is None:
         raise ProblemError("resume=True needs run_dir (or give resume=RUN_DIR)", path="resume")
-    record = read_run_record(folder) if resuming else None
+    record = read_run_record(folder) if resuming and folder is not None else None
     if record is not None:
         trainer = trainer if trainer is not None else record.trainer
         trainer_args = trainer_args if trainer_args is not None else record.trainer_args
@@ -426,7 +426,9 @@ class _Driver:
         if resume:
             from thrifty.runtime.ddp.checkpoint import load_checkpoint
 
-            self.done = int(load_checkpoint(self.folder / "checkpoint.pt")["iteration"])
+            state = load_checkpoint(self.folder / "checkpoint.pt")
+            assert state is not None  # train() refuses to resume a run without a checkpoint
+            self.done = int(state["iteration"])
             self.predicted_total_s, self.predicted_cost_usd = resumed_prediction(
                 self.plan, self.problem.iterations - self.done, self.problem.overheads.launch_s, self.carried_s,
                 self.carried_usd)
@@ -508,7 +510,7 @@ class _Driver:
         """Re-solve for what is left; machines in `gone` are not survivors."""
         now = time.time()
         gone = set(gone)
-        survivors = Counter((m.instance_type, m.market) for m in self._held() if m.id not in gone)
+        survivors: Counter[Key] = Counter((m.instance_type, m.market) for m in self._held() if m.id not in gone)
         return self.replanner.replan(
             reason, old_plan=plan, remaining_iterations=remaining, elapsed_s=now - self.start,
             spent_usd=self._spent(now), survivors=survivors, launch_s=self.launch_s,
@@ -519,6 +521,7 @@ class _Driver:
         self.replans.append(replan)
         self.plans.append(replan.new_plan)
         predicted = replan.new_plan.predicted
+        assert predicted is not None  # Replanner.replan returns feasible plans, which predict
         self.predicted_total_s = now - self.start + predicted.total_s
         self.predicted_cost_usd = self._spent(now) + predicted.cost_usd
         self.log.write("replan", **replan.to_dict())
@@ -713,6 +716,7 @@ class _SegmentWatch:
         if graceful:
             seg.request_stop()
             for e in fresh:
+                assert e.machine_id is not None and e.time_left_s is not None  # what makes the stop graceful
                 self.kill_at[e.machine_id] = e.at + e.time_left_s
         else:
             seg.kill()
@@ -726,7 +730,7 @@ class _SegmentWatch:
     def _lost(self, lost: list[tuple[int, int]]) -> None:
         """Workers gone without notice: their machines are lost."""
         self.segment.kill()
-        events = {}
+        events: dict[str, Preemption] = {}
         for rank, code in lost:
             slot = self.slots[rank]
             events.setdefault(slot.machine_id, Preemption(

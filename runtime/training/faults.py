@@ -113,12 +113,12 @@ class FaultInjector:
                 out += [WorkerFault(r, "kill", f.at_iteration) for r in ranks[f.machine]]
             else:
                 out.append(WorkerFault(ranks[f.machine][0], "notice", f.at_iteration, seconds=f.warning_s))
-        for f in self.faults:
-            if isinstance(f, SlowWorker) and f.machine in ranks:
-                out += [WorkerFault(r, "slow", f.from_iteration, f.until_iteration, f.extra_s)
-                        for r in ranks[f.machine]]
-            elif isinstance(f, DelayStart) and f.segment == segment and f.machine in ranks:
-                out += [WorkerFault(r, "delay_start", seconds=f.seconds) for r in ranks[f.machine]]
+        for fault in self.faults:
+            if isinstance(fault, SlowWorker) and fault.machine in ranks:
+                out += [WorkerFault(r, "slow", fault.from_iteration, fault.until_iteration, fault.extra_s)
+                        for r in ranks[fault.machine]]
+            elif isinstance(fault, DelayStart) and fault.segment == segment and fault.machine in ranks:
+                out += [WorkerFault(r, "delay_start", seconds=fault.seconds) for r in ranks[fault.machine]]
         return tuple(out)
 
     def due(self, elapsed_s: float, machines: int) -> list[DriverAction]:

@@ -114,7 +114,8 @@ class Replanner:
         self.problem = problem
         self.method, self.time_limit_s = method, time_limit_s
         self.depleted: set[Key] = set()
-        self._space, self._error = space, None
+        self._space: TrainingSpace | None = space
+        self._error: BaseException | None = None
         self._building: threading.Thread | None = None
         if space is None:  # loading models takes seconds: do it while the workers start
             self._building = threading.Thread(target=self._build, name="thrifty-replan-space", daemon=True)
@@ -133,6 +134,7 @@ class Replanner:
             self._building = None
         if self._error is not None:
             raise self._error
+        assert self._space is not None  # given, or built by _build (which set _error otherwise)
         return self._space
 
     def deplete(self, key: Key) -> None:

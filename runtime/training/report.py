@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from thrifty.runtime.plots import PlotRecord, literal_text, pyplot, save_png, wrap_title
+from thrifty.runtime.plots import LineStyle, PlotRecord, literal_text, pyplot, save_png, wrap_title
 
 __all__ = ["timeline", "format_timeline", "plot_run", "run_figure"]
 
@@ -83,7 +83,8 @@ def format_timeline(rows: Sequence[tuple[float, str, str]]) -> str:
     return "\n".join(lines)
 
 
-_MARKERS = {  # event: (line style, marker at the top of the axes, label); distinct even when at one time
+# event: (line style, marker at the top of the axes, label); distinct even when at one time
+_MARKERS: dict[str, tuple[LineStyle, str, str]] = {
     "preemption": ({"color": "#c44e52", "lw": 1.6, "ls": "-"}, "v", "preemption"),
     "replan": ({"color": "#8172b2", "lw": 1.4, "ls": (0, (5, 2, 1, 2))}, "D", "re-plan"),
     "replan_kept": ({"color": "#937860", "lw": 1.2, "ls": (0, (1, 2))}, "o", "re-plan: plan kept"),

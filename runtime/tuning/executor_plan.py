@@ -62,7 +62,7 @@ from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.datasets.errors import ProblemError, ProviderError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.placement import place
-from thrifty.runtime.providers.base import Machine, Provider
+from thrifty.runtime.providers.base import Machine, Market, Provider
 from thrifty.runtime.tuning.clock import Clock, VirtualClock
 from thrifty.runtime.tuning.executor_sim import SimulatedExecutor, SyntheticWorkload, Workload
 from thrifty.runtime.tuning.loop import Executor
@@ -159,7 +159,7 @@ class PlanResult:
     predicted_cost_usd: float | None
     deadline_s: float | None
     best_trial_id: int | None
-    failed: dict[int, str]
+    failed: dict[int, str | None]           # each failed trial's `Trial.error`
 
     @property
     def best_metric(self) -> float:
@@ -199,7 +199,7 @@ class PlanExecutor:
     """
 
     def __init__(self, plan: TuningPlan | Mapping[str, Any], executor: Executor, provider: Provider,
-                 search_space: SearchSpace, *, market: str = "on_demand", catalog: Catalog | None = None,
+                 search_space: SearchSpace, *, market: Market = "on_demand", catalog: Catalog | None = None,
                  instance_type: str | None = None, min_billed_s: float = 60.0, provision_timeout_s: float = 600.0,
                  stage_hook: Callable[[TuningStage], None] | None = None):
         self.plan = runnable_plan(plan, instance_type)
@@ -254,7 +254,9 @@ class PlanExecutor:
     def _run_stage(self, k: int, stage: TuningStage, previous: list[Trial],
                    running: dict[int, Trial]) -> list[Trial]:
         new_bracket = stage_trials(self.stages)[k]
-        record = StageRecord(k, stage.instance_type, stage.instances, stage.gpus_per_trial,
+        instance_type = stage.instance_type
+        assert instance_type is not None  # runnable_plan names every stage's type
+        record = StageRecord(k, instance_type, stage.instances, stage.gpus_per_trial,
                              stage.iters_per_trial, new_bracket, started_at=self.clock.now())
         if stage.start_s is not None and stage.end_s is not None:
             record.predicted_s = stage.end_s - stage.start_s
@@ -264,13 +266,13 @@ class PlanExecutor:
 
         trials = self._stage_trials(stage, new_bracket, previous, record)
         before = {m.id for m in self._held}
-        self._scale(stage.instance_type, stage.instances, record)
+        self._scale(instance_type, stage.instances, record)
         record.machines = [m.id for m in self._held]
         record.provisioned = len(set(record.machines) - before)
         record.scaled_at = self.clock.now()
         if self.stage_hook is not None:
             self.stage_hook(stage)
-        gpus = self.catalog.get(stage.instance_type).gpus
+        gpus = self.catalog.get(instance_type).gpus
         nodes = {m.id: gpus for m in self._held}
         self._train(trials, stage, nodes, record, running)
         record.ended_at = self.clock.now()
@@ -463,7 +465,7 @@ class VirtualProvider(Provider):
     def now(self) -> float:
         return self.clock.now()
 
-    def provision(self, instance_type: str, count: int, market: str = "on_demand",
+    def provision(self, instance_type: str, count: int, market: Market = "on_demand",
                   timeout_s: float = 600.0) -> list[Machine]:
         if count < 1:
             raise ProblemError(f"count is {count}, but must be at least 1")
@@ -535,8 +537,10 @@ class SimulatedBackend:
     min_billed_s: float
 
     def stage_hook(self, stage: TuningStage) -> None:
-        self.workload.use(stage.instance_type)
-        self.executor.startup_s = self.workload.profiles[stage.instance_type].startup_s
+        instance_type = stage.instance_type
+        assert instance_type is not None  # PlanExecutor runs plans whose every stage names its type
+        self.workload.use(instance_type)
+        self.executor.startup_s = self.workload.profiles[instance_type].startup_s
 
     def execute(self, plan: TuningPlan | Mapping[str, Any], search_space: SearchSpace, **options: Any) -> PlanResult:
         options.setdefault("min_billed_s", self.min_billed_s)

@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 __all__ = ["CurveForecast", "Forecaster", "default_forecaster", "Memoized"]
 
 
 class CurveForecast(Protocol):
     def prob_at_least(self, y: float, epoch: int) -> float: ...
+
+
+class _FirstPassageForecast(CurveForecast, Protocol):
+    """A forecast with the optional ``prob_reached_by`` (module docstring)."""
+
+    def prob_reached_by(self, y: float, first_epoch: int, last_epoch: int) -> Any: ...
 
 
 Forecaster = Callable[..., CurveForecast]
@@ -80,7 +86,8 @@ class _RememberedForecast:
         if answer is None or len(answer) < last_epoch - first_epoch + 1:
             t0 = time.perf_counter()
             top = max(int(getattr(self._forecast, "max_epoch", last_epoch)), last_epoch)
-            answer = self._reached[key] = self._forecast.prob_reached_by(y, first_epoch, top)
+            forecast = cast(_FirstPassageForecast, self._forecast)  # __init__ offers this only then
+            answer = self._reached[key] = forecast.prob_reached_by(y, first_epoch, top)
             self._owner.seconds += time.perf_counter() - t0
         return answer[: last_epoch - first_epoch + 1]
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.optional import require
@@ -220,7 +220,9 @@ class TuneScheduler(TrialScheduler):
     def _relaunch(self, trial: Trial, ray_trial: RayTrial, atoms: int) -> RayTrial:
         """Launch (or relaunch after a pause or resize) on `atoms` atoms."""
         bundle = {k: v * atoms for k, v in self.resources_per_atom.items()}
-        if ray_trial.placement_group_factory.required_resources != bundle:
+        # Ray's Trial starts the attribute at None, so its inferred type is None; Tune sets it before a launch
+        current = cast(PlacementGroupFactory, ray_trial.placement_group_factory)
+        if current.required_resources != bundle:
             ray_trial.update_resources(PlacementGroupFactory([bundle]))
         trial.launches += 1
         trial.iterations_since_launch = 0
