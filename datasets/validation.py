@@ -1,12 +1,14 @@
 """Validate JSON-shaped data against a pydantic model, turning the first
 error into a `ProblemError` that names the JSON path (``points[2].batch``),
-the rule broken and the value given; and the base of the file schemas."""
+or another location the caller names (a CSV file's row and column), the rule
+broken and the value given; and the base of the file schemas."""
 
 from __future__ import annotations
 
 import json
 import re
 import reprlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pydantic
@@ -95,7 +97,7 @@ def _number(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     msg = error["msg"]
     kind = error["type"]
     if kind == "missing":
@@ -132,7 +134,7 @@ def _field(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return loc
 
 
-def _first_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+def _first_error(errors: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     """The error to report: the first, except that a list given to a field
     that is a string or a list (``batch_sizes``, ``instance_type``) is
     reported by the list member of the union ("batch_sizes[0]: is 0, ..."),
@@ -149,8 +151,11 @@ def _first_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
     return first
 
 
-def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
-    """`model.model_validate(data)`, with a `ProblemError` naming the JSON path."""
+def validate_model(model: type[M], data: Any, source: str | None = None,
+                   path_of: Callable[[tuple[Any, ...]], str] = json_path) -> M:
+    """`model.model_validate(data)`, with a `ProblemError` naming the JSON path;
+    `path_of` names the location of a field instead (``('seconds',)`` ->
+    ``row 3 (line 4), field 'seconds'`` for a row of a CSV file)."""
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:
@@ -166,4 +171,4 @@ def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
             message, loc = cause.message, loc + cause.loc
         else:
             message = _describe(first)
-        raise ProblemError(message + suffix, path=json_path(loc), source=source) from None
+        raise ProblemError(message + suffix, path=path_of(loc), source=source) from None
