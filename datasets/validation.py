@@ -1,12 +1,14 @@
 """Validate JSON-shaped data against a pydantic model, turning the first
 error into a `ProblemError` that names the JSON path (``points[2].batch``),
-the rule broken and the value given; and the base of the file schemas."""
+or another location the caller names (a CSV file's row and column), the rule
+broken and the value given; and the base of the file schemas."""
 
 from __future__ import annotations
 
 import json
 import re
 import reprlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
@@ -152,8 +154,11 @@ def _first_error(errors: list[ErrorDetails]) -> ErrorDetails:
     return first
 
 
-def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
-    """`model.model_validate(data)`, with a `ProblemError` naming the JSON path."""
+def validate_model(model: type[M], data: Any, source: str | None = None,
+                   path_of: Callable[[tuple[Any, ...]], str] = json_path) -> M:
+    """`model.model_validate(data)`, with a `ProblemError` naming the JSON path;
+    `path_of` names the location of a field instead (``('seconds',)`` ->
+    ``row 3 (line 4), field 'seconds'`` for a row of a CSV file)."""
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:
@@ -169,4 +174,4 @@ def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
             message, loc = cause.message, loc + cause.loc
         else:
             message = _describe(first)
-        raise ProblemError(message + suffix, path=json_path(loc), source=source) from None
+        raise ProblemError(message + suffix, path=path_of(loc), source=source) from None

@@ -23,7 +23,8 @@ from thrifty.runtime.tuning.ray_schedulers import HyperSchedScheduler, POPSchedu
 def local_ray():
     # Ray's workers import the trainable from this module by name
     path = os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    # address="local": always a fresh one-node Ray, never one a stale /tmp/ray/ray_current_cluster points to
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield
     ray.shutdown()

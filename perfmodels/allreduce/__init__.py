@@ -1,8 +1,9 @@
 """The learned allreduce model of Srifty 4.2: XGBoost regressors on the bus
 bandwidth measured by the grid probe (`thrifty.perfmodels.measure.probe`).
 
-Three modules: `table` (probe rows), `fitting` (training and model
-selection), `model` (features, prediction, saved form).
+Three modules: `table` (probe rows and their schema `ProbeRow`), `fitting`
+(training and model selection), `model` (features, prediction, saved form
+and its schema `AllreduceModelFile`).
 
 Label: the per-transfer bus bandwidth ``busbw = 2 s (n - 1) / (n t)`` of each
 probe row (``s`` buffer bytes, ``n`` world size, ``t`` the batch time of
@@ -83,6 +84,7 @@ from thrifty.perfmodels.allreduce.model import (
     MODEL_FORMAT,
     NUMERIC_FEATURES,
     TARGETS,
+    AllreduceModelFile,
     Hyperparams,
     LearnedAllreduce,
     SubmodelReport,
@@ -91,6 +93,7 @@ from thrifty.perfmodels.allreduce.model import (
 )
 from thrifty.perfmodels.allreduce.table import (
     PROBE_COLUMNS,
+    ProbeRow,
     ProbeTable,
     file_digest,
     load_probes,
@@ -103,6 +106,7 @@ __all__ = [
     "MIN_BUS_BANDWIDTH",
     "PROBE_COLUMNS",
     "NUMERIC_FEATURES",
+    "ProbeRow",
     "ProbeTable",
     "load_probes",
     "parse_probe_rows",
@@ -114,6 +118,7 @@ __all__ = [
     "SubmodelReport",
     "TypeCoverage",
     "LearnedAllreduce",
+    "AllreduceModelFile",
     "fit_allreduce",
     "load_allreduce_model",
     "mape",

@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.validation import json_path, validate_model
 from thrifty.perfmodels.allreduce.model import (
     TARGETS,
+    AllreduceProvenance,
     FeatureEncoding,
     Hyperparams,
     LearnedAllreduce,
@@ -347,8 +349,12 @@ def fit_allreduce(
     mean transfer times, which is what the simulator adds up. ``pool=False``
     fits the rows one by one, as Srifty 4.2 does.
 
+    `provenance` is checked against `AllreduceProvenance` before fitting
+    (the saved model must carry one the schema accepts).
+
     Raises `ProblemError` when a regime (at or below / above the MTU) has
     no rows or too few distinct groups to hold some out."""
+    validate_model(AllreduceProvenance, dict(provenance or {}), path_of=lambda loc: json_path(("provenance", *loc)))
     table = rows if isinstance(rows, ProbeTable) else parse_probe_rows(rows)
     raw = table
     weights = decay_weights(table.age_days(), half_life_days)

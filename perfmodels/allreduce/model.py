@@ -1,22 +1,54 @@
 """The learned allreduce model (Srifty 4.2): its features, its two
 submodels, its predictions and its saved form (``thrifty.allreduce_model/1``).
 The package docstring (`thrifty.perfmodels.allreduce`) describes the model;
-`fitting` trains one, `table` reads the probe rows it is trained on."""
+`fitting` trains one, `table` reads the probe rows it is trained on.
+
+The saved form is one JSON file, schema `AllreduceModelFile` (``thrifty
+schema allreduce-model`` prints it)::
+
+    {"format": "thrifty.allreduce_model/1", "mtu_bytes": 9001,
+     "min_bus_bandwidth_bytes_per_s": 1000.0,
+     "features": {"columns": [...], "numeric": [...], "devices": ["cpu"], "instance_types": ["local"]},
+     "instance_types": {"local": {"device": "cpu", "world_sizes": [2, 3, 4], "buffer_bytes": [4, 8, ...], ...}},
+     "caps": [{"instance_type": "local", "world_size": 2, "instances": 2, "b_cap_bytes_per_s": 2.06e9}, ...],
+     "training": {"rows": 6000, "seed": 0, ...}, "provenance": {"kind": "derived", "script": "...", ...},
+     "submodels": {"small": {"regime": "buffer_bytes <= 9001", "target": {"form": "log_time", ...},
+                             "report": {..., "hyperparams": {...}}, "booster": {xgboost's JSON model}},
+                   "large": {...}}}
+
+The schema covers all of it but the boosters' insides (xgboost reads those,
+and says what is wrong with one): every field's type and range, the feature
+columns this thrifty encodes (``features.numeric``), probed buffer sizes and
+world sizes increasing, every probed type and its device a feature column,
+every cap of a probed type. ``training`` and ``provenance`` are records for
+readers and may be left out, as may ``features.columns`` and
+``min_bus_bandwidth_bytes_per_s``; ``mtu_bytes`` defaults to 9001. Loading
+also checks that each booster reads as many features as the model has
+columns. An error names the JSON path of the
+bad field (``instance_types.local.buffer_bytes[3]``). The schema checks the
+file; `LearnedAllreduce` is the checked model in the form the simulators and
+the solver query: plain dataclasses and numpy, no pydantic on the prediction
+path. `LearnedAllreduce.to_json` checks what it writes, so a model that would
+not load is not saved.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
+from pydantic import AfterValidator, Field, model_validator
 
 from thrifty.datasets.catalog import InstanceType
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import atomic_write_text, read_json
 from thrifty.datasets.optional import require
+from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.allreduce.table import ProbeTable
 from thrifty.perfmodels.bandwidth import MTU_BYTES, AnalyticAllreduce, BandwidthModel
 
@@ -32,6 +64,18 @@ __all__ = [
     "TypeCoverage",
     "LearnedAllreduce",
     "load_allreduce_model",
+    "AllreduceModelFile",
+    "AllreduceProvenance",
+    "FeaturesFile",
+    "TypeCoverageFile",
+    "CapFile",
+    "TrainingFile",
+    "ProbeInput",
+    "SubmodelFile",
+    "SubmodelsFile",
+    "TargetFile",
+    "SubmodelReportFile",
+    "HyperparamsFile",
 ]
 
 MODEL_FORMAT = "thrifty.allreduce_model/1"
@@ -109,7 +153,8 @@ class FeatureEncoding:
 # -- hyperparameters and submodels -----------------------------------------------
 
 
-TARGETS: tuple[str, ...] = ("busbw", "log_busbw", "log_time")
+Target = Literal["busbw", "log_busbw", "log_time"]
+TARGETS: tuple[str, ...] = get_args(Target)
 
 
 @dataclass(frozen=True)
@@ -416,23 +461,19 @@ class LearnedAllreduce:
 
     # -- save / load ------------------------------------------------------------
 
-    def to_json(self) -> dict[str, Any]:
-        """The saved form (format `MODEL_FORMAT`); boosters in xgboost JSON."""
-        caps = [
-            {"instance_type": t, "world_size": n, "instances": i, "b_cap_bytes_per_s": v}
-            for (t, n, i), v in sorted(self._caps.items())
-            if t in self.coverage
-        ]
-        submodels = {}
+    def to_file(self) -> "AllreduceModelFile":
+        """The saved form (format `MODEL_FORMAT`), checked against
+        `AllreduceModelFile`: a model that would not load is not saved."""
+        submodels: dict[str, dict[str, Any]] = {}
         for name in SUBMODELS:
             sub, report = self._submodels[name], self.fit_report[name]
             submodels[name] = {
                 "regime": report.regime,
                 "target": {"form": sub.target, "offset": sub.offset, "scale": sub.scale},
-                "report": _report_json(report),
+                "report": asdict(report),
                 "booster": json.loads(bytes(sub.booster.save_raw("json"))),
             }
-        return {
+        data = {
             "format": MODEL_FORMAT,
             "mtu_bytes": self.mtu_bytes,
             "min_bus_bandwidth_bytes_per_s": MIN_BUS_BANDWIDTH,
@@ -442,12 +483,23 @@ class LearnedAllreduce:
                 "devices": list(self.encoding.devices),
                 "instance_types": list(self.encoding.instance_types),
             },
-            "instance_types": {name: _coverage_json(c) for name, c in sorted(self.coverage.items())},
-            "caps": caps,
+            "instance_types": {name: {k: v for k, v in asdict(c).items() if k != "name"}
+                               for name, c in sorted(self.coverage.items())},
+            "caps": [
+                {"instance_type": t, "world_size": n, "instances": i, "b_cap_bytes_per_s": v}
+                for (t, n, i), v in sorted(self._caps.items())
+                if t in self.coverage
+            ],
             "training": self.training,
             "provenance": self.provenance,
             "submodels": submodels,
         }
+        what = f"the allreduce model of {', '.join(sorted(self.coverage)) or 'no instance type'}"
+        return validate_model(AllreduceModelFile, data, source=what)
+
+    def to_json(self) -> dict[str, Any]:
+        """The saved form as JSON data; boosters in xgboost JSON."""
+        return self.to_file().to_json()
 
     def save(self, path: str | Path) -> None:
         """Write the model as one JSON file, atomically. Metadata is indented
@@ -463,54 +515,48 @@ class LearnedAllreduce:
         atomic_write_text(path, text + "\n")
 
     @classmethod
-    def from_json(
-        cls, data: Any, source: str = "allreduce model", fallback: BandwidthModel | None = None
+    def from_file(
+        cls, file: "AllreduceModelFile", source: str = "allreduce model", fallback: BandwidthModel | None = None
     ) -> "LearnedAllreduce":
-        if not isinstance(data, dict) or data.get("format") != MODEL_FORMAT:
-            raise ProblemError(f"is not a thrifty allreduce model (format must be {MODEL_FORMAT!r})", source=source)
+        """The model of a checked file: its boosters loaded by xgboost (an error
+        names ``submodels.<name>.booster``)."""
         xgb = _import_xgboost()
-        try:
-            features = data["features"]
-            encoding = FeatureEncoding(tuple(features["devices"]), tuple(features["instance_types"]))
-            if list(features["numeric"]) != list(NUMERIC_FEATURES):
-                raise ProblemError(
-                    f"features.numeric is {features['numeric']}, but this thrifty uses {list(NUMERIC_FEATURES)}",
-                    source=source,
-                )
-            coverage = {name: _coverage_from_json(name, c) for name, c in data["instance_types"].items()}
-            caps = {
-                (c["instance_type"], int(c["world_size"]), int(c["instances"])): float(c["b_cap_bytes_per_s"])
-                for c in data["caps"]
-            }
-            submodels, reports = {}, {}
-            for name in SUBMODELS:
-                entry = data["submodels"][name]
-                booster = xgb.Booster()
-                booster.load_model(bytearray(json.dumps(entry["booster"]).encode("utf-8")))
-                target = entry["target"]
-                if target["form"] not in TARGETS:
-                    raise ValueError(f"submodels.{name}.target.form {target['form']!r} is not one of {TARGETS}")
-                submodels[name] = _Submodel(booster, target["form"], float(target["offset"]), float(target["scale"]))
-                reports[name] = _report_from_json(entry["report"])
-        except ProblemError:
-            raise
-        except xgb.core.XGBoostError as e:
-            raise ProblemError(f"has a booster xgboost cannot load: {e}", source=source) from None
-        except KeyError as e:
-            raise ProblemError(f"is missing the field {e.args[0]!r}", source=source) from None
-        except (TypeError, ValueError, AttributeError) as e:
-            raise ProblemError(f"has a malformed field: {e}", source=source) from None
+        encoding = FeatureEncoding(tuple(file.features.devices), tuple(file.features.instance_types))
+        submodels: dict[str, _Submodel] = {}
+        reports: dict[str, SubmodelReport] = {}
+        for name in SUBMODELS:
+            entry: SubmodelFile = getattr(file.submodels, name)
+            booster = xgb.Booster()
+            try:
+                booster.load_model(bytearray(json.dumps(entry.booster).encode("utf-8")))
+            except xgb.core.XGBoostError as e:
+                raise ProblemError(f"is a booster xgboost cannot load: {e}", path=f"submodels.{name}.booster",
+                                   source=source) from None
+            if booster.num_features() != len(encoding.names):
+                raise ProblemError(f"reads {booster.num_features()} features, but the model's features are "
+                                   f"{len(encoding.names)} columns (features.numeric, devices and instance_types)",
+                                   path=f"submodels.{name}.booster", source=source)
+            submodels[name] = _Submodel(booster, entry.target.form, entry.target.offset, entry.target.scale)
+            reports[name] = entry.report.submodel_report()
         return cls(
             submodels,
             encoding,
-            coverage,
-            caps,
+            {name: c.coverage(name) for name, c in file.instance_types.items()},
+            {(c.instance_type, c.world_size, c.instances): c.b_cap_bytes_per_s for c in file.caps},
             reports,
-            data.get("training", {}),
-            data.get("provenance", {}),
+            file.training.to_json(),
+            file.provenance.to_json(),
             fallback=fallback,
-            mtu_bytes=int(data.get("mtu_bytes", MTU_BYTES)),
+            mtu_bytes=file.mtu_bytes,
         )
+
+    @classmethod
+    def from_json(
+        cls, data: Any, source: str = "allreduce model", fallback: BandwidthModel | None = None
+    ) -> "LearnedAllreduce":
+        """A saved model (parsed JSON), checked against `AllreduceModelFile`;
+        an error names the JSON path of the bad field."""
+        return cls.from_file(validate_model(AllreduceModelFile, data, source=source), source, fallback)
 
     @classmethod
     def load(cls, path: str | Path, fallback: BandwidthModel | None = None) -> "LearnedAllreduce":
@@ -523,45 +569,230 @@ def load_allreduce_model(path: str | Path, fallback: BandwidthModel | None = Non
     return LearnedAllreduce.load(path, fallback=fallback)
 
 
-# -- helpers of fit / save -------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------
 
 
 def _name(itype: InstanceType | str) -> str:
     return itype if isinstance(itype, str) else itype.name
 
 
-def _report_json(r: SubmodelReport) -> dict[str, Any]:
-    out = asdict(r)
-    out["hyperparams"] = asdict(r.hyperparams)
-    return out
+# -- the file format ---------------------------------------------------------------
 
 
-def _report_from_json(data: Mapping[str, Any]) -> SubmodelReport:
-    fields = dict(data)
-    fields["hyperparams"] = Hyperparams(**fields["hyperparams"])
-    return SubmodelReport(**fields)
+Name = Annotated[str, Field(min_length=1)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Mape = Annotated[float, Field(ge=0, allow_inf_nan=False, description="a fraction (0.1 = 10%)")]
 
 
-def _coverage_json(c: TypeCoverage) -> dict[str, Any]:
-    out = asdict(c)
-    del out["name"]
-    out["world_sizes"] = list(c.world_sizes)
-    out["buffer_bytes"] = list(c.buffer_bytes)
-    return out
+def _iso_time(text: str) -> str:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        raise FieldPathError((), f"is {text!r}, but must be an ISO 8601 time (2025-01-31T12:00:00Z)") from None
+    return text
 
 
-def _coverage_from_json(name: str, data: Mapping[str, Any]) -> TypeCoverage:
-    return TypeCoverage(
-        name=name,
-        device=str(data["device"]),
-        gpus_per_instance=int(data["gpus_per_instance"]),
-        rated_network_gbps=float(data["rated_network_gbps"]),
-        world_sizes=tuple(int(n) for n in data["world_sizes"]),
-        max_concurrent=int(data["max_concurrent"]),
-        buffer_bytes=tuple(int(s) for s in data["buffer_bytes"]),
-        rows=int(data["rows"]),
-        first_probe=str(data["first_probe"]),
-        last_probe=str(data["last_probe"]),
-    )
+IsoTime = Annotated[str, AfterValidator(_iso_time)]
 
 
+def _increasing(values: list[int], loc: tuple[Any, ...]) -> None:
+    for i in range(1, len(values)):
+        if values[i] <= values[i - 1]:
+            raise FieldPathError((*loc, i), f"is {values[i]}, but must be larger than the one before ({values[i - 1]})")
+
+
+class FeaturesFile(FileSchema):
+    """The booster's input columns: `NUMERIC_FEATURES`, then one per device,
+    then one per instance type (one-hot)."""
+
+    columns: list[str] | None = None  # for readers: the names of all columns, in order
+    numeric: list[str]
+    devices: list[Name]
+    instance_types: list[Name]
+
+    @model_validator(mode="after")
+    def _this_thriftys_columns(self) -> "FeaturesFile":
+        if self.numeric != list(NUMERIC_FEATURES):
+            raise FieldPathError(("numeric",), f"is {self.numeric}, but this thrifty uses {list(NUMERIC_FEATURES)}")
+        names = FeatureEncoding(tuple(self.devices), tuple(self.instance_types)).names
+        if self.columns is not None and self.columns != names:
+            raise FieldPathError(("columns",), f"is {self.columns}, but numeric, devices and instance_types "
+                                               f"give {names}")
+        return self
+
+
+class TypeCoverageFile(FileSchema):
+    """What the probes of one instance type cover (`TypeCoverage`)."""
+
+    device: Name
+    gpus_per_instance: Annotated[int, Field(ge=1)]
+    rated_network_gbps: NonNegativeFinite
+    world_sizes: Annotated[list[Annotated[int, Field(ge=2)]], Field(min_length=1, description="probed, increasing")]
+    max_concurrent: Annotated[int, Field(ge=1)]
+    buffer_bytes: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, description="probed, increasing")]
+    rows: Annotated[int, Field(ge=1)]
+    first_probe: IsoTime
+    last_probe: IsoTime
+
+    @model_validator(mode="after")
+    def _probed_sizes_increase(self) -> "TypeCoverageFile":
+        _increasing(self.world_sizes, ("world_sizes",))
+        _increasing(self.buffer_bytes, ("buffer_bytes",))
+        return self
+
+    def coverage(self, name: str) -> TypeCoverage:
+        return TypeCoverage(
+            name=name, device=self.device, gpus_per_instance=self.gpus_per_instance,
+            rated_network_gbps=self.rated_network_gbps, world_sizes=tuple(self.world_sizes),
+            max_concurrent=self.max_concurrent, buffer_bytes=tuple(self.buffer_bytes), rows=self.rows,
+            first_probe=self.first_probe, last_probe=self.last_probe,
+        )
+
+
+class CapFile(FileSchema):
+    """``b_cap`` of one probed (instance type, world size, instances) (Srifty 4.3)."""
+
+    instance_type: Name
+    world_size: Annotated[int, Field(ge=2)]
+    instances: Annotated[int, Field(ge=1)]
+    b_cap_bytes_per_s: PositiveFinite
+
+
+class TrainingFile(FileSchema):
+    """How the model was trained, for readers (`fit_allreduce` writes it)."""
+
+    rows: Annotated[int, Field(ge=1, description="probe rows read")] | None = None
+    pooled: str | None = None  # how repeats were pooled (null: fitted row by row)
+    training_rows: Annotated[int, Field(ge=1, description="rows the boosters were fitted on")] | None = None
+    seed: int | None = None
+    half_life_days: PositiveFinite | None = None
+    holdout: str | None = None
+    grid_size: Annotated[int, Field(ge=1)] | None = None
+    xgboost: str | None = None  # the version that fitted the boosters
+
+
+class ProbeInput(FileSchema):
+    """A probe file the model was fitted on, with its digest (`file_digest`)."""
+
+    path: Name
+    digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class AllreduceProvenance(FileSchema):
+    """Where a model came from (``thrifty fit-allreduce`` records its own
+    command and the probes it read); empty for a model fitted in Python
+    without one."""
+
+    kind: Literal["measured", "published", "derived"] | None = None
+    command: str | None = None
+    machine: str | None = None
+    source: str | None = None
+    script: str | None = None
+    inputs: list[ProbeInput] | None = None
+    date: str | None = None
+    notes: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _says_where(self) -> "AllreduceProvenance":
+        needed = {"measured": ("command", "machine"), "published": ("source",), "derived": ("script",)}
+        for name in needed.get(self.kind or "", ()):
+            if not getattr(self, name):
+                raise FieldPathError((name,), f"is required: a {self.kind} model must say its {name}")
+        return self
+
+
+class HyperparamsFile(FileSchema):
+    """The chosen point of the selection grid (`Hyperparams`)."""
+
+    max_depth: Annotated[int, Field(ge=0)]
+    n_estimators: Annotated[int, Field(ge=1)]
+    learning_rate: PositiveFinite
+    objective: Name
+    target: Target
+    relative_weights: bool = False
+
+    def hyperparams(self) -> Hyperparams:
+        return Hyperparams(self.max_depth, self.n_estimators, self.learning_rate, self.objective, self.target,
+                           self.relative_weights)
+
+
+class SubmodelReportFile(FileSchema):
+    """How a submodel was chosen and how well it predicts held-out rows (`SubmodelReport`)."""
+
+    name: Name
+    regime: str
+    rows: Annotated[int, Field(ge=1)]
+    groups: Annotated[int, Field(ge=1)]
+    train_rows: Annotated[int, Field(ge=0)]
+    test_rows: Annotated[int, Field(ge=0)]
+    folds: Annotated[int, Field(ge=0)]
+    hyperparams: HyperparamsFile
+    cv_mape: Mape
+    heldout_mape: Mape
+    heldout_median_mape: Mape
+    noise_floor_mape: Mape
+    candidates: Annotated[int, Field(ge=1)]
+
+    def submodel_report(self) -> SubmodelReport:
+        return SubmodelReport(
+            name=self.name, regime=self.regime, rows=self.rows, groups=self.groups, train_rows=self.train_rows,
+            test_rows=self.test_rows, folds=self.folds, hyperparams=self.hyperparams.hyperparams(),
+            cv_mape=self.cv_mape, heldout_mape=self.heldout_mape, heldout_median_mape=self.heldout_median_mape,
+            noise_floor_mape=self.noise_floor_mape, candidates=self.candidates,
+        )
+
+
+class TargetFile(FileSchema):
+    """How the booster's raw output maps back to bytes/s (`_Submodel`)."""
+
+    form: Target
+    offset: Finite
+    scale: PositiveFinite
+
+
+class SubmodelFile(FileSchema):
+    """One submodel: its regime, target, report and booster."""
+
+    regime: str
+    target: TargetFile
+    report: SubmodelReportFile
+    booster: Annotated[dict[str, Any], Field(description="xgboost's JSON model document (Booster.save_raw('json'))")]
+
+
+class SubmodelsFile(FileSchema):
+    """The two submodels (Srifty 4.2): ``small`` for buffers up to ``mtu_bytes``, ``large`` above."""
+
+    small: SubmodelFile
+    large: SubmodelFile
+
+
+class AllreduceModelFile(FileSchema):
+    """A learned allreduce model file (format ``thrifty.allreduce_model/1``)."""
+
+    format: Literal["thrifty.allreduce_model/1"]
+    mtu_bytes: Annotated[int, Field(ge=1)] = MTU_BYTES
+    min_bus_bandwidth_bytes_per_s: PositiveFinite | None = None  # for readers: the floor of every prediction
+    features: FeaturesFile
+    instance_types: dict[Name, TypeCoverageFile]
+    caps: list[CapFile]
+    training: TrainingFile = Field(default_factory=TrainingFile)
+    provenance: AllreduceProvenance = Field(default_factory=AllreduceProvenance)
+    submodels: SubmodelsFile
+
+    @model_validator(mode="after")
+    def _probed_types_are_features(self) -> "AllreduceModelFile":
+        types, devices = self.features.instance_types, self.features.devices
+        for name, c in self.instance_types.items():
+            if name not in types:
+                raise FieldPathError(("instance_types", name), f"is not one of features.instance_types {types}: "
+                                                                "a probed type must have its feature column")
+            if c.device not in devices:
+                raise FieldPathError(("instance_types", name, "device"),
+                                     f"is {c.device!r}, but must be one of features.devices {devices}")
+        for i, cap in enumerate(self.caps):
+            if cap.instance_type not in self.instance_types:
+                raise FieldPathError(("caps", i, "instance_type"), f"is {cap.instance_type!r}, but must be a probed "
+                                                                   f"type (a key of instance_types)")
+        return self

@@ -1,50 +1,123 @@
 """Probe rows, the training data of the learned allreduce model (Srifty 4.2,
-"Dataset"): the CSV columns the grid probe writes
-(`thrifty.perfmodels.measure.probe`), reading and checking them (every error
-names the file, row and column), and pooling the repeats of a cell.
+"Dataset"): their schema, reading and checking them, and pooling the repeats
+of a cell.
 
-The columns live here, beside the model, so that reading probes needs
+`ProbeRow` is the schema of one row: its fields are the columns, in file
+order (`PROBE_COLUMNS`, the CSV header), each with its type and range, and the
+rules across columns (``instances`` at most ``world_size``;
+``busbw_bytes_per_s`` the bus bandwidth ``2 s (n - 1) / (n t)`` of
+``buffer_bytes``, ``world_size`` and ``seconds``). Rows come from a probe CSV
+(`load_probes`: what ``thrifty probe-allreduce`` writes and ``thrifty
+fit-allreduce`` reads, or a file made by another benchmark in the same
+columns) or as mappings (`parse_probe_rows`: what `probe_allreduce` returns).
+A CSV cell is text, read as the column's type (blanks around it ignored); a
+column the schema does not name is ignored. Every error names the file, the
+row (and the CSV line) and the column; ``thrifty schema probe-rows`` prints
+the schema. A `ProbeTable` is the checked rows as numpy columns, the form the
+fitting reads.
+
+The schema lives here, beside the model, so that reading probes needs
 nothing of the probe's machinery (torch)."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 
-__all__ = ["PROBE_COLUMNS", "ProbeTable", "load_probes", "parse_probe_rows", "pool_repeats", "file_digest"]
-
-
-# the probe CSV columns, in file order (thrifty.perfmodels.measure.probe writes them;
-# they live here so that reading probes needs nothing of the probe's machinery)
-PROBE_COLUMNS: tuple[str, ...] = (
-    "timestamp",
-    "instance_type",
-    "device",
-    "backend",
-    "rated_network_gbps",
-    "gpus_per_instance",
-    "instances",
-    "world_size",
-    "buffer_bytes",
-    "concurrent",
-    "repeat",
-    "seconds",
-    "busbw_bytes_per_s",
-)
+__all__ = ["PROBE_COLUMNS", "ProbeRow", "ProbeTable", "load_probes", "parse_probe_rows", "pool_repeats",
+           "file_digest"]
 
 
 _BUSBW_RTOL = 1e-6  # busbw_bytes_per_s must agree with seconds this closely
+
+
+def _cell(what: str, integer: bool = False) -> BeforeValidator:
+    """A cell as given: blanks around a CSV cell are not part of it, and an
+    empty cell (or a missing one: a CSV row shorter than its header) is not
+    a value of the column; nor is True a count (pydantic would read it as 1)."""
+
+    def present(value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+        if value is None or value == "":
+            raise FieldPathError((), f"is empty, but must be {what}")
+        if integer and isinstance(value, bool):
+            raise FieldPathError((), f"is {value!r}, but must be {what}")
+        return value
+
+    return BeforeValidator(present)
+
+
+def _iso_time(value: Any) -> datetime:
+    """An ISO 8601 time; one without a zone is UTC."""
+    if isinstance(value, datetime):
+        stamp = value
+    else:
+        text = "" if value is None else str(value).strip()
+        try:
+            stamp = datetime.fromisoformat(text)
+        except ValueError:
+            raise FieldPathError((), f"is {text!r}, but must be an ISO 8601 time (2025-01-31T12:00:00Z)") from None
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=timezone.utc)
+
+
+# in each field these go after its Field(...): placed before, the JSON Schema would not show the bounds
+NAME, INTEGER, NUMBER = _cell("a name"), _cell("an integer", integer=True), _cell("a number")
+
+
+class ProbeRow(FileSchema):
+    """One probe row (one repeat of one cell): ``concurrent`` allreduces of
+    ``buffer_bytes`` each, started together on ``world_size`` workers, took
+    ``seconds`` (the whole batch, the largest over ranks). The fields, in
+    order, are the columns of a probe CSV."""
+
+    # a column the schema does not name cannot be a misspelt one (every column is
+    # required), so another benchmark's extra columns are ignored rather than refused
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    timestamp: Annotated[datetime, Field(description="when the repeat finished: ISO 8601, UTC unless a zone is "
+                                                     "given"), BeforeValidator(_iso_time)]
+    instance_type: Annotated[str, Field(min_length=1, description="the catalog type the row describes"), NAME]
+    device: Annotated[str, Field(min_length=1, description="its device key (cpu, V100...)"), NAME]
+    backend: Annotated[str, Field(min_length=1, description="the collective backend (gloo, nccl)"), NAME]
+    rated_network_gbps: Annotated[float, Field(ge=0, allow_inf_nan=False, description="the type's rated network, "
+                                                                                      "Gbit/s"), NUMBER]
+    gpus_per_instance: Annotated[int, Field(ge=1, description="workers per instance"), INTEGER]
+    instances: Annotated[int, Field(ge=1, description="instances in the world, at most world_size"), INTEGER]
+    world_size: Annotated[int, Field(ge=2, description="workers in the allreduce"), INTEGER]
+    buffer_bytes: Annotated[int, Field(ge=1, description="bytes of each allreduced buffer"), INTEGER]
+    concurrent: Annotated[int, Field(ge=1, description="allreduces started together"), INTEGER]
+    repeat: Annotated[int, Field(ge=0, description="the repeat's number within its cell"), INTEGER]
+    seconds: Annotated[float, Field(gt=0, allow_inf_nan=False, description="wall time of the whole batch of "
+                                                                           "concurrent allreduces"), NUMBER]
+    busbw_bytes_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False, description="bus bandwidth of each transfer: "
+                                              "2 buffer_bytes (n - 1) / (n seconds)"), NUMBER]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ProbeRow":
+        if self.instances > self.world_size:
+            raise FieldPathError(("instances",), f"is {self.instances}, larger than world_size {self.world_size}")
+        expected = float(bus_bandwidth_from_time(self.buffer_bytes, self.world_size, self.seconds))
+        if abs(self.busbw_bytes_per_s - expected) > _BUSBW_RTOL * expected:
+            raise FieldPathError(("busbw_bytes_per_s",), f"is {self.busbw_bytes_per_s!r}, but 2 s (n-1) / (n t) from "
+                                                         f"buffer_bytes, world_size and seconds gives {expected!r}")
+        return self
+
+
+# the probe CSV columns, in file order (thrifty.perfmodels.measure.probe writes them)
+PROBE_COLUMNS: tuple[str, ...] = tuple(ProbeRow.model_fields)
 
 
 @dataclass(frozen=True)
@@ -122,12 +195,12 @@ def _read_probe_csv(path: Path) -> ProbeTable:
             path="header (line 1), field " + repr(missing[0]),
             source=source,
         )
-    rows = []
+    rows: list[tuple[str, Mapping[str, Any]]] = []
     for row in reader:
         rows.append((f"row {len(rows) + 1} (line {reader.line_num})", row))
     if not rows:
         raise ProblemError("has a header but no probe rows", source=source)
-    return _parse_rows(rows, source)
+    return _table(rows, source)
 
 
 def pool_repeats(table: ProbeTable, weights: np.ndarray | None = None) -> tuple[ProbeTable, np.ndarray]:
@@ -162,112 +235,33 @@ def pool_repeats(table: ProbeTable, weights: np.ndarray | None = None) -> tuple[
 
 
 def parse_probe_rows(rows: Iterable[Mapping[str, Any]], source: str = "probe rows") -> ProbeTable:
-    """Validate probe rows given as mappings (e.g. what `probe_allreduce`
-    returns) with the same rules as `load_probes`."""
+    """Check probe rows given as mappings (e.g. what `probe_allreduce`
+    returns) against `ProbeRow`, as `load_probes` checks a file's."""
     numbered = [(f"row {i}", row) for i, row in enumerate(rows, start=1)]
     if not numbered:
         raise ProblemError("no probe rows given", source=source)
-    for where, row in numbered:
-        for c in PROBE_COLUMNS:
-            if c not in row:
-                raise ProblemError(f"the column '{c}' is missing", path=f"{where}, field '{c}'", source=source)
-    return _parse_rows(numbered, source)
+    return _table(numbered, source)
 
 
-def _parse_rows(rows: list[tuple[str, Mapping[str, Any]]], source: str) -> ProbeTable:
-    cols: dict[str, list[Any]] = {name: [] for name in _TABLE_COLUMNS}
-    for where, row in rows:
-        parsed = _parse_row(row, where, source)
-        for name in _TABLE_COLUMNS:
-            cols[name].append(parsed[name])
-    out = {}
-    for name, values in cols.items():
-        if name in ("instance_type", "device", "backend"):
-            out[name] = np.array(values, dtype=object)
-        elif name in ("timestamp", "rated_network_gbps", "seconds", "busbw"):
-            out[name] = np.array(values, dtype=float)
-        else:
-            out[name] = np.array(values, dtype=np.int64)
-    return ProbeTable(**out, sources=(source,))
+def _at(where: str) -> Callable[[tuple[Any, ...]], str]:
+    """Names a field of the row `where` by its column: ``row 3 (line 4), field 'seconds'``."""
+    return lambda loc: f"{where}, field {str(loc[0])!r}" if loc else where
 
 
-def _parse_row(row: Mapping[str, Any], where: str, source: str) -> dict[str, Any]:
-    def fail(field_name: str, message: str) -> ProblemError:
-        return ProblemError(message, path=f"{where}, field '{field_name}'", source=source)
-
-    out: dict[str, Any] = {}
-    out["timestamp"] = _timestamp(row["timestamp"], fail)
-    for name in ("instance_type", "device", "backend"):
-        text = "" if row[name] is None else str(row[name]).strip()
-        if not text:
-            raise fail(name, "is empty, but must be a name")
-        out[name] = text
-    out["rated_network_gbps"] = _number(row, "rated_network_gbps", fail, minimum=0.0, strict=False)
-    out["gpus_per_instance"] = _integer(row, "gpus_per_instance", fail, minimum=1)
-    out["world_size"] = _integer(row, "world_size", fail, minimum=2)
-    out["instances"] = _integer(row, "instances", fail, minimum=1)
-    if out["instances"] > out["world_size"]:
-        raise fail("instances", f"is {out['instances']}, larger than world_size {out['world_size']}")
-    out["buffer_bytes"] = _integer(row, "buffer_bytes", fail, minimum=1)
-    out["concurrent"] = _integer(row, "concurrent", fail, minimum=1)
-    out["repeat"] = _integer(row, "repeat", fail, minimum=0)
-    out["seconds"] = _number(row, "seconds", fail, minimum=0.0, strict=True)
-    busbw = _number(row, "busbw_bytes_per_s", fail, minimum=0.0, strict=True)
-    expected = float(bus_bandwidth_from_time(out["buffer_bytes"], out["world_size"], out["seconds"]))
-    if abs(busbw - expected) > _BUSBW_RTOL * expected:
-        raise fail(
-            "busbw_bytes_per_s",
-            f"is {busbw!r}, but 2 s (n-1) / (n t) from buffer_bytes, world_size and seconds gives {expected!r}",
-        )
-    out["busbw"] = busbw
-    return out
-
-
-def _raw_text(row: Mapping[str, Any], name: str) -> Any:
-    value = row[name]
-    return value.strip() if isinstance(value, str) else value
-
-
-def _number(row: Mapping[str, Any], name: str, fail: Any, minimum: float, strict: bool) -> float:
-    value = _raw_text(row, name)
-    if value is None or value == "":
-        raise fail(name, "is empty, but must be a number")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise fail(name, f"is {value!r}, but must be a number") from None
-    if not math.isfinite(x):
-        raise fail(name, f"is {value!r}, but must be a finite number")
-    if (strict and x <= minimum) or (not strict and x < minimum):
-        rule = f"greater than {minimum:g}" if strict else f"at least {minimum:g}"
-        raise fail(name, f"is {value!r}, but must be {rule}")
-    return x
-
-
-def _integer(row: Mapping[str, Any], name: str, fail: Any, minimum: int) -> int:
-    value = _raw_text(row, name)
-    if value is None or value == "":
-        raise fail(name, "is empty, but must be an integer")
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise fail(name, f"is {value!r}, but must be an integer")
-    try:
-        x = int(value)
-    except (TypeError, ValueError):
-        raise fail(name, f"is {value!r}, but must be an integer") from None
-    if x < minimum:
-        raise fail(name, f"is {x}, but must be at least {minimum}")
-    return x
-
-
-def _timestamp(value: Any, fail: Any) -> float:
-    text = "" if value is None else str(value).strip()
-    try:
-        stamp = datetime.fromisoformat(text)
-    except ValueError:
-        raise fail("timestamp", f"is {text!r}, but must be an ISO 8601 time (2025-01-31T12:00:00Z)") from None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp.timestamp()
+def _table(rows: Sequence[tuple[str, Mapping[str, Any]]], source: str) -> ProbeTable:
+    """The rows, each checked against `ProbeRow`, as columns."""
+    checked = [validate_model(ProbeRow, row, source=source, path_of=_at(where)) for where, row in rows]
+    text = ("instance_type", "device", "backend")
+    return ProbeTable(
+        timestamp=np.array([r.timestamp.timestamp() for r in checked], dtype=float),
+        **{name: np.array([getattr(r, name) for r in checked], dtype=object) for name in text},
+        rated_network_gbps=np.array([r.rated_network_gbps for r in checked], dtype=float),
+        **{name: np.array([getattr(r, name) for r in checked], dtype=np.int64)
+           for name in ("gpus_per_instance", "instances", "world_size", "buffer_bytes", "concurrent", "repeat")},
+        seconds=np.array([r.seconds for r in checked], dtype=float),
+        busbw=np.array([r.busbw_bytes_per_s for r in checked], dtype=float),
+        sources=(source,),
+    )
 
 
 def file_digest(path: str | Path) -> str:

@@ -4,9 +4,12 @@
 plan (what ``thrifty solve --out`` writes for a training problem and
 ``thrifty run`` reads) and ``tuning-plan`` a tuning plan (what the plan
 executor reads). The data files are an instance catalog, a scaling profile, a
-compute profile and a fitted compute model. Each schema is its pydantic
-model's, owned by the layer that reads the file, so it accepts exactly what
-thrifty accepts.
+compute profile, a fitted compute model, a learned allreduce model (what
+``thrifty fit-allreduce`` writes) and a row of allreduce probes (``probe-rows``:
+one row of the CSV that ``thrifty probe-allreduce`` writes and ``thrifty
+fit-allreduce`` reads, its columns in file order; in the CSV every cell is
+text, read as its column's type). Each schema is its pydantic model's, owned
+by the layer that reads the file, so it accepts exactly what thrifty accepts.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ HELP = "print the JSON Schema of a problem file (training, tuning), a plan file 
 
 PROBLEM_KINDS = ("training", "tuning")
 PLAN_KINDS = ("plan", "tuning-plan")
-DATA_FORMATS = ("catalog", "scaling-profile", "compute-profile", "compute-model")
+DATA_FORMATS = ("catalog", "scaling-profile", "compute-profile", "compute-model", "allreduce-model",
+                "probe-rows")
 KINDS = PROBLEM_KINDS + PLAN_KINDS + DATA_FORMATS
 
 
@@ -30,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS,
                         help="training or tuning: a problem file; plan: a training plan; tuning-plan: a tuning plan; "
                              "or a data file: an instance catalog (thrifty.catalog/1), a scaling profile, a compute "
-                             "profile or a fitted compute model")
+                             "profile, a fitted compute model, a learned allreduce model or one row of a probe CSV")
 
 
 def schema(kind: str) -> dict[str, Any]:
@@ -45,12 +49,14 @@ def schema(kind: str) -> dict[str, Any]:
 
         return (Plan if kind == "plan" else TuningPlan).model_json_schema()
     from thrifty.datasets.catalog import CatalogFile
+    from thrifty.perfmodels.allreduce.model import AllreduceModelFile
+    from thrifty.perfmodels.allreduce.table import ProbeRow
     from thrifty.perfmodels.compute import ComputeModelFile
     from thrifty.perfmodels.profile import ComputeProfile
     from thrifty.perfmodels.scaling import ScalingProfileFile
 
-    models: dict[str, type[BaseModel]] = dict(
-        zip(DATA_FORMATS, (CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile)))
+    models: dict[str, type[BaseModel]] = dict(zip(DATA_FORMATS, (
+        CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile, AllreduceModelFile, ProbeRow)))
     return models[kind].model_json_schema()
 
 

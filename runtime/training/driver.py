@@ -548,8 +548,9 @@ class _Driver:
                       machine_ids=tuple(s.machine_id for s in slots))
         watch = _SegmentWatch(self, plan, slots, index, acquire_at)
         self.monitor.reset(self.done)
-        self.log.write("launch", segment=index, config=plan.config, world_size=len(slots), batches=list(job.batches),
-                       start_iteration=self.done, machines=[s.machine_id for s in slots])
+        self.log.write("launch", segment=index, config=plan.config, world_size=len(slots),
+                       batches=[s.batch for s in slots], start_iteration=self.done,
+                       machines=[s.machine_id for s in slots])
         with Segment(job, slots, self.folder, index, world_timeout_s=cfg.world_timeout_s,
                      stall_timeout_s=cfg.stall_timeout_s, stop_timeout_s=cfg.stop_timeout_s) as segment:
             watch.segment = segment
