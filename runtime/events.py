@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 __all__ = ["Preemption", "PreemptionSource"]
 
-PreemptionSource = Literal["injector", "imds", "describe", "capacity", "worker-exit"]
+PreemptionSource = Literal["injector", "imds", "describe", "capacity", "worker-exit", "node-lost"]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from thrifty.datasets.errors import ProviderError
 from thrifty.runtime.events import Preemption
@@ -85,6 +85,7 @@ class Provider(abc.ABC):
     them."""
 
     name: str = "provider"
+    local_workers: bool = True  # whether its machines' workers run on this host (`world_launcher` is None)
 
     def __init__(self, run_id: str):
         self.run_id = run_id
@@ -138,6 +139,12 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def poll_interruptions(self) -> Sequence[Preemption]:
         """Interruption events seen since the last call (never blocks long)."""
+
+    def world_launcher(self, machine_ids: Sequence[str], preload: Sequence[str] = ()) -> Any:
+        """The launcher (`thrifty.perfmodels.measure.worlds.Launcher`) of a
+        world whose rank r runs on machine `machine_ids[r]`; None (the
+        default): the local launcher, which starts ranks on this host."""
+        return None
 
     def close(self) -> None:
         """Terminate everything this run still owns."""

@@ -267,7 +267,7 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
           hooks: Hooks | None = None, config: RunConfig | None = None, faults: Iterable[Fault] = (),
           run_dir: str | Path | None = None, trainer_args: Mapping[str, Any] | None = None,
           resume: bool | str | Path = False, on_progress: Callable[[ProgressSnapshot], None] | None = None,
-          run_id: str | None = None) -> RunResult:
+          run_id: str | None = None, cluster: str | Path | None = None) -> RunResult:
     """Run a plan with `trainer` (``MODULE:FACTORY`` or an importable factory)
     until all the problem's iterations are done.
 
@@ -281,7 +281,11 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     ``resume=True`` with `run_dir`) continues a run from its checkpoint: what
     is not given is read from its record, and the time and money its earlier
     sessions spent count against the limits. Without a `provider`, machines
-    are local worker slots priced from the problem's catalog.
+    come from `cluster` (`thrifty.runtime.cluster.spec.cluster_provider`):
+    ``None`` or ``"local"``, local worker slots priced from the problem's
+    catalog; ``"auto"``, ``"HOST:PORT"`` or ``"ray://HOST:PORT"``, the nodes of
+    a running Ray cluster; a cluster config file, machines its provider
+    starts, which join a Ray cluster.
 
     Returns a `RunResult` (``within_limits`` False and ``exceeded`` saying
     what, when the run finished past its limits: ``thrifty run`` exits 4).
@@ -324,12 +328,21 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
                        dict(trainer_args or {}), dataclasses.asdict(config),
                        first_plan=record.first_plan if record is not None else plan.to_dict())
     write_run_record(folder, record)
-    start_zygote(WORKER_PRELOAD)  # local workers are forked by it: while the machines boot, it imports torch
     own_provider = provider is None
     if provider is None:
-        from thrifty.runtime.providers.local import LocalProvider
+        from thrifty.runtime.cluster.spec import cluster_provider
 
-        provider = LocalProvider(run_id, catalog)
+        provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
+    if provider.local_workers:  # local workers are forked by it: while machines boot, it imports torch
+        start_zygote(WORKER_PRELOAD)
+    check = getattr(provider, "check_plan", None)
+    if check is not None:
+        try:
+            check([(a.instance_type, a.market, a.count) for a in plan.allocation])
+        except BaseException:
+            if own_provider:
+                provider.close()
+            raise
     driver = _Driver(plan, problem, catalog, spec, dict(trainer_args or {}), provider, hooks or Hooks(),
                      config, FaultInjector(faults), folder, run_id, on_progress, record, carried)
     try:
@@ -551,8 +564,10 @@ class _Driver:
         self.log.write("launch", segment=index, config=plan.config, world_size=len(slots),
                        batches=[s.batch for s in slots], start_iteration=self.done,
                        machines=[s.machine_id for s in slots])
+        launcher = self.provider.world_launcher([s.machine_id for s in slots], WORKER_PRELOAD)
         with Segment(job, slots, self.folder, index, world_timeout_s=cfg.world_timeout_s,
-                     stall_timeout_s=cfg.stall_timeout_s, stop_timeout_s=cfg.stop_timeout_s) as segment:
+                     stall_timeout_s=cfg.stall_timeout_s, stop_timeout_s=cfg.stop_timeout_s,
+                     launcher=launcher) as segment:
             watch.segment = segment
             segment.start()
             ended = watch.follow()

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.measure.worlds import World, WorldFailed
+from thrifty.perfmodels.measure.worlds import Launcher, World, WorldFailed
 from thrifty.runtime.ddp.job import METRICS, STOP, JobSpec
 from thrifty.runtime.training.errors import StallError, TrainingError, WorkerFailed, WorldFormationError
 
@@ -77,12 +77,12 @@ class Segment:
 
     def __init__(self, job: JobSpec, slots: Sequence[RankSlot], folder: str | Path, index: int = 0, *,
                  world_timeout_s: float = 120.0, stall_timeout_s: float = 600.0, stop_timeout_s: float = 120.0,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, launcher: Launcher | None = None):
         batches = job.batches or ()  # a training job always lists its local batches
         if len(slots) != len(batches):
             raise ProblemError(f"{len(slots)} rank slots for {len(batches)} local batches")
         remote = sorted({s.host for s in slots if s.host not in LOCAL_HOSTS})
-        if remote:
+        if remote and launcher is None:
             raise ProblemError(f"the local launcher starts workers on this host only, but machines run on "
                                f"{', '.join(remote)}: start the worker entry there with torchrun "
                                "(python -m thrifty.runtime.training.worker --help)")
@@ -91,6 +91,7 @@ class Segment:
         self.world_timeout_s, self.stall_timeout_s = world_timeout_s, stall_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.extra_env = dict(env or {})
+        self.launcher = launcher
         self._world: World | None = None
         self.started_at: float | None = None
         self.formed_at: float | None = None
@@ -127,6 +128,7 @@ class Segment:
     def start(self) -> None:
         job_path = self.folder / f"job-segment{self.index}.json"
         self.job.write(job_path)
+        files = {str(job_path): job_path.read_text()}  # machines that do not share this file system get it
 
         def rank_env(rank: int) -> dict[str, str]:
             slot = self.slots[rank]
@@ -136,7 +138,7 @@ class Segment:
         self._world = World(len(self.slots), WORKER_ENTRY, ["--job", str(job_path)], logs=self.log_path,
                            env=self.extra_env, rank_env=rank_env, backend="gloo", threads=self.job.threads,
                            timeout_s=max(self.world_timeout_s, self.job.timeout_s), preload=WORKER_PRELOAD,
-                           where=f"segment {self.index}")
+                           launcher=self.launcher, files=files, where=f"segment {self.index}")
         self.started_at = self._last_change = time.monotonic()
         try:
             self.world.start()
@@ -226,8 +228,7 @@ class Segment:
             out.iteration, out.iteration_at = self._progress
         if out.formed and self.formed_at is None:
             self.formed_at = now
-        out.lost = [(r, c) for r, c in enumerate(codes)
-                    if c not in (None, 0) and r not in self._errors and r not in self._expected]
+        out.lost = self._lost(codes)
         if out.lost:
             return out
         if self._killed:
@@ -235,7 +236,11 @@ class Segment:
             return out
         if self._errors:
             self._error_seen_at = self._error_seen_at or now
-            if now - self._error_seen_at >= ERROR_GRACE_S or all(c is not None for c in codes):
+            waited = now - self._error_seen_at
+            # on a cluster, a rank's error may be its peer's machine going away: wait until every
+            # machine has answered since the error (at most the world timeout) before blaming the rank
+            if (waited >= ERROR_GRACE_S and (self.world.settled(self._error_seen_at) or waited > self.world_timeout_s)
+                    or all(c is not None for c in codes)):
                 self._raise_error()
             return out
         if all(c == 0 for c in codes):
@@ -258,6 +263,18 @@ class Segment:
         if self._killed:
             out.ended = "killed"
         return out
+
+    def _lost(self, codes: list[int | None]) -> list[tuple[int, int]]:
+        """Ranks gone without a report: their machine is lost. On a cluster,
+        the ranks whose machine the launcher knows is gone; when the world's
+        store went down with rank 0's machine, no rank can report, and only
+        those killed by a signal are lost (the others exited on the
+        collective error that followed)."""
+        gone = set(self.world.machines_lost())
+        failed = self.world.store_failed is not None
+        return [(r, c) for r, c in enumerate(codes)
+                if c is not None and c != 0 and r not in self._expected
+                and (r in gone or (r not in self._errors and (not failed or c < 0)))]
 
     def _raise_error(self) -> None:
         rank = min(self._errors)

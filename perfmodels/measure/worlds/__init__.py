@@ -5,8 +5,10 @@ workers, the scaling profiler and the allreduce probe all start their ranks
 here, with one contract: start N ranks around a rendezvous store this process
 hosts (`World`), stream their events in one protocol (`RankChannel` on the
 rank's side), bound every wait with a timeout, have every rank die with its
-starter, and reap every process. The local launcher is the fork server
-(`zygote`): torch imported once, each rank a fork.
+starter, and reap every process. Where the ranks run is the launcher's
+business (`Launcher`): the local one, the default, is the fork server
+(`zygote`: torch imported once, each rank a fork); the Ray launcher
+(`thrifty.runtime.cluster`) runs them on the machines of a Ray cluster.
 
 This package also holds what the runtime and the measurement tools share
 without the runtime importing measurement: `resolve_factory`
@@ -19,11 +21,13 @@ Importing this package imports no torch; starting a world does.
 
 from thrifty.perfmodels.measure.worlds.errors import WorldFailed
 from thrifty.perfmodels.measure.worlds.factory import resolve_factory
-from thrifty.perfmodels.measure.worlds.network import loopback_interface, resolve_backend
+from thrifty.perfmodels.measure.worlds.launcher import Launcher, LocalLauncher, RankProcess, write_files
+from thrifty.perfmodels.measure.worlds.network import interface_of, loopback_interface, resolve_backend
 from thrifty.perfmodels.measure.worlds.rank import RankChannel, configure_logging, join_world, serve_rank, world_barrier
 from thrifty.perfmodels.measure.worlds.world import World
 from thrifty.perfmodels.measure.worlds.zygote import die_with_parent, start_zygote, zygote
 
-__all__ = ["World", "WorldFailed", "RankChannel", "serve_rank", "configure_logging", "join_world",
+__all__ = ["World", "WorldFailed", "Launcher", "LocalLauncher", "RankProcess", "write_files", "interface_of",
+           "RankChannel", "serve_rank", "configure_logging", "join_world",
            "world_barrier", "zygote", "start_zygote", "die_with_parent", "resolve_factory",
            "loopback_interface", "resolve_backend"]

@@ -3,14 +3,15 @@ starts it: the one way thrifty starts workers (training worlds, tuning
 trials, the profiler's co-located and DDP-overhead workers, the allreduce
 probe and the scaling profiler).
 
-`World` hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
-127.0.0.1, so no port can be raced for) and starts one process per rank
-through a launcher: the local fork server (`zygote`, the default; torch is
-imported once and each rank is a fork) with the torchrun environment
+`World` has its launcher (`thrifty.perfmodels.measure.worlds.launcher`) host
+the rendezvous store (a ``TCPStore`` on an ephemeral port, so no port can be
+raced for: on 127.0.0.1 here by default, on rank 0's machine on a cluster)
+and start one process per rank: by default the local fork server (`zygote`;
+torch is imported once and each rank is a fork), with the torchrun environment
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_USE_AGENT_STORE``, as
 torchrun's agent sets them), ``THRIFTY_WORLD=1``, the world's timeout, the
-thread count and, under gloo, the loopback interface. Each rank calls
+thread count and, under gloo, the interface to bind (`Launcher.network_env`). Each rank calls
 ``entry(argv)`` (``module:function``), which hands its work to
 `thrifty.perfmodels.measure.worlds.rank.serve_rank`; the ranks speak the one
 protocol of `thrifty.perfmodels.measure.worlds.rank`.
@@ -31,14 +32,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from thrifty.perfmodels.measure.worlds.errors import WorldFailed
-from thrifty.perfmodels.measure.worlds.network import loopback_interface
+from thrifty.perfmodels.measure.worlds.launcher import Launcher, LocalLauncher, RankProcess
 from thrifty.perfmodels.measure.worlds.rank import KEY_EVENTS, DEFAULT_TIMEOUT_S, command_key, latest_key, progress_key
-from thrifty.perfmodels.measure.worlds.zygote import WorkerProcess, zygote
 
 __all__ = ["World", "POLL_S"]
 
@@ -58,6 +57,8 @@ class World:
     preload: modules the fork server imports before forking (the ranks'
         entry module, the user's trainer module), so a rank starts warm.
     where: what the world is, for error messages.
+    launcher: where the ranks run (default: `LocalLauncher`, this host).
+    files: path -> text that every rank's machine must have (a job file).
     """
 
     _count = 0
@@ -66,7 +67,8 @@ class World:
                  where: str = "a worker world", logs: Callable[[int], str | Path] | None = None,
                  env: Mapping[str, str] | None = None, rank_env: Callable[[int], Mapping[str, str]] | None = None,
                  backend: str = "gloo", threads: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 preload: Sequence[str] = ()):
+                 preload: Sequence[str] = (), launcher: Launcher | None = None,
+                 files: Mapping[str, str] | None = None):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, not {size}")
         World._count += 1
@@ -77,8 +79,12 @@ class World:
         self.env, self.rank_env = dict(env or {}), rank_env
         self.backend, self.threads, self.timeout_s = backend, threads, timeout_s
         self.preload = tuple(preload)
+        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(self.preload)
+        self.files = dict(files or {})
         self.store: Any = None
-        self.procs: list[WorkerProcess] = []
+        self.master: tuple[str, int] | None = None
+        self.store_failed: str | None = None
+        self.procs: list[RankProcess] = []
         self.started_at: float | None = None  # monotonic
         self._consumed = 0
         self._latest: dict[str, str] = {}
@@ -90,34 +96,28 @@ class World:
 
     @property
     def port(self) -> int:
-        return int(self.store.port)
+        assert self.master is not None, "the world has not started"
+        return self.master[1]
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
     def start(self) -> "World":
-        import torch.distributed as dist
-
-        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=self.timeout_s),
-                                   wait_for_workers=False)
+        address, port, self.store = self.launcher.rendezvous(self.timeout_s)
+        self.master = (address, port)
         self.store.set(KEY_EVENTS, "")
-        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port), "WORLD_SIZE": str(self.size),
+        base = {"MASTER_ADDR": address, "MASTER_PORT": str(port), "WORLD_SIZE": str(self.size),
                 "LOCAL_WORLD_SIZE": str(self.size), "GROUP_RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
                 "THRIFTY_WORLD": "1", "THRIFTY_WORLD_TIMEOUT_S": repr(float(self.timeout_s)),
                 "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
-        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
-            lo = loopback_interface()
-            if lo:
-                base["GLOO_SOCKET_IFNAME"] = lo
-        forks = zygote(self.preload)
         self.started_at = time.monotonic()
         for rank in range(self.size):
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **self.env,
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   **self.launcher.network_env(rank, self.backend), **self.env,
                    **(self.rank_env(rank) if self.rank_env else {})}
-            log = self.log_path(rank)
-            log.parent.mkdir(parents=True, exist_ok=True)
-            self.procs.append(forks.launch(self.entry, list(self._argv(rank)), env, str(log)))
+            self.procs.append(self.launcher.launch(rank, self.entry, list(self._argv(rank)), env,
+                                                   str(self.log_path(rank)), self.files))
         return self
 
     def kill(self, ranks: Sequence[int] | None = None) -> None:
@@ -139,6 +139,7 @@ class World:
             proc.join(timeout=10.0)
         self._closed = True
         self.store = None
+        self.launcher.close()
 
     def __enter__(self) -> "World":
         return self
@@ -147,26 +148,42 @@ class World:
         self.close()
 
     # -- watching -----------------------------------------------------------------------------
+    def _read(self, key: str) -> str | None:
+        """The store's value under `key` (None when absent). A store that
+        cannot be reached any more (its host went down with rank 0's machine
+        on a cluster) reads as empty and sets `store_failed`; the ranks' exit
+        codes then say what happened."""
+        if self.store_failed is not None:
+            return None
+        try:
+            if not self.store.check([key]):
+                return None
+            return self.store.get(key).decode("utf-8", errors="replace")
+        except Exception as e:  # noqa: BLE001 - torch raises DistStoreError, RuntimeError or OSError
+            if isinstance(self.launcher, LocalLauncher):
+                raise  # hosted by this process: a failure is a bug, not a lost machine
+            self.store_failed = f"{type(e).__name__}: {e}"
+            return None
+
     def events(self) -> list[dict[str, Any]]:
         """The events the ranks posted since the last call."""
-        text = self.store.get(KEY_EVENTS).decode("utf-8", errors="replace")
-        fresh, self._consumed = text[self._consumed:], len(text)
+        text = self._read(KEY_EVENTS) or ""
+        fresh, self._consumed = text[self._consumed:], max(self._consumed, len(text))
         return [json.loads(line) for line in fresh.splitlines() if line.strip()]
 
     def progress(self, rank: int = 0) -> tuple[int, float] | None:
         """``(count, unix time)`` of the rank's last progress report, or None."""
-        key = progress_key(rank)
-        if not self.store.check([key]):
+        text = self._read(progress_key(rank))
+        if text is None:
             return None
-        done, at = self.store.get(key).decode().split()
+        done, at = text.split()
         return int(done), float(at)
 
     def latest(self, name: str) -> Any | None:
         """The value published under `name` when it changed since the last call, else None."""
-        key = latest_key(name)
-        if not self.store.check([key]):
+        text = self._read(latest_key(name))
+        if text is None:
             return None
-        text = self.store.get(key).decode("utf-8", errors="replace")
         if text == self._latest.get(name):
             return None
         self._latest[name] = text
@@ -174,7 +191,8 @@ class World:
 
     def command(self, name: str, value: str = "1") -> None:
         """Give the ranks the command `name` (they read it with `RankChannel.command`)."""
-        self.store.set(command_key(name), value)
+        if self.store_failed is None:
+            self.store.set(command_key(name), value)
 
     def exit_codes(self) -> list[int | None]:
         return [p.exitcode for p in self.procs]
@@ -234,8 +252,17 @@ class World:
 
     def _error_posted(self) -> bool:
         """Whether an error event landed just before a rank's exit (read them again)."""
-        text = self.store.get(KEY_EVENTS).decode("utf-8", errors="replace")[self._consumed:]
-        return '"event": "error"' in text
+        return '"event": "error"' in (self._read(KEY_EVENTS) or "")[self._consumed:]
+
+    def settled(self, since: float) -> bool:
+        """Whether the exit codes are known as of `since` (monotonic) on every
+        machine (always, on this host)."""
+        check = getattr(self.launcher, "settled", None)
+        return True if check is None else bool(check(since))
+
+    def machines_lost(self) -> list[int]:
+        """Ranks whose machine the launcher knows is gone (never, on this host)."""
+        return [r for r, p in enumerate(self.procs) if getattr(p, "machine_lost", False)]
 
     def _wait_exit(self, seconds: float) -> None:
         limit = time.monotonic() + seconds

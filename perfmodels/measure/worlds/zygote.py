@@ -241,13 +241,14 @@ class Zygote:
             self._stdin.flush()
 
     def launch(self, entry: str, argv: list[str], env: dict[str, str], log_path: str,
-               timeout_s: float = 30.0) -> WorkerProcess:
+               timeout_s: float = 30.0, sys_path: Sequence[str] = ()) -> WorkerProcess:
         """Fork a worker that calls ``entry(argv)`` (`entry` is
-        ``module:function``) with `env` over this process's environment and its
-        output in `log_path`."""
+        ``module:function``) with `env` over this process's environment, its
+        output in `log_path`, and this process's ``sys.path`` after `sys_path`."""
         request_id = next(self._ids)
+        path = [p for p in sys_path if p not in sys.path] + sys.path
         self._write({"launch": request_id, "entry": entry, "argv": argv, "env": {**os.environ, **env},
-                     "log": log_path, "sys_path": sys.path})
+                     "log": log_path, "sys_path": path})
         deadline = time.monotonic() + timeout_s
         with self.changed:
             while request_id not in self.launched:

@@ -1,0 +1,13 @@
+"""Running plans on many machines: a Ray cluster as the engine.
+
+Machines are Ray nodes; on each machine of a plan one agent actor
+(`agent.MachineAgent`) starts the plan's worker processes with that node's
+fork server; collectives are torch.distributed (gloo on CPU, NCCL on GPUs)
+between them, with the rendezvous store on rank 0's machine
+(`launcher.RayLauncher`). `provider.RayProvider` hands out the cluster's
+nodes as machines (those of a running cluster, or EC2 instances that join
+it), reports the nodes that die and the spot notices the agents see.
+
+Importing this package imports no Ray; the modules that need it import it
+when used.
+"""

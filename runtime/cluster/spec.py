@@ -1,0 +1,59 @@
+"""What ``--cluster`` names, and the provider that gives its machines.
+
+- ``local`` (or nothing): `LocalProvider`, worker slots on this host, forked
+  by the local launcher; no Ray.
+- ``auto``: the Ray cluster running on this host (``ray start --head``);
+  ``HOST:PORT``: the Ray cluster whose head (GCS) is there; ``ray://HOST:PORT``:
+  through Ray Client. Its nodes must carry the plan's instance types as
+  resources (`thrifty.runtime.cluster.resources`); `RayProvider.check_plan`
+  says before the run what is missing.
+- a cluster config file (``.yaml``, ``.yml``, ``.json``): machines its
+  provider starts, which join a Ray cluster (see ``docs/ec2.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from thrifty.datasets.catalog import Catalog
+from thrifty.datasets.errors import ProblemError
+from thrifty.runtime.providers.base import Provider
+
+__all__ = ["cluster_kind", "cluster_provider"]
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def cluster_kind(cluster: str | Path | None) -> Literal["local", "ray", "config"]:
+    """Which kind of cluster `cluster` names; `ProblemError` (path ``cluster``) when none."""
+    if cluster is None or str(cluster) == "local":
+        return "local"
+    text = str(cluster)
+    if text.endswith(CONFIG_SUFFIXES):
+        if not Path(text).exists():
+            raise ProblemError(f"cluster config file {text} does not exist", path="cluster")
+        return "config"
+    if text == "auto" or text.startswith("ray://"):
+        return "ray"
+    host, sep, port = text.rpartition(":")
+    if sep and host and port.isdigit() and 0 < int(port) < 65536:
+        return "ray"
+    raise ProblemError(f"is '{text}', but must be 'local', 'auto', 'HOST:PORT', 'ray://HOST:PORT' or a cluster "
+                       "config file (.yaml, .yml, .json)", path="cluster")
+
+
+def cluster_provider(cluster: str | Path | None, run_id: str, catalog: Catalog,
+                     preload: Sequence[str] = ()) -> Provider:
+    """The provider of the machines of `cluster` for run `run_id`."""
+    kind = cluster_kind(cluster)
+    if kind == "local":
+        from thrifty.runtime.providers.local import LocalProvider
+
+        return LocalProvider(run_id, catalog)
+    if kind == "ray":
+        from thrifty.runtime.cluster.provider import RayProvider
+
+        return RayProvider(run_id, catalog, str(cluster), preload=preload)
+    raise ProblemError(f"cluster config files are not supported yet ({cluster})", path="cluster")

@@ -1,0 +1,165 @@
+"""Training plans on a Ray cluster: three Ray nodes on this host, every one
+bound to 127.0.0.1 (`ray.cluster_utils.Cluster`), running the Srifty 5.4
+miniature (``datasets/examples/local-demo-srifty54.json``) with the float64
+MLP. Removing a node is the preemption; a local IMDSv2 server per node posts
+spot notices, which the node's agent reads (``THRIFTY_IMDS_URL`` in the
+node's environment)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed; `pip install 'thrifty[ray]'` runs these tests")
+torch = pytest.importorskip("torch")
+
+from thrifty.datasets.catalog import load_catalog  # noqa: E402
+from thrifty.datasets.errors import ProblemError  # noqa: E402
+from thrifty.runtime.cluster.connect import keep_loopback  # noqa: E402
+from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
+from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
+from thrifty.runtime.training import RunConfig, train  # noqa: E402
+from thrifty.runtime.training.launcher import WORKER_PRELOAD  # noqa: E402
+
+from aws_fakes import ImdsServer  # noqa: E402
+from test_training_runtime_processes import max_difference, model_state  # noqa: E402
+from test_training_runtime_units import plan_dict  # noqa: E402
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"
+CATALOG = ROOT / "datasets" / "examples" / "local-demo-catalog.json"
+TINY = "thrifty.runtime.training.examples:tiny_mlp"
+NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "object_store_memory": 80 * 2**20}
+SPOT_A = {"thrifty-type:local-a": 1, "thrifty-market:spot": 1}
+CONFIG = RunConfig(checkpoint_every=50, checkpoint_every_s=None, poll_s=0.02, world_timeout_s=120,
+                   stall_timeout_s=120, stop_timeout_s=60, collective_timeout_s=120)
+
+
+class ThreeNodes:
+    """A head and two nodes: the head and `spare` are local-a spot machines,
+    `other` a local-b on-demand one; each node has its own metadata service."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        keep_loopback()
+        self.imds: dict[str, ImdsServer] = {}
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            **NODE, "include_dashboard": False, "resources": SPOT_A, "env_vars": self._imds("head")})
+        self.spare = self.other = None
+        self.refill()
+
+    def _imds(self, name: str) -> dict[str, str]:
+        server = self.imds[name] = ImdsServer(f"i-{name}").start()
+        return {"THRIFTY_IMDS_URL": server.url}
+
+    def refill(self) -> None:
+        """Bring the cluster back to three live nodes."""
+        if self.spare is None:
+            self.spare = self.cluster.add_node(**NODE, resources=SPOT_A, env_vars=self._imds("spare"))
+        if self.other is None:
+            self.other = self.cluster.add_node(**NODE, resources={"thrifty-type:local-b": 1},
+                                               env_vars=self._imds("other"))
+        self.cluster.wait_for_nodes()
+
+    def remove_spare(self) -> None:
+        node, self.spare = self.spare, None
+        self.cluster.remove_node(node)
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+        for server in self.imds.values():
+            server.close()
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    cluster = ThreeNodes()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def provider(nodes):
+    nodes.refill()
+    made = RayProvider("cluster-test", load_catalog(CATALOG), nodes.cluster.address, imds_interval_s=0.2,
+                       preload=WORKER_PRELOAD)
+    yield made
+    made.close()
+
+
+class WhenReaching:
+    """An on_progress callback that runs `action` once, in a thread, when the
+    run reaches `iteration`; `join` waits for the action to end."""
+
+    def __init__(self, iteration: int, action) -> None:
+        self.iteration, self.action = iteration, action
+        self.thread: threading.Thread | None = None
+
+    def __call__(self, snapshot) -> None:
+        if self.thread is None and snapshot.iterations >= self.iteration:
+            self.thread = threading.Thread(target=self.action, daemon=True)
+            self.thread.start()
+
+    def join(self) -> None:
+        assert self.thread is not None, f"the run never reached iteration {self.iteration}"
+        self.thread.join(60)
+
+
+def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, tmp_path):
+    result = train(DEMO, TINY, provider=provider, run_dir=tmp_path, config=CONFIG)
+    assert result.iterations == 600 and result.within_limits
+    [segment] = result.segments
+    assert segment.config == "2xlocal-a@32" and segment.ended == "finished"
+    assert {m.host for m in provider.all_machines()} == {"127.0.0.1"}
+    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
+    assert provider.machines() == []
+
+
+def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(nodes, provider, tmp_path):
+    remove = WhenReaching(300, nodes.remove_spare)
+    result = train(DEMO, TINY, provider=provider, run_dir=tmp_path, config=CONFIG, on_progress=remove)
+    remove.join()
+    assert result.iterations == 600 and result.within_limits, result.exceeded
+    [event] = result.preemptions
+    assert (event.instance_type, event.market, event.time_left_s) == ("local-a", "spot", 0)
+    assert event.source in ("worker-exit", "node-lost")
+    lost, after = result.segments
+    assert lost.ended == "lost" and lost.committed_iteration >= 300 - 50
+    assert after.start_iteration == lost.committed_iteration and after.ended == "finished"
+    assert "2xlocal-a" not in after.config
+    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
+
+
+def test_a_spot_notice_ten_seconds_ahead_loses_no_iteration(nodes, provider, tmp_path):
+    def notice_then_remove() -> None:
+        nodes.imds["spare"].interrupt(in_s=10.0)
+        time.sleep(10.0)
+        nodes.remove_spare()
+
+    notice = WhenReaching(300, notice_then_remove)
+    result = train(DEMO, TINY, provider=provider, run_dir=tmp_path, config=CONFIG, on_progress=notice)
+    notice.join()  # the machine is taken 10 s after its notice: by then the run had moved off it
+    assert result.iterations == 600 and result.within_limits, result.exceeded
+    [event] = result.preemptions
+    assert (event.source, event.instance_type, event.market) == ("imds", "local-a", "spot")
+    assert 0 < event.time_left_s <= 10
+    noticed, after = result.segments
+    assert noticed.ended == "stopped" and noticed.lost_iterations == 0
+    assert sum(s.lost_iterations for s in result.segments) == 0
+    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
+
+
+def test_a_cluster_without_the_plans_machines_is_a_clear_error_before_anything_runs(provider, tmp_path):
+    plan = plan_dict(("local-b", "spot", 2, 32))
+    with pytest.raises(ProblemError) as error:
+        train(plan, TINY, problem=DEMO, provider=provider, run_dir=tmp_path, config=CONFIG)
+    assert error.value.path == "cluster"
+    assert "2 x local-b (spot): the cluster has 0" in str(error.value)
+    assert "local-a (spot)" in str(error.value)
+    assert not (tmp_path / "checkpoint.pt").exists()
