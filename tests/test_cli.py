@@ -92,3 +92,34 @@ def test_schema_of_each_data_file_format(kind, field, capsys):
     schema = json.loads(capsys.readouterr().out)
     top = schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]] if "$ref" in schema else schema
     assert field in top["properties"] and top["additionalProperties"] is False
+
+
+DEMO_SRIFTY54 = "datasets/examples/local-demo-srifty54.json"
+
+
+def test_run_dry_run_prints_the_machines_and_prediction_and_starts_nothing(capsys, tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    problem = str(Path(__file__).resolve().parents[1] / DEMO_SRIFTY54)
+    assert main(["run", problem, "--dry-run", "--json", "--cluster", "127.0.0.1:6379"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cluster_kind"] == "ray" and out["config"] == "2xlocal-a@32"
+    assert out["machines"] == [{"instance_type": "local-a", "market": "spot", "count": 2, "batch_per_machine": 32}]
+    assert out["predicted_total_s"] > 0 and out["time_limit_s"] == 30
+    assert not (tmp_path / "thrifty-runs").exists()
+    assert main(["run", problem, "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "2 x local-a (spot), batch 32 per machine" in text and "nothing was started" in text
+
+
+def test_run_with_a_cluster_it_does_not_know_is_bad_input(capsys):
+    from pathlib import Path
+
+    problem = str(Path(__file__).resolve().parents[1] / DEMO_SRIFTY54)
+    assert main(["run", problem, "--dry-run", "--cluster", "somewhere"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster: is 'somewhere', but must be 'local', 'auto', 'HOST:PORT'" in err and "Traceback" not in err
+    assert main(["run", problem, "--dry-run", "--cluster", "missing.yaml"]) == 2
+    assert "cluster config file missing.yaml does not exist" in capsys.readouterr().err

@@ -18,13 +18,12 @@ torch = pytest.importorskip("torch")
 
 from thrifty.datasets.catalog import load_catalog  # noqa: E402
 from thrifty.datasets.errors import ProblemError  # noqa: E402
-from thrifty.runtime.cluster.connect import keep_loopback  # noqa: E402
 from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 from thrifty.runtime.training import RunConfig, train  # noqa: E402
 from thrifty.runtime.training.launcher import WORKER_PRELOAD  # noqa: E402
 
-from aws_fakes import ImdsServer  # noqa: E402
+from ray_cluster import ThreeNodes  # noqa: E402
 from test_training_runtime_processes import max_difference, model_state  # noqa: E402
 from test_training_runtime_units import plan_dict  # noqa: E402
 
@@ -34,47 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"
 CATALOG = ROOT / "datasets" / "examples" / "local-demo-catalog.json"
 TINY = "thrifty.runtime.training.examples:tiny_mlp"
-NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "object_store_memory": 80 * 2**20}
-SPOT_A = {"thrifty-type:local-a": 1, "thrifty-market:spot": 1}
 CONFIG = RunConfig(checkpoint_every=50, checkpoint_every_s=None, poll_s=0.02, world_timeout_s=120,
                    stall_timeout_s=120, stop_timeout_s=60, collective_timeout_s=120)
-
-
-class ThreeNodes:
-    """A head and two nodes: the head and `spare` are local-a spot machines,
-    `other` a local-b on-demand one; each node has its own metadata service."""
-
-    def __init__(self) -> None:
-        from ray.cluster_utils import Cluster
-
-        keep_loopback()
-        self.imds: dict[str, ImdsServer] = {}
-        self.cluster = Cluster(initialize_head=True, head_node_args={
-            **NODE, "include_dashboard": False, "resources": SPOT_A, "env_vars": self._imds("head")})
-        self.spare = self.other = None
-        self.refill()
-
-    def _imds(self, name: str) -> dict[str, str]:
-        server = self.imds[name] = ImdsServer(f"i-{name}").start()
-        return {"THRIFTY_IMDS_URL": server.url}
-
-    def refill(self) -> None:
-        """Bring the cluster back to three live nodes."""
-        if self.spare is None:
-            self.spare = self.cluster.add_node(**NODE, resources=SPOT_A, env_vars=self._imds("spare"))
-        if self.other is None:
-            self.other = self.cluster.add_node(**NODE, resources={"thrifty-type:local-b": 1},
-                                               env_vars=self._imds("other"))
-        self.cluster.wait_for_nodes()
-
-    def remove_spare(self) -> None:
-        node, self.spare = self.spare, None
-        self.cluster.remove_node(node)
-
-    def close(self) -> None:
-        self.cluster.shutdown()
-        for server in self.imds.values():
-            server.close()
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,17 @@ class RayProvider(Provider):
         return [n for n in cluster_nodes(self.ray)
                 if n["instance_type"] == instance_type and n["market"] == market and n["node_id"] not in held]
 
+    def pool_capacity(self) -> dict[tuple[str, str], int] | None:
+        """How many machines of each (instance type, market) the cluster's
+        live nodes offer; None with a source provider (it starts machines)."""
+        if self.source is not None:
+            return None
+        out: dict[tuple[str, str], int] = {}
+        for n in cluster_nodes(self.ray):
+            if n["instance_type"]:
+                out[(n["instance_type"], n["market"])] = out.get((n["instance_type"], n["market"]), 0) + 1
+        return out
+
     def check_plan(self, allocations: Iterable[tuple[str, str, int]]) -> None:
         """Raise `ProblemError` naming what the cluster lacks for machines
         ``(instance type, market, count)`` (nothing to check with a source

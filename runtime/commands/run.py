@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from rich.progress import Progress, TaskID
 
-HELP = "run a training plan (local worker processes by default), watch it and re-plan on preemption"
+HELP = "run a training plan (local worker processes by default, or a Ray cluster), watch it and re-plan on preemption"
 
 _FAULT_KEYS = {"kill": {"machine", "iteration", "time", "warning"}, "slow": {"machine", "from", "until", "extra"}}
 
@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inject", type=parse_fault, action="append", default=[], metavar="FAULT",
                         help="a fault for demos: kill:machine=0,iteration=100[,warning=120], "
                              "kill:machine=0,time=30, slow:machine=1,from=100,extra=0.05[,until=200]")
+    parser.add_argument("--cluster", default=None, metavar="CLUSTER",
+                        help="where the machines are: local (the default: worker processes on this host), auto "
+                             "(the Ray cluster running on this host), HOST:PORT or ray://HOST:PORT (a running Ray "
+                             "cluster whose nodes carry the plan's instance types as resources), or a cluster "
+                             "config file (provider: ec2; see docs/ec2.md)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan, the machines it would ask for, the predicted time and cost, and exit")
     parser.add_argument("--launch-delay", type=non_negative_float, default=0.0, metavar="SECONDS",
                         help="local provider: seconds a machine takes to 'boot' (default 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw progress and cost against the plans")
@@ -169,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
         why = plan.infeasibility.reason if plan.infeasibility else plan.status
         print(f"thrifty run: the problem is infeasible: {why}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    from thrifty.runtime.cluster.spec import cluster_kind
+
+    kind = cluster_kind(args.cluster)
+    if args.dry_run:  # no trainer needed: nothing runs
+        return _dry_run(plan, problem, args.cluster or "local", kind, args.json)
     trainer = args.trainer or (record.trainer if record is not None else None)
     if trainer is None:
         raise ProblemError("--trainer MODULE:FACTORY is required (e.g. thrifty.runtime.training.examples:zoo)")
@@ -176,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
         record.trainer_args if record is not None else {})
     config = _config(args, record)
     provider = None
+    if args.launch_delay and kind != "local":
+        raise ProblemError("--launch-delay simulates boot times of local machines; it does not apply to "
+                           f"--cluster {args.cluster}")
     if args.launch_delay:
         import uuid
 
@@ -195,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         with bar:
             result = train(plan, trainer, problem=problem, provider=provider, hooks=hooks, config=config,
                            faults=args.inject, run_dir=args.run_dir, trainer_args=trainer_args,
-                           resume=resume, on_progress=bar.update)
+                           resume=resume, on_progress=bar.update, cluster=args.cluster)
     except ReplanInfeasible as e:
         print(f"thrifty run: infeasible after re-planning: {e}{_kept(e)}", file=sys.stderr)
         return EXIT_INFEASIBLE
@@ -224,6 +239,33 @@ def run(args: argparse.Namespace) -> int:
     if not result.within_limits:
         print("thrifty run: finished OUTSIDE the limits: " + "; ".join(result.exceeded), file=sys.stderr)
         return EXIT_OUTSIDE_LIMITS
+    return EXIT_OK
+
+
+def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) -> int:
+    """What a run would do, without starting anything: the plan, its
+    machines, the prediction."""
+    machines = [{"instance_type": a.instance_type, "market": a.market, "count": a.count,
+                 "batch_per_machine": a.batch_per_instance} for a in plan.allocation]
+    p = plan.predicted
+    summary = {"cluster": cluster, "cluster_kind": kind, "config": plan.config, "machines": machines,
+               "iterations": problem.iterations, "global_batch": problem.global_batch,
+               "predicted_total_s": p.total_s if p else None, "predicted_cost_usd": p.cost_usd if p else None,
+               "time_limit_s": problem.limits.time_s, "cost_limit_usd": problem.limits.cost_usd}
+    if as_json:
+        print(json.dumps(summary, indent=1))
+        return EXIT_OK
+    where = {"local": "worker processes on this host", "ray": f"the Ray cluster at {cluster}",
+             "config": f"machines started from {cluster}, joining a Ray cluster"}[kind]
+    print(f"dry run: {problem.iterations} iterations of global batch {problem.global_batch} on {where}")
+    for m in machines:
+        print(f"  {m['count']} x {m['instance_type']} ({m['market']}), batch {m['batch_per_machine']} per machine")
+    if p is not None:
+        limits = [f"time <= {problem.limits.time_s:g} s" if problem.limits.time_s is not None else "",
+                  f"cost <= ${problem.limits.cost_usd:g}" if problem.limits.cost_usd is not None else ""]
+        print(f"predicted: {p.total_s:,.1f} s, ${p.cost_usd:,.4f}; iteration {p.iteration_s * 1e3:.1f} ms"
+              + (f" (limits: {', '.join(x for x in limits if x)})" if any(limits) else ""))
+    print("nothing was started (--dry-run)")
     return EXIT_OK
 
 

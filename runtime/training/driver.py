@@ -45,7 +45,7 @@ from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.training.launcher import WORKER_PRELOAD, RankSlot, Segment, SegmentPoll
 from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
-from thrifty.runtime.training.plans import check_plan, plan_and_problem
+from thrifty.runtime.training.plans import check_plan, plan_and_problem, within_capacity
 from thrifty.runtime.training.replan import Key, Replan, Replanner
 from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_paths, carried_over, default_run_dir,
                                              new_run_id, read_run_record, write_run_record)
@@ -335,14 +335,17 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
         provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
     if provider.local_workers:  # local workers are forked by it: while machines boot, it imports torch
         start_zygote(WORKER_PRELOAD)
-    check = getattr(provider, "check_plan", None)
-    if check is not None:
-        try:
+    try:
+        check = getattr(provider, "check_plan", None)
+        if check is not None:
             check([(a.instance_type, a.market, a.count) for a in plan.allocation])
-        except BaseException:
-            if own_provider:
-                provider.close()
-            raise
+        pool = getattr(provider, "pool_capacity", lambda: None)()
+        if pool is not None:  # a fixed pool of machines: re-plans pick only what it has
+            problem = within_capacity(problem, pool)
+    except BaseException:
+        if own_provider:
+            provider.close()
+        raise
     driver = _Driver(plan, problem, catalog, spec, dict(trainer_args or {}), provider, hooks or Hooks(),
                      config, FaultInjector(faults), folder, run_id, on_progress, record, carried)
     try:

@@ -133,3 +133,20 @@ def check_plan(plan: Plan, problem: TrainingProblem, catalog: Catalog) -> None:
     if total != problem.global_batch:
         raise ProblemError(f"places {total} samples per iteration, but the problem's global batch is "
                            f"{problem.global_batch}", path="allocation")
+
+
+def within_capacity(problem: TrainingProblem, capacity: dict[tuple[str, str], int]) -> TrainingProblem:
+    """`problem` with each machine choice's quota capped at what a fixed pool
+    of machines (the nodes of a running Ray cluster) has of it, and the
+    choices it has none of dropped, so that a re-plan only picks machines the
+    pool can give. `ProblemError` (path ``cluster``) when nothing is left."""
+    kept = []
+    for choice in problem.instances:
+        have = capacity.get((choice.instance_type, choice.market), 0)
+        if have > 0:
+            kept.append(choice.model_copy(update={"quota": min(choice.quota, have)}))
+    if not kept:
+        offered = ", ".join(f"{n} x {t} ({m})" for (t, m), n in sorted(capacity.items())) or "nothing"
+        raise ProblemError(f"the cluster offers none of the problem's machines; it offers {offered}",
+                           path="cluster")
+    return problem.model_copy(update={"instances": kept})
