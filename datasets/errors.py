@@ -50,7 +50,8 @@ class SolverError(ThriftyError, RuntimeError):
 
 
 class ProviderError(ThriftyError, RuntimeError):
-    """A machine provider failed (capacity, credentials, API errors)."""
+    """A cloud provider failed: its machines or its storage (capacity,
+    credentials, API errors)."""
 
 
 class MissingDependencyError(ThriftyError, ImportError):

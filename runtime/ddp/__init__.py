@@ -9,6 +9,8 @@ training jobs (`thrifty.runtime.training`) and tuning trials
 - `sharding`, `reweight`, `checkpoint`: per-rank batches of the global
   batch, gradient reweighting (Srifty 4.5), atomic checkpoints and random
   states;
+- `storage`: where a checkpoint lives, a path or an ``s3://bucket/key``
+  URL that every machine reaches, with atomic writes on both;
 - `steps` and `loop`: the pieces of a step and the one rank loop
   (`run_rank`). These two import torch; the rest does not, so the driver
   and the executors import this package without it.

@@ -8,9 +8,11 @@ batches continues bit for bit as if it had never stopped. After a re-plan
 onto other ranks the per-rank streams cannot map one to one; each rank is then
 seeded from ``(seed, iteration, rank)``, which is deterministic too.
 
-Writes are atomic (temporary file in the same folder, fsync, rename, fsync of
-the folder): a reader, or a restarted run, sees the previous checkpoint or the
-new one, never a torn file, so a failure never loses the last good one.
+A checkpoint's location is a local path or an ``s3://bucket/key`` URL, which
+every machine of a cluster reaches (`thrifty.runtime.ddp.storage`). Writes
+are atomic on both (locally a temporary file, fsync and rename; on S3 one
+PUT): a reader, or a restarted run, sees the previous checkpoint or the new
+one, never a torn file, so a failure never loses the last good one.
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and
 plain values only.
 """
@@ -18,14 +20,13 @@ plain values only.
 from __future__ import annotations
 
 import io
-import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import atomic_write_bytes
+from thrifty.datasets.errors import ProblemError, ThriftyError
+from thrifty.runtime.ddp import storage
+from thrifty.runtime.ddp.storage import Location
 
 __all__ = ["CHECKPOINT_FORMAT", "save_checkpoint", "load_checkpoint", "capture_rng", "restore_rng", "rank_seed",
            "seed_everything"]
@@ -33,46 +34,35 @@ __all__ = ["CHECKPOINT_FORMAT", "save_checkpoint", "load_checkpoint", "capture_r
 CHECKPOINT_FORMAT = "thrifty.checkpoint/1"
 
 
-def save_checkpoint(path: str | Path, state: dict[str, Any]) -> tuple[float, int]:
-    """Write `state` atomically; returns (seconds taken, bytes written)."""
+def save_checkpoint(location: Location, state: dict[str, Any]) -> tuple[float, int]:
+    """Write `state` atomically to `location` (a path or an ``s3://bucket/key``
+    URL); returns (seconds taken, bytes written)."""
     import torch
 
     start = time.perf_counter()
     buffer = io.BytesIO()
     torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
     data = buffer.getvalue()
-    atomic_write_bytes(path, data)
-    _fsync_folder(Path(path).parent)
+    storage.write_bytes_atomic(location, data)
     return time.perf_counter() - start, len(data)
 
 
-def _fsync_folder(folder: Path) -> None:
-    # the rename itself is durable only once the folder entry is on disk
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any] | None:
-    """The checkpoint at `path`, or None when there is none yet."""
+def load_checkpoint(location: Location) -> dict[str, Any] | None:
+    """The checkpoint at `location`, or None when there is none yet."""
     import torch
 
-    path = Path(path)
-    if not path.exists():
-        return None
+    where = storage.describe(location)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        data = storage.read_bytes(location)
+        if data is None:
+            return None
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except ThriftyError:
+        raise  # a storage failure says what it is
     except Exception as e:  # noqa: BLE001 - any unreadable file is bad input, named
-        raise ProblemError(f"cannot read checkpoint: {type(e).__name__}: {e}", source=str(path)) from e
+        raise ProblemError(f"cannot read checkpoint: {type(e).__name__}: {e}", source=where) from e
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ProblemError(f"is not a thrifty checkpoint (format must be {CHECKPOINT_FORMAT!r})", source=str(path))
+        raise ProblemError(f"is not a thrifty checkpoint (format must be {CHECKPOINT_FORMAT!r})", source=where)
     return state
 
 

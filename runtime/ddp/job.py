@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import atomic_write_text, read_json
+from thrifty.runtime.ddp import storage
 
 __all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION"]
 
@@ -56,9 +57,10 @@ class WorkerFault:
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """One world's job: train `trainer` (called with `trainer_args`) from
-    its checkpoint at `checkpoint_path` for `iterations` iterations of
-    `steps_per_iteration` optimizer steps each, rank r on local batch
-    `batches[r]` of the global `global_batch`.
+    its checkpoint at `checkpoint_path` (a path, or an ``s3://bucket/key``
+    URL that every machine reaches: `thrifty.runtime.ddp.storage`) for
+    `iterations` iterations of `steps_per_iteration` optimizer steps each,
+    rank r on local batch `batches[r]` of the global `global_batch`.
 
     A training job (`thrifty.runtime.training`) gives every number: one step
     per iteration, a fixed end, periodic checkpoints, and the starter's
@@ -99,6 +101,10 @@ class JobSpec:
         self.validate()
 
     def validate(self) -> None:
+        try:
+            storage.parse(self.checkpoint_path)
+        except ProblemError as e:
+            raise ProblemError(e.message, path="checkpoint_path") from None
         if self.batches is not None:
             self._validate_batches(self.batches)
         elif self.global_batch is not None and self.global_batch < 1:

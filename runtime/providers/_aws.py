@@ -42,7 +42,7 @@ def make_session(profile: str | None = None, region: str | None = None) -> Any:
     return session
 
 
-def make_client(session: Any, service: str, *, region: str, retry_mode: str = "standard",
+def make_client(session: Any, service: str, *, region: str | None, retry_mode: str = "standard",
                 max_attempts: int = 8, endpoint_url: str | None = None) -> Any:
     """A client whose throttled and transient calls botocore retries with
     exponential backoff (``standard``) or also rate-limits (``adaptive``)."""

@@ -44,7 +44,7 @@ def _parse(argv: Sequence[str] | None) -> JobSpec:
     parser.add_argument("--trainer-args", metavar="JSON", default="{}")
     parser.add_argument("--batches", metavar="B0,B1,...", help="local batch of each rank, in rank order")
     parser.add_argument("--iterations", type=int)
-    parser.add_argument("--checkpoint", metavar="PATH")
+    parser.add_argument("--checkpoint", metavar="PATH|s3://BUCKET/KEY")
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
