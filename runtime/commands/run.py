@@ -97,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR (or --run-dir) from its checkpoint; its plan, problem, "
                              "trainer and settings come from its run record unless given again")
+    parser.add_argument("--checkpoint", default=None, metavar="LOCATION",
+                        help="where the checkpoint lives: a path, or s3://BUCKET/KEY, which every machine of a "
+                             "cluster must reach (default RUN_DIR/checkpoint.pt)")
     parser.add_argument("--checkpoint-every", type=int_at_least(1), default=None, metavar="N",
                         help="iterations between checkpoints (default 100)")
     parser.add_argument("--checkpoint-every-s", type=positive_float, default=None, metavar="SECONDS",
@@ -129,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # RunConfig field <- command-line option (None: not given)
-_CONFIG_FLAGS = {"checkpoint_every": "checkpoint_every", "checkpoint_every_s": "checkpoint_every_s",
+_CONFIG_FLAGS = {"checkpoint": "checkpoint", "checkpoint_every": "checkpoint_every",
+                 "checkpoint_every_s": "checkpoint_every_s",
                  "window_s": "window", "world_timeout_s": "world_timeout", "stall_timeout_s": "stall_timeout",
                  "threads": "threads", "seed": "seed"}
 

@@ -77,6 +77,7 @@ class RunConfig:
 
     checkpoint_every: int | None = 100
     checkpoint_every_s: float | None = 60.0
+    checkpoint: str | None = None  # a path or s3://bucket/key every machine reaches; None: RUN_DIR/checkpoint.pt
     window_s: float | None = None
     window_bins: int = 10
     replan_on_slowdown: bool = True
@@ -156,10 +157,15 @@ class RunResult:
     replans: tuple[Replan, ...]
     preemptions: tuple[Preemption, ...]
     segments: tuple[SegmentRecord, ...]
+    checkpoint: str = ""  # where the checkpoint is: a path, or s3://bucket/key; "" = run_dir/checkpoint.pt
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.run_dir / "checkpoint.pt"
+    def checkpoint_path(self) -> Path | str:
+        """The checkpoint: a `Path` when it is on a file system, else its s3:// URL."""
+        from thrifty.runtime.ddp import storage
+
+        location = checkpoint_location(self.checkpoint or None, self.run_dir)
+        return location if storage.is_remote(location) else Path(location)
 
     @property
     def log_path(self) -> Path:
@@ -217,6 +223,11 @@ class ProgressSnapshot:
     def eta_s(self) -> float | None:
         """Seconds left by the measured throughput."""
         return None if self.projected_total_s is None else max(0.0, self.projected_total_s - self.elapsed_s)
+
+
+def checkpoint_location(checkpoint: str | None, run_dir: Path) -> str:
+    """Where a run's checkpoint lives: `checkpoint` (a path or s3://bucket/key), or in its run directory."""
+    return checkpoint or str(run_dir / "checkpoint.pt")
 
 
 MAX_HOLD_OFF_WINDOWS = 8
@@ -315,12 +326,16 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     config = config or RunConfig()
     run_id = run_id or new_run_id()
     folder = folder if folder is not None else default_run_dir(run_id)
-    checkpoint = folder / "checkpoint.pt"
-    if checkpoint.exists() and not resuming:
-        raise ProblemError(f"already holds a checkpoint ({checkpoint}); resume it or choose another folder",
-                           path="run_dir")
-    if resuming and not checkpoint.exists():
-        raise ProblemError(f"has no checkpoint to resume ({checkpoint})", path="run_dir")
+    from thrifty.runtime.ddp import storage
+
+    checkpoint = checkpoint_location(config.checkpoint, folder)
+    where = "checkpoint" if config.checkpoint else "run_dir"
+    storage.parse(checkpoint)  # a bad location is bad input
+    if storage.exists(checkpoint) and not resuming:
+        raise ProblemError(f"already holds a checkpoint ({storage.describe(checkpoint)}); resume it or choose "
+                           "another location", path=where)
+    if resuming and not storage.exists(checkpoint):
+        raise ProblemError(f"has no checkpoint to resume ({storage.describe(checkpoint)})", path=where)
     carried = carried_over(read_run_log(folder / "run.jsonl")) if resuming and (folder / "run.jsonl").exists() \
         else CarriedOver()
     folder.mkdir(parents=True, exist_ok=True)
@@ -362,6 +377,7 @@ class _Driver:
         self.plan, self.problem, self.catalog = plan, problem, catalog
         self.spec, self.trainer_args, self.provider, self.hooks = spec, trainer_args, provider, hooks
         self.config, self.injector, self.folder, self.run_id = config, injector, folder, run_id
+        self.checkpoint = checkpoint_location(config.checkpoint, folder)
         self.on_progress, self.record = on_progress, record
         # a resumed run's clock goes on from what its earlier sessions spent (seconds, USD)
         self.carried_s, self.carried_usd = carried.seconds, carried.usd
@@ -442,7 +458,7 @@ class _Driver:
         if resume:
             from thrifty.runtime.ddp.checkpoint import load_checkpoint
 
-            state = load_checkpoint(self.folder / "checkpoint.pt")
+            state = load_checkpoint(self.checkpoint)
             assert state is not None  # train() refuses to resume a run without a checkpoint
             self.done = int(state["iteration"])
             self.predicted_total_s, self.predicted_cost_usd = resumed_prediction(
@@ -484,7 +500,8 @@ class _Driver:
         now = time.time()
         result = RunResult(self.run_id, self.folder, self.done, self.problem.iterations, now - self.start,
                            self._spent(now), self.problem.limits.time_s, self.problem.limits.cost_usd,
-                           tuple(self.plans), tuple(self.replans), tuple(self.preemptions), tuple(self.segments))
+                           tuple(self.plans), tuple(self.replans), tuple(self.preemptions), tuple(self.segments),
+                           self.checkpoint)
         predicted = self.plan.predicted
         self.log.write("finish", at=now, iterations=self.done, cost_usd=result.cost_usd,
                        within_limits=result.within_limits, time_limit_s=result.time_limit_s,
@@ -557,7 +574,7 @@ class _Driver:
             backend = "gloo" if devices == {"cpu"} else "auto"
         job = JobSpec(trainer=self.spec, trainer_args=self.trainer_args, global_batch=self.problem.global_batch,
                       iterations=self.problem.iterations, batches=tuple(s.batch for s in slots),
-                      checkpoint_path=str(self.folder / "checkpoint.pt"), checkpoint_every=cfg.checkpoint_every,
+                      checkpoint_path=self.checkpoint, checkpoint_every=cfg.checkpoint_every,
                       checkpoint_every_s=cfg.checkpoint_every_s, seed=cfg.seed, threads=cfg.threads,
                       backend=backend, timeout_s=cfg.collective_timeout_s, weighting=cfg.weighting,
                       faults=self.injector.worker_faults(len(self.segments), slots, self.done),

@@ -6,7 +6,7 @@
       run.json         the run record: plan (the current one), problem, trainer, trainer args,
                        run settings; written atomically at the start and after each re-plan
       run.jsonl        the run log, one JSON object per line (`runlog`), appended by every session
-      checkpoint.pt    the last checkpoint (atomic)
+      checkpoint.pt    the last checkpoint (atomic; elsewhere with RunConfig.checkpoint, e.g. on S3)
       job-segment*.json, logs/   what each world of workers was asked to do, and its output
 
 The default directory of a new run is ``./thrifty-runs/RUN_ID`` (under the
