@@ -4,7 +4,9 @@
   free loopback port, with boto3 clients pointed at it and fake credentials;
   `live_instances` is what the no-leak checks read.
 * `ImdsServer`: an IMDSv2 endpoint (http.server in a thread) serving one
-  machine's spot ``instance-action`` notice behind the token protocol.
+  machine's identity (instance id, local IPv4, type, life cycle) and its
+  spot ``instance-action`` notice behind the token protocol.
+* `moto_server`: a started `MotoServer` under the fake AWS environment.
 * `fixture`: a recorded-shape AWS response from ``tests/fixtures`` (for the
   APIs moto lacks or answers with placeholders), ready for botocore's Stubber.
 * Event hooks that inject AWS errors into one operation while everything else
@@ -56,6 +58,20 @@ def fake_aws_env(monkeypatch: Any) -> Iterator[None]:
     for key, value in FAKE_AWS_ENV.items():
         monkeypatch.setenv(key, value)
     yield
+
+
+@contextmanager
+def moto_server() -> Iterator["MotoServer"]:
+    """A started `MotoServer`, under the fake AWS environment while it runs
+    (a test module's fixture: ``with moto_server() as server: yield server``)."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp, fake_aws_env(mp):
+        server = MotoServer().start()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 class MotoServer:
@@ -139,12 +155,17 @@ class ImdsServer:
 
     ``PUT /latest/api/token`` needs ``X-aws-ec2-metadata-token-ttl-seconds``
     in 1..21600 and answers a token; every GET needs a live token (401
-    otherwise, as an instance that requires IMDSv2 answers). The spot
+    otherwise, as an instance that requires IMDSv2 answers). It serves the
+    machine's ``instance-id``, ``local-ipv4``, ``instance-type`` and
+    ``instance-life-cycle`` (``spot`` or ``on-demand``); the spot
     ``instance-action`` item is 404 until `interrupt` is called.
     """
 
-    def __init__(self, instance_id: str = "i-0123456789abcdef0"):
+    def __init__(self, instance_id: str = "i-0123456789abcdef0", *, local_ipv4: str = "127.0.0.1",
+                 instance_type: str = "p3.8xlarge", life_cycle: str = "on-demand"):
         self.instance_id = instance_id
+        self.items = {"instance-id": instance_id, "local-ipv4": local_ipv4, "instance-type": instance_type,
+                      "instance-life-cycle": life_cycle}
         self.notice: dict[str, str] | None = None
         self.tokens: dict[str, float] = {}  # token -> expiry (Unix seconds)
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
@@ -219,8 +240,9 @@ class ImdsServer:
                     notice = server.notice
                 if not live:
                     return self._reply(401)
-                if self.path == "/latest/meta-data/instance-id":
-                    return self._reply(200, server.instance_id)
+                item = self.path.removeprefix("/latest/meta-data/")
+                if item in server.items:
+                    return self._reply(200, server.items[item])
                 if self.path == "/latest/meta-data/spot/instance-action" and notice is not None:
                     return self._reply(200, json.dumps(notice))
                 self._reply(404)

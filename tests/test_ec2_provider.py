@@ -27,7 +27,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import ANY, Stubber
 
-from aws_fakes import REGION, ImdsServer, MotoServer, fake_aws_env, fixture, raise_on
+from aws_fakes import REGION, ImdsServer, fixture, moto_server, raise_on
 from thrifty.datasets.catalog import DEFAULT_CATALOG, load_catalog, parse_catalog
 from thrifty.datasets.io import read_json, write_json
 from thrifty.datasets.errors import ProblemError, ProviderError
@@ -49,12 +49,8 @@ AMI = "ami-0123456789abcdef0"
 
 @pytest.fixture(scope="module")
 def moto():
-    with pytest.MonkeyPatch.context() as mp, fake_aws_env(mp):
-        server = MotoServer().start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    with moto_server() as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)
@@ -122,12 +118,24 @@ def test_config_yaml_and_json_give_the_same_config(tmp_path):
     ({"subnet_id": "subnet-0abc1234"}, "subnet_id", "is not a known field"),
     ({"tags": {"thrifty:run": "x"}}, "tags", "reserved"),
     ({"launch_timeout_s": 0}, "launch_timeout_s", "greater than 0"),
+    ({"install": "latest"}, "install", "must be 'version', 'none', or a wheel"),
+    ({"install": "thrifty-0.1.0.whl"}, "install", "an absolute path"),
+    ({"install": "s3://bucket/thrifty-0.1.0-py3-none-any.whl"}, "install", "http(s) or file URL"),
+    ({"head_address": "10.0.0.5"}, "head_address", "must be HOST:PORT"),
+    ({"ray_port": 70000}, "ray_port", "must be at most 65,535"),
+    ({"join_timeout_s": 0}, "join_timeout_s", "must be greater than 0"),
 ])
 def test_config_errors_name_the_field(fields, path, words):
     with pytest.raises(ProblemError) as info:
         config(**fields)
     assert info.value.path == path
     assert words in str(info.value)
+
+
+def test_config_ray_cluster_defaults():
+    c = config()
+    assert (c.install, c.head_address, c.ray_port, c.join_timeout_s) == ("version", None, 6379, 600.0)
+    assert config(install="none", head_address="10.0.0.5:6380").head_address == "10.0.0.5:6380"
 
 
 def test_config_missing_region_and_bad_yaml(tmp_path):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["MACHINE", "TYPE", "MARKET", "machine_resource", "type_resource", "market_resource", "node_marks"]
+__all__ = ["MACHINE", "TYPE", "MARKET", "machine_resource", "type_resource", "market_resource", "node_resources",
+           "node_marks"]
 
 MACHINE, TYPE, MARKET = "thrifty-machine:", "thrifty-type:", "thrifty-market:"
 
@@ -27,6 +28,11 @@ def type_resource(instance_type: str) -> str:
 
 def market_resource(market: str) -> str:
     return MARKET + market
+
+
+def node_resources(machine_id: str, instance_type: str, market: str) -> dict[str, float]:
+    """The marks of one machine's node, one unit each (what ``thrifty node join`` gives it)."""
+    return {machine_resource(machine_id): 1.0, type_resource(instance_type): 1.0, market_resource(market): 1.0}
 
 
 def node_marks(resources: Mapping[str, float]) -> tuple[str | None, str | None, str]:

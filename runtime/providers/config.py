@@ -27,7 +27,20 @@ named by ``catalog``, for accounts without ``pricing:GetProducts``), and
 max_attempts: 8}``).
 
 The setup commands become the instance's user data: a bash script that
-cloud-init runs once as root on first boot (`user_data`).
+cloud-init runs once as root on first boot (`user_data`). When the machines
+join a Ray cluster (the ``ray`` launcher), the user data is instead
+`thrifty.runtime.cluster.bootstrap.join_script`: the setup commands, then
+thrifty's installation, then ``thrifty node join``. For that:
+
+* ``install``: how thrifty gets onto a machine: ``version`` (the default:
+  ``pip install 'thrifty[ray,torch]==<the driver's version>'``), a wheel (an
+  absolute path on the machine, or an http(s) URL, ending in ``.whl``:
+  installed with the same extras), or ``none`` (the AMI has it);
+* ``head_address``: where the machines find the Ray head, ``host:port``
+  (default: the driver fills in its own address and ``ray_port``);
+* ``ray_port``: the GCS port of the head the driver starts (default 6379);
+* ``join_timeout_s``: how long the driver waits for a running machine's node
+  to join the cluster (default 600).
 
 Every error names the JSON path of the bad field, as problem files do.
 """
@@ -36,6 +49,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -47,6 +61,7 @@ __all__ = ["ClusterConfig", "RetryConfig", "load_cluster_config", "parse_cluster
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 RESERVED_TAG_PREFIXES = ("aws:", "thrifty:")
+INSTALL_CHOICES = ("version", "none")
 
 
 class _Frozen(BaseModel):
@@ -83,6 +98,31 @@ class ClusterConfig(_Frozen):
     prices: Literal["api", "catalog"] = "api"
     catalog: str | None = None
     retries: RetryConfig = RetryConfig()
+    install: Annotated[str, Field(min_length=1)] = "version"
+    head_address: str | None = None
+    ray_port: Annotated[int, Field(ge=1, le=65535)] = 6379
+    join_timeout_s: PositiveFloat = 600.0
+
+    @field_validator("install")
+    @classmethod
+    def _install_is_known(cls, install: str) -> str:
+        if install in INSTALL_CHOICES:
+            return install
+        url = urlsplit(install)
+        local = url.scheme == "" and install.startswith("/")
+        if not (local or url.scheme in ("http", "https", "file")) or not url.path.endswith(".whl"):
+            raise ValueError(f"install is '{install}', but must be 'version', 'none', or a wheel: an absolute path "
+                             "or an http(s) or file URL ending in .whl")
+        return install
+
+    @field_validator("head_address")
+    @classmethod
+    def _head_address_is_host_port(cls, address: str | None) -> str | None:
+        if address is not None:
+            from thrifty.runtime.cluster.bootstrap import parse_address
+
+            parse_address(address)  # ValueError (a ProblemError) naming the rule
+        return address
 
     @field_validator("tags")
     @classmethod

@@ -8,8 +8,10 @@ One `provision` call:
 2. makes one ``run_instances`` call with ``MinCount = MaxCount = count``
    (all or nothing), spot through ``InstanceMarketOptions``, every instance
    and volume tagged ``thrifty:run`` (the run id), ``thrifty:launch`` (this
-   call) and ``thrifty:market``; the cluster config's setup commands are the
-   user data;
+   call) and ``thrifty:market``; the user data is the provider's `user_data`
+   (for machines that join a Ray cluster: ``join_script`` of
+   `thrifty.runtime.cluster.bootstrap`), else the cluster config's setup
+   commands;
 3. owns the instances from the moment the call returns and polls
    ``describe_instances`` until all run or `timeout_s` passes;
 4. on any failure (a capacity error, the timeout, a lost answer, any other
@@ -71,7 +73,8 @@ from thrifty.runtime.providers._aws import (
     verify_credentials,
 )
 from thrifty.runtime.providers.base import CapacityError, Machine, MachineState, Market, Provider
-from thrifty.runtime.providers.config import ClusterConfig, user_data
+from thrifty.runtime.providers.config import ClusterConfig
+from thrifty.runtime.providers.config import user_data as setup_user_data
 from thrifty.runtime.providers.imds import ImdsPoller
 from thrifty.runtime.providers.pricing import PRICING_REGION, ApiPrices, CatalogPrices, Prices
 
@@ -105,12 +108,15 @@ _EC2_STATE: dict[str, MachineState] = {
     "pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopping",
     "shutting-down": "terminated", "terminated": "terminated",
 }
+# EC2 takes at most 16 KB of user data (before base64)
+MAX_USER_DATA_BYTES = 16384
 _TRANSITION_TIME = re.compile(r"\((\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) (?:GMT|UTC)\)")
 
 
 def launch_request(config: ClusterConfig, run_id: str, instance_type: str, count: int, market: str,
-                   launch_token: str) -> dict[str, Any]:
-    """The ``run_instances`` arguments of one all-or-nothing launch."""
+                   launch_token: str, user_data: str | None = None) -> dict[str, Any]:
+    """The ``run_instances`` arguments of one all-or-nothing launch; the user
+    data is `user_data` when given, else the config's setup commands."""
     tags = {"Name": f"thrifty-{run_id}", **config.tags, RUN_TAG: run_id, LAUNCH_TAG: launch_token,
             MARKET_TAG: market}
     tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
@@ -135,7 +141,7 @@ def launch_request(config: ClusterConfig, run_id: str, instance_type: str, count
         request["KeyName"] = config.key_name
     if config.iam_profile_spec:
         request["IamInstanceProfile"] = config.iam_profile_spec
-    script = user_data(config)
+    script = user_data if user_data is not None else setup_user_data(config)
     if script:
         request["UserData"] = script
     if market == "spot":
@@ -224,6 +230,9 @@ class Ec2Provider(Provider):
     `imds_url(machine)`, when given, names a metadata service the driver can
     reach for each machine, and the provider polls it for spot notices (tests
     and the demo; on EC2 the poller runs on the machine, see `imds`).
+    `user_data` is every instance's user data (a script such as
+    `thrifty.runtime.cluster.bootstrap.join_script`; at most 16 KB), in place
+    of the config's setup commands.
     """
 
     name = "ec2"
@@ -231,11 +240,15 @@ class Ec2Provider(Provider):
     def __init__(self, run_id: str, config: ClusterConfig, *, session: Any = None, endpoint_url: str | None = None,
                  ec2: Any = None, sts: Any = None, pricing: Any = None, prices: Prices | None = None,
                  imds_url: Callable[[Machine], str] | None = None, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, verify: bool = True):
+                 sleep: Callable[[float], None] = time.sleep, verify: bool = True, user_data: str | None = None):
         if not run_id or len(run_id) > 200:
             raise ProblemError(f"run id '{run_id}' must be 1 to 200 characters")
+        if user_data is not None and len(user_data.encode()) > MAX_USER_DATA_BYTES:
+            raise ProblemError(f"user data is {len(user_data.encode())} bytes, but EC2 takes at most "
+                               f"{MAX_USER_DATA_BYTES}")
         super().__init__(run_id)
         self.config = config
+        self.user_data = user_data
         self._clock, self._sleep = clock, sleep
         self._session = session
         self.ec2 = ec2 or self._client("ec2", config.region, endpoint_url)
@@ -282,7 +295,7 @@ class Ec2Provider(Provider):
         quoted = self.price(instance_type, market)  # a price that cannot be read stops the launch before it costs
         self._guard.arm()
         launch = f"thrifty-{uuid.uuid4().hex}"
-        request = launch_request(self.config, self.run_id, instance_type, count, market, launch)
+        request = launch_request(self.config, self.run_id, instance_type, count, market, launch, self.user_data)
         what = f"{count} {instance_type} ({market.replace('_', '-')})"
         started: list[Machine] = []
         try:

@@ -9,6 +9,14 @@ until then the item answers 404. IMDSv2 needs a session token:
 every GET carries ``X-aws-ec2-metadata-token``; a 401 means the token
 expired, and a new one is fetched.
 
+`ImdsClient` holds that token protocol (one token until a minute before it
+expires, one fresh token and one retry on a 401) and reads any metadata
+item: the machine's identity (`instance_identity`: instance id, private
+IPv4, instance type, market) for ``thrifty node join``, and the notice.
+The service's address is ``$THRIFTY_IMDS_URL`` when set (a test stands in
+a local server; ``thrifty node join`` exports it to the processes of its
+Ray node), else http://169.254.169.254 (`imds_url`).
+
 `ImdsPoller.check` makes one round and turns a notice into the runtime's
 `Preemption` (``source="imds"``, `time_left_s` = notice time - now);
 `ImdsPoller.start` polls every `interval_s` seconds in a thread and delivers
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import sys
 import threading
@@ -34,15 +43,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from thrifty.datasets.errors import ProviderError
 from thrifty.runtime.events import Preemption
 
-__all__ = ["ImdsPoller", "InstanceAction", "parse_instance_action", "DEFAULT_IMDS_URL", "ACTION_PATH",
-           "TOKEN_PATH", "TOKEN_HEADER", "TOKEN_TTL_HEADER"]
+__all__ = ["ImdsClient", "ImdsPoller", "InstanceAction", "InstanceIdentity", "parse_instance_action",
+           "instance_identity", "imds_url", "DEFAULT_IMDS_URL", "IMDS_URL_ENV", "ACTION_PATH", "TOKEN_PATH",
+           "TOKEN_HEADER", "TOKEN_TTL_HEADER", "INSTANCE_ID_PATH", "LOCAL_IPV4_PATH", "INSTANCE_TYPE_PATH",
+           "LIFE_CYCLE_PATH"]
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
+IMDS_URL_ENV = "THRIFTY_IMDS_URL"
 TOKEN_PATH = "/latest/api/token"
 ACTION_PATH = "/latest/meta-data/spot/instance-action"
 INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
+LOCAL_IPV4_PATH = "/latest/meta-data/local-ipv4"
+INSTANCE_TYPE_PATH = "/latest/meta-data/instance-type"
+# "spot", "on-demand", "scheduled" or "capacity-block": how the instance was bought
+LIFE_CYCLE_PATH = "/latest/meta-data/instance-life-cycle"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 ACTIONS = ("terminate", "stop", "hibernate")
@@ -71,6 +88,86 @@ def parse_instance_action(body: str) -> InstanceAction:
     return InstanceAction(action=action, at=at.timestamp())
 
 
+def imds_url() -> str:
+    """The metadata service's address: ``$THRIFTY_IMDS_URL``, else EC2's link-local one."""
+    return os.environ.get(IMDS_URL_ENV) or DEFAULT_IMDS_URL
+
+
+class ImdsClient:
+    """One IMDSv2 session: a token from ``PUT /latest/api/token``, renewed a
+    minute before it expires, carried by every GET; a 401 (the token expired
+    or was revoked) gets one fresh token and one retry. `base_url` defaults
+    to `imds_url()`. Network errors (`urllib.error.URLError`, `OSError`)
+    reach the caller."""
+
+    def __init__(self, base_url: str | None = None, *, timeout_s: float = 1.0, token_ttl_s: int = 21600,
+                 clock: Callable[[], float] = time.time):
+        self.base_url = (base_url or imds_url()).rstrip("/")
+        self.timeout_s, self.token_ttl_s = timeout_s, int(token_ttl_s)
+        self.clock = clock
+        self._token: str | None = None
+        self._token_expires = 0.0
+        # Loopback and link-local addresses must never go through an HTTP proxy.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def get(self, path: str) -> tuple[int, str]:
+        """``(HTTP status, body)`` of one metadata item."""
+        status, body = self._get(path)
+        if status == 401:  # the token expired or was revoked: one fresh token, one retry
+            self._token = None
+            status, body = self._get(path)
+        return status, body
+
+    def item(self, path: str) -> str:
+        """The text of a metadata item that must exist; `ProviderError` when
+        the service cannot be reached or does not have it."""
+        try:
+            status, body = self.get(path)
+        except (urllib.error.URLError, OSError) as e:
+            raise ProviderError(f"cannot reach the metadata service at {self.base_url}: {e}") from e
+        if status != 200:
+            raise ProviderError(f"the metadata service at {self.base_url} answered HTTP {status} for {path}")
+        return body.strip()
+
+    def _token_now(self) -> str:
+        if self._token is None or self.clock() >= self._token_expires:
+            request = urllib.request.Request(self.base_url + TOKEN_PATH, method="PUT", data=b"",
+                                             headers={TOKEN_TTL_HEADER: str(self.token_ttl_s)})
+            with self._opener.open(request, timeout=self.timeout_s) as reply:
+                self._token = reply.read().decode("ascii").strip()
+            # Renew a minute early so that a token never expires between two rounds.
+            self._token_expires = self.clock() + max(1.0, self.token_ttl_s - 60.0)
+        return self._token
+
+    def _get(self, path: str) -> tuple[int, str]:
+        request = urllib.request.Request(self.base_url + path, headers={TOKEN_HEADER: self._token_now()})
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as reply:
+                return reply.status, reply.read().decode("utf-8")
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code, ""
+
+
+@dataclass(frozen=True)
+class InstanceIdentity:
+    """What a machine's metadata service says it is."""
+
+    instance_id: str
+    local_ipv4: str
+    instance_type: str
+    market: str  # "spot" or "on_demand", thrifty's market names
+
+
+def instance_identity(client: ImdsClient) -> InstanceIdentity:
+    """This machine's identity from its metadata service (`ProviderError`
+    when an item cannot be read)."""
+    life_cycle = client.item(LIFE_CYCLE_PATH)
+    return InstanceIdentity(instance_id=client.item(INSTANCE_ID_PATH), local_ipv4=client.item(LOCAL_IPV4_PATH),
+                            instance_type=client.item(INSTANCE_TYPE_PATH),
+                            market="spot" if life_cycle == "spot" else "on_demand")
+
+
 class ImdsPoller:
     """Poll one machine's metadata service for a spot interruption notice.
 
@@ -78,23 +175,22 @@ class ImdsPoller:
     produces. Errors reaching the service are counted in `failures` (last one
     in `last_error`) and retried at the next round: the metadata service is
     local to the machine, and a missed round only delays the notice.
+    `base_url` defaults to `imds_url()` (``$THRIFTY_IMDS_URL``, which a
+    process on a Ray node that ``thrifty node join`` started inherits).
     """
 
     def __init__(self, instance_type: str, market: str = "spot", machine_id: str | None = None, *,
-                 base_url: str = DEFAULT_IMDS_URL, interval_s: float = 5.0, timeout_s: float = 1.0,
+                 base_url: str | None = None, interval_s: float = 5.0, timeout_s: float = 1.0,
                  token_ttl_s: int = 21600, clock: Callable[[], float] = time.time):
         if interval_s <= 0:
             raise ValueError(f"interval_s is {interval_s}, but must be positive")
         self.instance_type, self.market, self.machine_id = instance_type, market, machine_id
-        self.base_url = base_url.rstrip("/")
-        self.interval_s, self.timeout_s, self.token_ttl_s = interval_s, timeout_s, int(token_ttl_s)
+        self.client = ImdsClient(base_url, timeout_s=timeout_s, token_ttl_s=token_ttl_s, clock=clock)
+        self.base_url = self.client.base_url
+        self.interval_s = interval_s
         self.clock = clock
         self.failures = 0
         self.last_error: str | None = None
-        self._token: str | None = None
-        self._token_expires = 0.0
-        # Loopback and link-local addresses must never go through an HTTP proxy.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self._events: queue.Queue[Preemption] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,10 +200,7 @@ class ImdsPoller:
         """One round: the notice as a `Preemption`, or None (no notice, or the
         service could not be reached: see `last_error`)."""
         try:
-            status, body = self._get(ACTION_PATH)
-            if status == 401:  # the token expired or was revoked: one fresh token, one retry
-                self._token = None
-                status, body = self._get(ACTION_PATH)
+            status, body = self.client.get(ACTION_PATH)
         except (urllib.error.URLError, OSError) as e:
             self._failed(f"cannot reach the metadata service at {self.base_url}: {e}")
             return None
@@ -131,25 +224,6 @@ class ImdsPoller:
     def _failed(self, message: str) -> None:
         self.failures += 1
         self.last_error = message
-
-    def _token_now(self) -> str:
-        if self._token is None or self.clock() >= self._token_expires:
-            request = urllib.request.Request(self.base_url + TOKEN_PATH, method="PUT", data=b"",
-                                             headers={TOKEN_TTL_HEADER: str(self.token_ttl_s)})
-            with self._opener.open(request, timeout=self.timeout_s) as reply:
-                self._token = reply.read().decode("ascii").strip()
-            # Renew a minute early so that a token never expires between two rounds.
-            self._token_expires = self.clock() + max(1.0, self.token_ttl_s - 60.0)
-        return self._token
-
-    def _get(self, path: str) -> tuple[int, str]:
-        request = urllib.request.Request(self.base_url + path, headers={TOKEN_HEADER: self._token_now()})
-        try:
-            with self._opener.open(request, timeout=self.timeout_s) as reply:
-                return reply.status, reply.read().decode("utf-8")
-        except urllib.error.HTTPError as e:
-            e.close()
-            return e.code, ""
 
     # -- in a thread ----------------------------------------------------------------
     def start(self, on_notice: Callable[[Preemption], None] | None = None) -> "ImdsPoller":
@@ -197,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m thrifty.runtime.providers.imds", description=main.__doc__)
     ap.add_argument("--instance-type", required=True)
     ap.add_argument("--market", default="spot", choices=("spot", "on_demand"))
-    ap.add_argument("--url", default=DEFAULT_IMDS_URL, help="metadata service (default %(default)s)")
+    ap.add_argument("--url", default=imds_url(), help=f"metadata service (default ${IMDS_URL_ENV}, else "
+                                                       f"{DEFAULT_IMDS_URL}; now %(default)s)")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between rounds (default 5)")
     ap.add_argument("--max-wait", type=float, default=None, help="give up after this many seconds")
     args = ap.parse_args(argv)
@@ -215,10 +290,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _instance_id(poller: ImdsPoller) -> str | None:
     try:
-        status, body = poller._get(INSTANCE_ID_PATH)
-    except (urllib.error.URLError, OSError):
+        return poller.client.item(INSTANCE_ID_PATH)
+    except ProviderError:
         return None
-    return body.strip() if status == 200 else None
 
 
 if __name__ == "__main__":  # pragma: no cover
