@@ -107,8 +107,11 @@ class Ec2Harness:
 
     # -- booting ----------------------------------------------------------------------------------------------
     def play(self) -> list[PlayedInstance]:
-        """One round: boot every running instance not booted yet; the new ones."""
+        """One round: stop the nodes of instances that moto says ended (as EC2
+        takes a terminated machine away), then boot every running instance not
+        booted yet; the new ones."""
         ec2 = self.moto.client("ec2", self.region)
+        self._play_terminations(ec2)
         filters = [{"Name": "instance-state-name", "Values": ["running"]}]
         if self.run_id is not None:
             filters.append({"Name": "tag:thrifty:run", "Values": [self.run_id]})
@@ -125,6 +128,20 @@ class Ec2Harness:
                 self.instances[played.instance_id] = played
             booted.append(played)
         return booted
+
+    def _play_terminations(self, ec2: Any) -> None:
+        with self._lock:
+            live = [i for i, p in self.instances.items() if p.process is not None and not p.killed]
+        if not live:
+            return
+        reply = ec2.describe_instances(InstanceIds=live)
+        for instance in (i for r in reply["Reservations"] for i in r["Instances"]):
+            if instance["State"]["Name"] in ("shutting-down", "terminated"):
+                played = self.instances[instance["InstanceId"]]
+                pids = self.node_processes(played.instance_id)
+                _kill(pids)
+                played.killed.extend(pids or [-1])
+                log.info("%s ended in moto: killed its node (%d processes)", played.instance_id, len(pids))
 
     def _previous_booted(self) -> None:
         if self._booting is None:

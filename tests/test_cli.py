@@ -123,3 +123,20 @@ def test_run_with_a_cluster_it_does_not_know_is_bad_input(capsys):
     assert "cluster: is 'somewhere', but must be 'local', 'auto', 'HOST:PORT'" in err and "Traceback" not in err
     assert main(["run", problem, "--dry-run", "--cluster", "missing.yaml"]) == 2
     assert "cluster config file missing.yaml does not exist" in capsys.readouterr().err
+
+
+def test_run_dry_run_with_a_cluster_config_checks_it_and_starts_nothing(capsys, tmp_path):
+    import json
+    from pathlib import Path
+
+    problem = str(Path(__file__).resolve().parents[1] / DEMO_SRIFTY54)
+    config = tmp_path / "cluster.yaml"
+    config.write_text("provider: ec2\nregion: us-east-1\nami: ami-0123456789abcdef0\nray_port: 6380\n")
+    assert main(["run", problem, "--dry-run", "--json", "--cluster", str(config)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["cluster_kind"], out["provider"], out["region"], out["head"]) == \
+        ("config", "ec2", "us-east-1", "this host:6380")
+    config.write_text("provider: ec2\nregion: us-east-1\nami: ami-0123456789abcdef0\nhead_ip: 10.0.0\n")
+    assert main(["run", problem, "--dry-run", "--cluster", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "head_ip" in err and "is not an IP address" in err and "Traceback" not in err

@@ -97,6 +97,27 @@ def test_install_none_runs_nothing_but_setup_and_join(tmp_path):
     assert run_script(script, tmp_path) == [["thrifty", "node", "join", "--address", "127.0.0.1:6379"]]
 
 
+def test_the_heads_token_reaches_the_join_and_only_it(tmp_path):
+    """The variables of the head's token are exported before ``thrifty node
+    join`` (so ``ray start`` is let in), quoted, after the setup commands."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "thrifty").write_text(f"#!{sys.executable}\nimport json, os\n"
+                                     "print(json.dumps({k: os.environ.get(k) for k in ('RAY_AUTH_MODE', "
+                                     "'RAY_AUTH_TOKEN')}))\n")
+    (bin_dir / "thrifty").chmod(0o755)
+    token = "ab'c $HOME;x"
+    script = join_script(config(install="none", setup_commands=["export RAY_AUTH_MODE=disabled"]),
+                         "127.0.0.1:6379", env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert json.loads(done.stdout) == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
+
 @pytest.mark.parametrize("address", ["10.0.0.5", "10.0.0.5:0", "10.0.0.5:65536", "head;reboot:6379", ":6379",
                                      "10.0.0.5:63a9"])
 def test_join_script_refuses_a_bad_head_address(address):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -145,8 +146,13 @@ class MachineAgent:
                     self._procs.pop(proc.pid, None)
 
     # -- spot notices ----------------------------------------------------------------------
-    def notices(self) -> list[dict[str, Any]]:
-        """Spot notices seen since the last call, as `Preemption` dicts."""
+    def notices(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Spot notices seen since the last call, as `Preemption` dicts; with
+        `wait_s`, a long poll: returns as soon as one is seen, or empty after
+        that long (the driver keeps one such call open per agent, so a notice
+        reaches it at once instead of at its next poll)."""
         if self._poller is None:
+            if wait_s > 0:
+                time.sleep(wait_s)
             return []
-        return [e.to_dict() for e in self._poller.events()]
+        return [e.to_dict() for e in self._poller.events(wait_s)]

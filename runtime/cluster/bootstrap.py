@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from thrifty.runtime.providers.config import ClusterConfig
 
 __all__ = ["EXTRAS", "join_script", "install_command", "installed_version", "parse_address", "check_name",
-           "check_ip", "ray_start_command", "join_cluster"]
+           "check_ip", "ray_cli_code", "ray_start_command", "join_cluster"]
 
 # What a machine needs of thrifty: the Ray engine and the training worker.
 EXTRAS = "ray,torch"
@@ -53,12 +54,15 @@ _LOOPBACK_PATCH = "import ray._private.services as s; s.resolve_ip_for_localhost
 
 
 # -- the user data --------------------------------------------------------------------------------------------
-def join_script(config: ClusterConfig, head_address: str, *, version: str | None = None) -> str:
+def join_script(config: ClusterConfig, head_address: str, *, version: str | None = None,
+                env: Mapping[str, str] | None = None) -> str:
     """The user data of a machine that joins the Ray cluster whose head is at
     `head_address` (``host:port``): ``set -euo pipefail``, the config's setup
     commands (as written: they are shell), thrifty's installation
     (`install_command`; `version` is the driver's thrifty version, by default
-    this installation's), then ``thrifty node join``."""
+    this installation's), the exports of `env` (such as the head's
+    authentication token, `thrifty.runtime.cluster.head.RayHead.auth_env`),
+    then ``thrifty node join``."""
     host, port = parse_address(head_address)
     lines = ["#!/bin/bash",
              f"# thrifty: join the Ray cluster at {host}:{port} as one worker node (thrifty node join)",
@@ -67,6 +71,7 @@ def join_script(config: ClusterConfig, head_address: str, *, version: str | None
     install = install_command(config.install, version)
     if install is not None:
         lines.append(install)
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in (env or {}).items()]
     lines.append(shlex.join(["thrifty", "node", "join", "--address", f"{host}:{port}"]))
     return "\n".join(lines) + "\n"
 
@@ -145,14 +150,20 @@ def ray_start_command(head_address: str, *, node_ip: str, resources: dict[str, f
     other address reaches Ray unchanged.
     """
     host, port = parse_address(head_address)
-    code = (_LOOPBACK_PATCH if is_loopback(host) else "") + _RAY_CLI
-    argv = [sys.executable, "-c", code, "start", f"--address={host}:{port}", f"--node-ip-address={node_ip}",
+    argv = [sys.executable, "-c", ray_cli_code(host), "start", f"--address={host}:{port}",
+            f"--node-ip-address={node_ip}",
             "--resources=" + json.dumps(resources, sort_keys=True)]
     if num_cpus is not None:
         argv.append(f"--num-cpus={num_cpus}")
     if num_gpus is not None:
         argv.append(f"--num-gpus={num_gpus}")
     return argv
+
+
+def ray_cli_code(host: str) -> str:
+    """``python -c`` code that runs Ray's command line; for a loopback `host`
+    with the patch that keeps Ray from rewriting it (see `ray_start_command`)."""
+    return (_LOOPBACK_PATCH if is_loopback(host) else "") + _RAY_CLI
 
 
 def join_cluster(head_address: str, *, node_ip: str, machine_id: str, instance_type: str, market: str,

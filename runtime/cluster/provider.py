@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError, ProviderError
@@ -37,10 +37,14 @@ from thrifty.runtime.cluster.resources import machine_resource, node_marks
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Market, Provider
 
+if TYPE_CHECKING:
+    from thrifty.runtime.cluster.head import RayHead
+
 __all__ = ["RayProvider", "cluster_nodes"]
 
 NODE_CHECK_S = 1.0  # how often the cluster's node table is read for dead nodes
-NOTICE_POLL_S = 0.25  # how often the agents are asked for spot notices
+NOTICE_POLL_S = 0.02  # how often the agents' open notice calls are checked (ray.wait, no waiting)
+NOTICE_WAIT_S = 5.0  # each agent's notice call is a long poll of this length
 
 
 def cluster_nodes(ray: Any) -> list[dict[str, Any]]:
@@ -60,8 +64,10 @@ class RayProvider(Provider):
     local_workers = False
 
     def __init__(self, run_id: str, catalog: Catalog, address: str = "auto", *, source: Provider | None = None,
-                 join_timeout_s: float = 600.0, imds_interval_s: float = 5.0, preload: Sequence[str] = ()):
+                 join_timeout_s: float = 600.0, imds_interval_s: float = 5.0, preload: Sequence[str] = (),
+                 head: RayHead | None = None):
         super().__init__(run_id)
+        self.head = head  # a head this run started: stopped by `close`, after everything else
         self.catalog, self.address, self.source = catalog, address, source
         self.join_timeout_s, self.imds_interval_s = join_timeout_s, imds_interval_s
         self.preload = tuple(preload)
@@ -215,6 +221,8 @@ class RayProvider(Provider):
         finally:
             if self.ray.is_initialized():
                 self.ray.shutdown()
+            if self.head is not None:
+                self.head.stop()
 
     # -- interruptions --------------------------------------------------------------------------
     def poll_interruptions(self) -> list[Preemption]:
@@ -244,7 +252,7 @@ class RayProvider(Provider):
                     pass
         for machine_id, agent in self._agents.items():
             if machine_id not in self._notice_calls:
-                self._notice_calls[machine_id] = agent.notices.remote()
+                self._notice_calls[machine_id] = agent.notices.remote(NOTICE_WAIT_S)
         return out
 
     def _dead_nodes(self) -> list[Preemption]:

@@ -56,4 +56,36 @@ def cluster_provider(cluster: str | Path | None, run_id: str, catalog: Catalog,
         from thrifty.runtime.cluster.provider import RayProvider
 
         return RayProvider(run_id, catalog, str(cluster), preload=preload)
-    raise ProblemError(f"cluster config files are not supported yet ({cluster})", path="cluster")
+    return config_provider(Path(str(cluster)), run_id, catalog, preload)
+
+
+def config_provider(path: Path, run_id: str, catalog: Catalog, preload: Sequence[str] = ()) -> Provider:
+    """The machines of a cluster config (``provider: ec2``), as nodes of a Ray
+    cluster: a head this driver starts on ``head_ip:ray_port`` (or the one at
+    ``head_address``), instances whose user data joins it, and a
+    `RayProvider` over them that waits for each to join
+    (``join_timeout_s``). Closing the provider terminates the instances, then
+    stops the head."""
+    from thrifty.runtime.cluster.bootstrap import join_script
+    from thrifty.runtime.cluster.head import RayHead, default_head_ip
+    from thrifty.runtime.cluster.provider import RayProvider
+    from thrifty.runtime.providers.config import load_cluster_config
+    from thrifty.runtime.providers.ec2 import Ec2Provider
+
+    config = load_cluster_config(path)
+    head, address = None, config.head_address
+    if address is None:
+        head = RayHead(config.head_ip or default_head_ip(), config.ray_port)
+        address = head.start()
+    source = None
+    try:
+        script = join_script(config, address, env=head.auth_env if head is not None else None)
+        source = Ec2Provider(run_id, config, user_data=script)
+        return RayProvider(run_id, catalog, address, source=source, join_timeout_s=config.join_timeout_s,
+                           imds_interval_s=config.imds_interval_s, preload=preload, head=head)
+    except BaseException:
+        if source is not None:
+            source.close()
+        if head is not None:
+            head.stop()
+        raise

@@ -17,8 +17,11 @@ failure; 130 interrupted (the run can be resumed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
@@ -211,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     hooks.on("replanned", lambda r: bar.say(f"[magenta]re-planned[/magenta] ({r.reason}, {r.latency_s * 1e3:.0f} ms):"
                                             f" {r.old_config} -> {r.new_config}"))
     try:
-        with bar:
+        with _stdout_to_stderr(), bar:
             result = train(plan, trainer, problem=problem, provider=provider, hooks=hooks, config=config,
                            faults=args.inject, run_dir=args.run_dir, trainer_args=trainer_args,
                            resume=resume, on_progress=bar.update, cluster=args.cluster)
@@ -246,6 +249,29 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While the run goes, file descriptor 1 is stderr: the progress bar and
+    whatever libraries print (Ray's core and log monitor write to stdout, e.g.
+    that a node died) go there, and stdout holds only thrifty's answer, the
+    timeline or ``--json``'s object, printed after. Nothing to do when stdout
+    is not a file descriptor (captured)."""
+    try:
+        sys.stdout.flush()
+        fd, err = sys.stdout.fileno(), sys.stderr.fileno()
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    saved = os.dup(fd)
+    os.dup2(err, fd)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
 def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) -> int:
     """What a run would do, without starting anything: the plan, its
     machines, the prediction."""
@@ -256,11 +282,18 @@ def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) ->
                "iterations": problem.iterations, "global_batch": problem.global_batch,
                "predicted_total_s": p.total_s if p else None, "predicted_cost_usd": p.cost_usd if p else None,
                "time_limit_s": problem.limits.time_s, "cost_limit_usd": problem.limits.cost_usd}
+    where = {"local": "worker processes on this host", "ray": f"the Ray cluster at {cluster}"}.get(kind, "")
+    if kind == "config":  # a bad config is bad input now, not after a head has started
+        from thrifty.runtime.providers.config import load_cluster_config
+
+        config = load_cluster_config(cluster)
+        head = config.head_address or f"{config.head_ip or 'this host'}:{config.ray_port}"
+        summary.update(provider=config.provider, region=config.region, head=head)
+        where = (f"{config.provider} machines in {config.region} ({cluster}) joining a Ray head at {head} "
+                 f"(thrifty installed: {config.install})")
     if as_json:
         print(json.dumps(summary, indent=1))
         return EXIT_OK
-    where = {"local": "worker processes on this host", "ray": f"the Ray cluster at {cluster}",
-             "config": f"machines started from {cluster}, joining a Ray cluster"}[kind]
     print(f"dry run: {problem.iterations} iterations of global batch {problem.global_batch} on {where}")
     for m in machines:
         print(f"  {m['count']} x {m['instance_type']} ({m['market']}), batch {m['batch_per_machine']} per machine")

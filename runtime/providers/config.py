@@ -38,6 +38,8 @@ thrifty's installation, then ``thrifty node join``. For that:
   installed with the same extras), or ``none`` (the AMI has it);
 * ``head_address``: where the machines find the Ray head, ``host:port``
   (default: the driver fills in its own address and ``ray_port``);
+* ``head_ip``: the address the head the driver starts binds to (default:
+  the driver's own address toward the machines, as Ray picks it);
 * ``ray_port``: the GCS port of the head the driver starts (default 6379);
 * ``join_timeout_s``: how long the driver waits for a running machine's node
   to join the cluster (default 600).
@@ -100,6 +102,7 @@ class ClusterConfig(_Frozen):
     retries: RetryConfig = RetryConfig()
     install: Annotated[str, Field(min_length=1)] = "version"
     head_address: str | None = None
+    head_ip: str | None = None
     ray_port: Annotated[int, Field(ge=1, le=65535)] = 6379
     join_timeout_s: PositiveFloat = 600.0
 
@@ -123,6 +126,15 @@ class ClusterConfig(_Frozen):
 
             parse_address(address)  # ValueError (a ProblemError) naming the rule
         return address
+
+    @field_validator("head_ip")
+    @classmethod
+    def _head_ip_is_an_address(cls, ip: str | None) -> str | None:
+        if ip is not None:
+            from thrifty.runtime.cluster.bootstrap import check_ip
+
+            check_ip(ip)
+        return ip
 
     @field_validator("tags")
     @classmethod

@@ -255,9 +255,15 @@ class ImdsPoller:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def events(self) -> list[Preemption]:
-        """Notices delivered since the last call (when started without a callback)."""
+    def events(self, wait_s: float = 0.0) -> list[Preemption]:
+        """Notices delivered since the last call (when started without a
+        callback); with `wait_s`, waits up to that long for the first one."""
         out = []
+        if wait_s > 0:
+            try:
+                out.append(self._events.get(timeout=wait_s))
+            except queue.Empty:
+                return out
         while True:
             try:
                 out.append(self._events.get_nowait())
