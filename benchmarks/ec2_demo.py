@@ -12,14 +12,20 @@ except the cloud:
 * machines come from `Ec2Provider` against a moto server on 127.0.0.1
   (real ``run_instances`` / ``describe_instances`` / ``terminate_instances``
   calls through boto3, tagged with the run id);
+* the machines form a Ray cluster, as on EC2 (``--cluster cluster.yaml``,
+  `thrifty.runtime.cluster.spec.config_provider`): the driver starts a Ray
+  head on 127.0.0.1, the instances' user data is the join script, and the
+  tests' EC2 harness (``tests/ec2_harness.py``) plays each running instance:
+  its user data really runs under bash, with its own IMDSv2 server, and
+  starts a Ray node on 127.0.0.1 (moto's instances have no machines behind
+  them: that is the only liberty the demo takes);
 * the training runtime (`thrifty.runtime.training.train`) trains the
-  problem's profiled zoo model with real gloo worker processes; moto's
-  instances have no real hosts, so each machine's workers run on 127.0.0.1
-  (the only liberty the demo takes with the provider's machines);
-* the interruption is a spot ``instance-action`` notice served by a local
-  IMDSv2 server for the interrupted machine, read by the provider's IMDS
-  poller; the machine is then terminated in moto when its warning runs out,
-  as EC2 would;
+  problem's profiled zoo model with real gloo worker processes, forked on
+  each machine's node by its agent;
+* the interruption is a spot ``instance-action`` notice on the interrupted
+  machine's metadata service, read there by its agent; when the warning runs
+  out the machine is taken as EC2 would (its node killed, the instance
+  terminated in moto), unless the run gave it back first;
 * the problem is the training runtime's miniature
   (``datasets/examples/local-demo-srifty54.json``) with its time limit
   widened to ``--time-limit`` (120 s: launches through the provider wait
@@ -40,7 +46,7 @@ in moto at the end.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 import logging
 import os
 import sys
@@ -52,13 +58,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the local AWS stand-ins the tests use
 
-from aws_fakes import FAKE_AWS_ENV, UNSET_AWS_ENV, ImdsServer, MotoServer  # noqa: E402
+from aws_fakes import FAKE_AWS_ENV, UNSET_AWS_ENV, MotoServer, free_port  # noqa: E402
+from ec2_harness import Ec2Harness  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from thrifty.datasets.paths import DATA_DIR  # noqa: E402
-from thrifty.runtime.providers.config import parse_cluster_config  # noqa: E402
-from thrifty.runtime.providers.ec2 import Ec2Provider  # noqa: E402
 
 console = Console()
 CATALOG = DATA_DIR / "examples" / "local-demo-catalog.json"
@@ -92,21 +97,13 @@ def load_scenario(args: argparse.Namespace):
     })
 
 
-class LoopbackEc2Provider(Ec2Provider):
-    """`Ec2Provider` whose machines' workers run on this host: moto's
-    instances exist only as records, so their addresses cannot be reached."""
-
-    def provision(self, *args, **kwargs):
-        return [dataclasses.replace(m, host="127.0.0.1") for m in super().provision(*args, **kwargs)]
-
-
 class Interrupter:
-    """At `at_iteration`, a spot notice for one spot machine through its IMDS
-    server; when the warning runs out, the instance is terminated in moto."""
+    """At `at_iteration`, a spot notice for one spot machine of the run on its
+    metadata service (played by the harness); when the warning runs out, the
+    machine is taken as EC2 takes it (its node killed, the instance ended)."""
 
-    def __init__(self, provider: Ec2Provider, servers: dict[str, ImdsServer], moto: MotoServer,
-                 at_iteration: int, warning_s: float):
-        self.provider, self.servers, self.moto = provider, servers, moto
+    def __init__(self, provider, harness: Ec2Harness, at_iteration: int, warning_s: float):
+        self.provider, self.harness = provider, harness
         self.at_iteration, self.warning_s = at_iteration, warning_s
         self.fired: tuple[str, float] | None = None
         self.timer: threading.Timer | None = None
@@ -118,18 +115,21 @@ class Interrupter:
         if not spot:
             return
         victim = spot[0]
-        self.servers[victim].interrupt("terminate", in_s=self.warning_s)
+        self.harness.notice(victim, in_s=self.warning_s)
         self.fired = (victim, time.time())
         self.timer = threading.Timer(self.warning_s, self._reclaim, args=(victim,))
         self.timer.daemon = True
         self.timer.start()
 
     def _reclaim(self, machine_id: str) -> None:
-        self.moto.client().terminate_instances(InstanceIds=[machine_id])
+        if not self.harness.played(machine_id).killed:  # the run gave it back already
+            self.harness.take_away(machine_id, notice=False)
 
 
 def run(args: argparse.Namespace) -> int:
+    from thrifty.runtime.cluster.spec import cluster_provider
     from thrifty.runtime.training import Hooks, RunConfig, train
+    from thrifty.runtime.training.launcher import WORKER_PRELOAD
     from thrifty.runtime.training.runlog import read_run_log
     from thrifty.solver import solve
 
@@ -139,16 +139,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]the miniature is infeasible here: {plan.infeasibility.reason}[/red]")
         return 1
     moto = MotoServer().start()
-    servers: dict[str, ImdsServer] = {}
-
-    def imds_url(machine) -> str:
-        servers[machine.id] = ImdsServer(machine.id).start()
-        return servers[machine.id].url
-
-    config = parse_cluster_config({
-        "region": "us-east-1", "ami": "ami-0123456789abcdef0", "prices": "catalog",
-        "catalog": problem.catalog or str(CATALOG), "poll_interval_s": 0.5, "imds_interval_s": 0.2,
-        "launch_timeout_s": 30, "tags": {"demo": "srifty-5.4"}})
+    os.environ["AWS_ENDPOINT_URL"] = moto.url  # the driver's and (through the harness) the machines' AWS
     events: list[tuple[float, str]] = []
     hooks = Hooks()
 
@@ -162,25 +153,40 @@ def run(args: argparse.Namespace) -> int:
         events.append((time.time(), f"re-plan {r.old_config} -> {r.new_config} in {r.latency_s:.2f} s "
                                     f"(solve {r.solve_s:.2f} s), depleted {', '.join(map(str, r.depleted))}"))
     try:
-        with LoopbackEc2Provider("srifty54-demo", config, endpoint_url=moto.url, imds_url=imds_url) as provider:
-            interrupter = Interrupter(provider, servers, moto, problem.iterations // 2, args.warning)
-            with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as folder, \
+                Ec2Harness(moto, Path(folder) / "instances", boot_timeout_s=90) as harness:
+            config = Path(folder) / "cluster.json"
+            config.write_text(json.dumps({
+                "provider": "ec2", "region": "us-east-1", "ami": "ami-0123456789abcdef0", "prices": "catalog",
+                "catalog": problem.catalog or str(CATALOG), "poll_interval_s": 0.5, "imds_interval_s": 0.2,
+                "launch_timeout_s": 60, "join_timeout_s": 90, "tags": {"demo": "srifty-5.4"}, "install": "none",
+                "head_ip": "127.0.0.1", "ray_port": free_port()}))
+            harness.start()
+            provider = cluster_provider(config, "srifty54-demo", problem_catalog(problem), WORKER_PRELOAD)
+            try:
+                interrupter = Interrupter(provider, harness, problem.iterations // 2, args.warning)
                 result = train(plan, "thrifty.runtime.training.examples:zoo", problem=problem, provider=provider,
-                               hooks=hooks, trainer_args={"model": problem.model}, run_dir=folder,
+                               hooks=hooks, trainer_args={"model": problem.model}, run_dir=Path(folder) / "run",
                                run_id="srifty54-demo", on_progress=interrupter,
                                config=RunConfig(checkpoint_every=50, checkpoint_every_s=None, window_s=4.0))
-                log = read_run_log(Path(folder) / "run.jsonl")
-            billing = provider.billing()
-            if interrupter.timer is not None:
-                interrupter.timer.join(args.warning + 5)
+                log = read_run_log(Path(folder) / "run" / "run.jsonl")
+                if interrupter.timer is not None:
+                    interrupter.timer.join(args.warning + 5)
+            finally:
+                provider.close()
+            billing = provider.source.billing()  # the ec2 provider under the cluster: EC2's per-second billing
         left = moto.live_instances()
     finally:
-        for server in servers.values():
-            server.close()
         moto.stop()
     print_report(problem, plan, result, log, billing, events, interrupter)
     console.print(f"instances left running in moto after the run: {len(left)}")
     return 0 if not left else 1
+
+
+def problem_catalog(problem):
+    from thrifty.datasets.catalog import load_catalog
+
+    return load_catalog(problem.catalog or CATALOG)
 
 
 def print_report(problem, plan, result, log, billing, events, interrupter) -> None:
