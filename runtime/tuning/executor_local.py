@@ -41,6 +41,20 @@ by themselves). A worker that raises or dies is a `Crash` (the loop marks the
 trial failed and goes on); every process is reaped when its world ends and in
 `close()`.
 
+*Where the ranks run.* With no provider, on this host (the fork server).
+With a `provider` (a `thrifty.runtime.cluster.provider.RayProvider`: see
+`thrifty.runtime.cluster.tuning.RayExecutor`), on its live machines:
+`MachineSlots` gives each machine as many slots as its instance type has
+devices (GPUs; one per CPU pseudo machine) or `slots_per_machine`, places a
+launch's ranks where the caller says (``where``: machine id -> ranks, what
+the plan executor's placement controller chose) or else on the machines
+with the most free slots (so that trials spread over the machines), and the
+world is started by ``provider.world_launcher`` (an agent per machine forks
+the ranks; rank 0's machine hosts the store). Checkpoints and worker logs
+are written under `workdir` by whichever machine runs the rank, so on
+machines that do not share this host's file system `workdir` must be a
+shared one. Start-up times compare this host's clock with the workers'.
+
 The ranks run the one rank loop (`thrifty.runtime.ddp.loop`) that training
 jobs run, on a `JobSpec` that leaves the batch and the iteration to the
 trainer, evaluates after every iteration and awaits the loop's decision. A
@@ -56,12 +70,12 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.errors import ProblemError, ProviderError
 from thrifty.perfmodels.measure.worlds import RankChannel, World, WorldFailed, serve_rank
 from thrifty.runtime.ddp.job import DECISION as COMMAND
 from thrifty.runtime.ddp.job import JobSpec
@@ -69,7 +83,10 @@ from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
 from thrifty.runtime.tuning.clock import Clock, RealClock
 from thrifty.runtime.tuning.trial import Crash, Report, Trial
 
-__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "accuracy", "example_trainer"]
+if TYPE_CHECKING:
+    from thrifty.runtime.providers.base import Provider
+
+__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer"]
 
 log = logging.getLogger(__name__)
 RANK_ENTRY = "thrifty.runtime.tuning.executor_local:_rank_main"
@@ -164,10 +181,65 @@ class LaunchRecord:
     save_s: float = 0.0              # writing the checkpoint it restored
     ended: str | None = None         # suspended | terminated | crashed
     pids: list[int] = field(default_factory=list)
+    machines: list[str] = field(default_factory=list)  # rank r's machine (with a provider)
 
     @property
     def overhead_s(self) -> float | None:
         return None if self.startup_s is None else self.startup_s + self.save_s
+
+
+class MachineSlots:
+    """Which of `provider`'s live machines each rank of a launch runs on.
+
+    A machine has `slots_per_machine` slots, or as many as its instance
+    type's devices in `provider.catalog` (at least 1). `take` returns the
+    machine of each rank and holds those slots until `free`; `ProviderError`
+    when the machines cannot hold the launch."""
+
+    def __init__(self, provider: Provider, slots_per_machine: int | None = None):
+        if slots_per_machine is not None and (not isinstance(slots_per_machine, int) or slots_per_machine < 1):
+            raise ProblemError(f"`slots_per_machine` is {slots_per_machine!r}, but must be a positive integer",
+                               path="slots_per_machine")
+        self.provider, self.slots_per_machine = provider, slots_per_machine
+        self._held: dict[int, list[str]] = {}
+
+    def capacity(self) -> dict[str, int]:
+        """Free slots of each live machine, in the provider's order."""
+        used: dict[str, int] = {}
+        for machines in self._held.values():
+            for m in machines:
+                used[m] = used.get(m, 0) + 1
+        return {m.id: self._slots(m.instance_type) - used.get(m.id, 0) for m in self.provider.machines()}
+
+    def _slots(self, instance_type: str) -> int:
+        if self.slots_per_machine is not None:
+            return self.slots_per_machine
+        catalog = getattr(self.provider, "catalog", None)
+        return max(1, catalog.get(instance_type).gpus) if catalog is not None else 1
+
+    def take(self, trial_id: int, atoms: int, where: Mapping[str, int] | None = None) -> list[str]:
+        free = self.capacity()
+        if where is not None:
+            over = {m: n for m, n in where.items() if n > free.get(m, 0)}
+            if over or sum(where.values()) != atoms:
+                raise ProviderError(f"trial {trial_id}: cannot place {atoms} ranks as {dict(where)} on the free "
+                                    f"slots {free}")
+            ranks = [m for m, n in where.items() for _ in range(n)]
+        else:
+            if sum(free.values()) < atoms:
+                raise ProviderError(f"trial {trial_id} needs {atoms} slots; the {len(free)} machines have "
+                                    f"{sum(free.values())} free")
+            ranks = []
+            for _ in range(atoms):  # each rank on the machine with the most free slots: trials spread out
+                m = max(free, key=lambda k: free[k])
+                free[m] -= 1
+                ranks.append(m)
+            ranks.sort(key=list(free).index)  # a machine's ranks together, rank 0 on the first
+        self._held[trial_id] = ranks
+        return ranks
+
+    def free(self, trial_id: int) -> None:
+        self._held.pop(trial_id, None)
 
 
 @dataclass
@@ -198,7 +270,8 @@ class LocalExecutor:
     def __init__(self, trainer: str | Callable[..., Any], workdir: str | Path, *, clock: Clock | None = None,
                  seed: int = 0, threads: int = 1, start_timeout_s: float = 120.0,
                  iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
-                 decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0):
+                 decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0, provider: Provider | None = None,
+                 slots_per_machine: int | None = None):
         if not isinstance(threads, int) or threads < 1:
             raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
         for name, value in (("start_timeout_s", start_timeout_s), ("iteration_timeout_s", iteration_timeout_s),
@@ -213,12 +286,16 @@ class LocalExecutor:
         self.start_timeout_s, self.iteration_timeout_s = start_timeout_s, iteration_timeout_s
         self.save_timeout_s, self.decision_timeout_s = save_timeout_s, decision_timeout_s
         self.stop_grace_s = stop_grace_s
+        self.provider = provider
+        self.slots = MachineSlots(provider, slots_per_machine) if provider is not None else None
         self.launches: list[LaunchRecord] = []
         self._worlds: dict[int, _World] = {}
         self._ready: deque[Report | Crash] = deque()
 
     # --- the executor interface ---------------------------------------------------------------
-    def launch(self, trial: Trial, atoms: int) -> None:
+    def launch(self, trial: Trial, atoms: int, where: Mapping[str, int] | None = None) -> None:
+        """Start (or resume) `trial` on `atoms` ranks; with a provider, on the
+        machines `where` says (machine id -> ranks), else where most slots are free."""
         checkpoint = trial.checkpoint
         record = LaunchRecord(trial.trial_id, atoms, 0 if checkpoint is None else int(checkpoint["iteration"]),
                               save_s=0.0 if checkpoint is None else float(checkpoint.get("save_s", 0.0)))
@@ -235,9 +312,19 @@ class LocalExecutor:
                       checkpoint_every=None, evaluate=True, await_decision=True, metrics_every_s=None,
                       weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
                       timeout_s=self.decision_timeout_s)
+        launcher = None
+        if self.slots is not None:
+            assert self.provider is not None  # slots come with a provider
+            try:
+                record.machines = self.slots.take(trial.trial_id, atoms, where)
+            except ProviderError as e:
+                record.ended = "crashed"
+                self._ready.append(Crash(trial.trial_id, str(e), self.clock.now()))
+                return
+            launcher = self.provider.world_launcher(record.machines, RANK_PRELOAD)
         world = World(atoms, RANK_ENTRY, [json.dumps(job.to_dict())], logs=lambda rank: folder / f"rank{rank}.log",
                       threads=self.threads, timeout_s=self.decision_timeout_s,
-                      preload=RANK_PRELOAD,
+                      preload=RANK_PRELOAD, launcher=launcher,
                       where=f"trial {trial.trial_id}")
         entry = _World(trial.trial_id, world, record, time.time(), time.monotonic(), record.from_iteration)
         self._worlds[trial.trial_id] = entry
@@ -379,5 +466,9 @@ class LocalExecutor:
         self._end(world, graceful=False)
 
     def _end(self, world: _World, graceful: bool = True) -> None:
-        """Let the processes exit (when they were told to) or kill them; reap them."""
-        world.world.close(grace_s=self.stop_grace_s if graceful else 0.0)
+        """Let the processes exit (when they were told to) or kill them; reap them; free their slots."""
+        try:
+            world.world.close(grace_s=self.stop_grace_s if graceful else 0.0)
+        finally:
+            if self.slots is not None:
+                self.slots.free(world.trial_id)

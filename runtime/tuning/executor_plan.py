@@ -366,7 +366,7 @@ class PlanExecutor:
                 _check_capacity(placement, nodes, record.index)
                 record.placements.append({t: dict(where) for t, where in placement.items()})
                 record.queued += int(full)
-                self._launch(queue.pop(0), g, running)
+                self._launch(queue.pop(0), g, running, placement[name])
             event = self.executor.next_event(None)
             if event is None:
                 raise ProviderError(f"stage {record.index}: the executor returned no event while "
@@ -387,14 +387,14 @@ class PlanExecutor:
             else:
                 self.executor.proceed(trial)
 
-    def _launch(self, trial: Trial, atoms: int, running: dict[int, Trial]) -> None:
+    def _launch(self, trial: Trial, atoms: int, running: dict[int, Trial], where: Mapping[str, int]) -> None:
         trial.state, trial.atoms = TrialState.RUNNING, atoms
         if trial.launches and trial.iteration_atoms and trial.iteration_atoms[-1] != atoms:
             trial.resizes += 1
         trial.launches += 1
         trial.iterations_since_launch = 0
         running[trial.trial_id] = trial
-        self.executor.launch(trial, atoms)
+        self.executor.launch(trial, atoms, where)
 
     def _end(self, trial: Trial, state: TrialState, running: dict[int, Trial],
              placement: dict[str, dict[str, int]]) -> None:

@@ -34,7 +34,7 @@ the loop. Both become FAILED trials.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -158,7 +158,7 @@ class SimulatedExecutor:
         self._seq = 0
         self._generation = 0
 
-    def launch(self, trial: Trial, atoms: int) -> None:
+    def launch(self, trial: Trial, atoms: int, where: Mapping[str, int] | None = None) -> None:
         start = 0 if trial.checkpoint is None else int(trial.checkpoint["iteration"])
         self._generation += 1
         run = _Run(trial, atoms, start, self._generation)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,7 +65,9 @@ class SchedulerError(ThriftyError, RuntimeError):
 class Executor(Protocol):
     clock: Clock
 
-    def launch(self, trial: Trial, atoms: int) -> None: ...
+    def launch(self, trial: Trial, atoms: int, where: Mapping[str, int] | None = None) -> None:
+        """Start or resume `trial` on `atoms` atoms; `where` (machine id ->
+        atoms) is the placement a plan chose, where the executor places ranks."""
 
     def proceed(self, trial: Trial) -> None: ...
 

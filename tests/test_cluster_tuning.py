@@ -1,0 +1,93 @@
+"""Tuning on a Ray cluster: the tuning loop's executor with its trials' ranks
+on the machines of a `RayProvider` (`thrifty.runtime.cluster.tuning`), on
+the three-node cluster of the cluster tests (every node on 127.0.0.1; two
+local-a spot machines, one slot each). HyperSched runs two trials side by
+side, one on each machine, and grows the survivor to a world that spans
+both; the RubberBand plan executor runs a two-stage plan whose second stage
+gives a machine back."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed; `pip install 'thrifty[ray]'` runs these tests")
+pytest.importorskip("torch")
+
+from thrifty.datasets.catalog import load_catalog  # noqa: E402
+from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
+from thrifty.runtime.cluster.tuning import RayExecutor  # noqa: E402
+from thrifty.runtime.tuning import ConfigList, HyperSched, TrialState, run_experiment  # noqa: E402
+from thrifty.runtime.tuning.executor_plan import execute_plan  # noqa: E402
+from thrifty.runtime.tuning.executor_local import RANK_PRELOAD  # noqa: E402
+
+from ray_cluster import ThreeNodes  # noqa: E402
+from test_cluster_ray import CATALOG  # noqa: E402
+from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    cluster = ThreeNodes()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def provider(nodes):
+    nodes.refill()
+    made = RayProvider("tuning-test", load_catalog(CATALOG), nodes.cluster.address, preload=RANK_PRELOAD)
+    yield made
+    made.close()
+
+
+def node_of(provider: RayProvider, machine_id: str) -> str:
+    return next(m.tags["ray-node"] for m in provider.all_machines() if m.id == machine_id)
+
+
+def test_hypersched_runs_trials_on_both_machines_and_grows_one_across_them(provider, tmp_path):
+    machines = provider.provision("local-a", 2, "spot")
+    assert len({node_of(provider, m.id) for m in machines}) == 2
+    configs = ConfigList([{"lr": 0.3, "samples": 2048}, {"lr": 0.002, "hidden": 4, "samples": 2048}])
+    scheduler = HyperSched(min_iterations=1, eta=2, max_iterations=8, scaling="LINEAR", cooldown=1,
+                           use_idle_atoms=False)
+    with RayExecutor(EXAMPLE, tmp_path, provider, start_timeout_s=90, iteration_timeout_s=60) as executor:
+        result = run_experiment(scheduler, executor, configs, total_atoms=2, max_iterations=8, deadline=150)
+    assert_reaped(executor)
+    best, worse = result.trials
+    assert result.end_reason == "exhausted" and not result.failed
+    assert best.state == TrialState.COMPLETED and best.iteration == 8 and best.last_metric > 0.6
+    assert worse.state == TrialState.PAUSED and worse.iteration < best.iteration
+
+    first = [r for r in executor.launches if r.from_iteration == 0]
+    assert sorted(m for r in first for m in r.machines) == sorted(m.id for m in machines)  # one trial on each
+    [grown] = [r for r in executor.launches if r.trial_id == 0 and r.from_iteration > 0]
+    assert grown.atoms == 2 and sorted(grown.machines) == sorted(m.id for m in machines)  # a world across both
+    assert best.resizes == 1 and best.iteration_atoms[0] == 1 and best.iteration_atoms[-1] == 2
+    assert all(o > 0 for t in result.trials for o in t.overheads_s)
+
+
+def test_a_plan_runs_stage_by_stage_and_gives_back_a_machine(provider, tmp_path):
+    plan = {"stages": [
+        {"trials": 2, "iters_per_trial": 1, "instances": 2, "gpus_per_trial": 1, "instance_type": "local-a"},
+        {"trials": 1, "iters_per_trial": 2, "instances": 1, "gpus_per_trial": 1, "instance_type": "local-a"}]}
+    configs = ConfigList([{"lr": 0.3}, {"lr": 0.003, "hidden": 4}])
+    with RayExecutor(EXAMPLE, tmp_path, provider, start_timeout_s=90, iteration_timeout_s=60) as executor:
+        result = execute_plan(plan, executor, provider, configs, market="spot")
+    assert_reaped(executor)
+    first, second = result.stages
+    assert len(first.machines) == 2 and second.released == 1 and len(second.machines) == 1
+    assert not result.failed
+    stage0 = [r for r in executor.launches if r.from_iteration == 0]
+    assert sorted(r.machines[0] for r in stage0) == sorted(first.machines)  # one trial on each machine
+    for k, record in enumerate(result.stages):
+        check_placements(record, 1)
+        for trial_id in record.trial_ids:  # each trial ran where the placement controller put it
+            where = next(p[str(trial_id)] for p in record.placements if str(trial_id) in p)
+            [launch] = [r for r in executor.launches if r.trial_id == trial_id and r.from_iteration == k]
+            assert sorted(launch.machines) == sorted(m for m, n in where.items() for _ in range(n))
+    winner = result.trials[second.trial_ids[0]]
+    assert winner.state == TrialState.COMPLETED and winner.iteration == 3
+    assert provider.machines() == []  # every machine given back at the end
+    assert {m.id for m in provider.all_machines() if m.terminated_at is not None} >= set(first.machines)
