@@ -20,22 +20,14 @@ from thrifty.runtime.tuning import ConfigList, HyperSched, TrialState, run_exper
 from thrifty.runtime.tuning.executor_plan import execute_plan  # noqa: E402
 from thrifty.runtime.tuning.executor_local import RANK_PRELOAD  # noqa: E402
 
-from ray_cluster import ThreeNodes  # noqa: E402
-from test_cluster_ray import CATALOG  # noqa: E402
+from test_cluster_ray import CATALOG, nodes  # noqa: E402, F401 -- the module's three-node cluster
 from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    cluster = ThreeNodes()
-    yield cluster
-    cluster.close()
-
-
 @pytest.fixture
-def provider(nodes):
+def provider(nodes):  # noqa: F811 -- the fixture imported above
     nodes.refill()
     made = RayProvider("tuning-test", load_catalog(CATALOG), nodes.cluster.address, preload=RANK_PRELOAD)
     yield made
