@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "catalog": "catalog",
     "cleanup": "cleanup",
     "run": "run",
+    "tune": "tune",
     "node": "node",
 }
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from thrifty.runtime.tuning.examples import OPTIMIZERS  # the tuning example's optimizers
+
 FORMAT = "thrifty.curve_traces/1"
-VALIDATION_FRACTION = 1 / 3
-OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
 # log10 learning-rate range per optimizer: wide enough that some runs crawl and some diverge
 LR_LOG10_RANGE = {"sgd": (-3.0, 0.0), "momentum": (-3.5, -0.5), "adam": (-4.5, -1.0), "rmsprop": (-4.5, -1.0)}
 
@@ -48,43 +48,22 @@ def sample_config(rng: np.random.Generator) -> dict[str, Any]:
 
 def load_split(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Digits features scaled to [0, 1], split into train and validation (stratified, fixed seed)."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from thrifty.runtime.tuning.examples import digits_split
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    x_train, x_val, y_train, y_val = train_test_split(
-        x, y, test_size=VALIDATION_FRACTION, random_state=seed, stratify=y)
-    return x_train, x_val, y_train, y_val
+    return digits_split(seed)
 
 
 def build_model(config: dict[str, Any], n_in: int, n_out: int):
-    import torch
+    """The tuning example's MLP (`thrifty.runtime.tuning.examples.build_mlp`), so traces and trials agree."""
+    from thrifty.runtime.tuning.examples import build_mlp
 
-    layers: list[torch.nn.Module] = []
-    width_in = n_in
-    for _ in range(config["depth"]):
-        layers += [torch.nn.Linear(width_in, config["width"]), torch.nn.ReLU()]
-        width_in = config["width"]
-    layers.append(torch.nn.Linear(width_in, n_out))
-    return torch.nn.Sequential(*layers)
+    return build_mlp(config["width"], config["depth"], n_in, n_out)
 
 
 def build_optimizer(config: dict[str, Any], params):
-    import torch
+    from thrifty.runtime.tuning.examples import build_optimizer as optimizer_for
 
-    lr, wd = config["learning_rate"], config["weight_decay"]
-    name = config["optimizer"]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=wd)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=wd)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    if name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, weight_decay=wd)
-    raise ValueError(f"optimizer is '{name}', but must be one of {', '.join(OPTIMIZERS)}")
+    return optimizer_for(config["optimizer"], params, config["learning_rate"], config["weight_decay"])
 
 
 def train_one(config: dict[str, Any], data, epochs: int, seed: int) -> tuple[list[float], list[float]]:

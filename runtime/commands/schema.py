@@ -1,6 +1,7 @@
 """``thrifty schema``: print the JSON Schema of a problem file, a plan file or a data file.
 
-``training`` and ``tuning`` are the two problem kinds; ``plan`` is a training
+``training`` and ``tuning`` are the two problem kinds; ``experiment`` is a
+tuning experiment (what ``thrifty tune`` reads); ``plan`` is a training
 plan (what ``thrifty solve --out`` writes for a training problem and
 ``thrifty run`` reads) and ``tuning-plan`` a tuning plan (what the plan
 executor reads). The data files are an instance catalog, a scaling profile, a
@@ -25,14 +26,16 @@ HELP = "print the JSON Schema of a problem file (training, tuning), a plan file 
 
 PROBLEM_KINDS = ("training", "tuning")
 PLAN_KINDS = ("plan", "tuning-plan")
+EXPERIMENT_KINDS = ("experiment",)
 DATA_FORMATS = ("catalog", "scaling-profile", "compute-profile", "compute-model", "allreduce-model",
                 "probe-rows")
-KINDS = PROBLEM_KINDS + PLAN_KINDS + DATA_FORMATS
+KINDS = PROBLEM_KINDS + EXPERIMENT_KINDS + PLAN_KINDS + DATA_FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS,
-                        help="training or tuning: a problem file; plan: a training plan; tuning-plan: a tuning plan; "
+                        help="training or tuning: a problem file; experiment: a tuning experiment (thrifty tune); "
+                             "plan: a training plan; tuning-plan: a tuning plan; "
                              "or a data file: an instance catalog (thrifty.catalog/1), a scaling profile, a compute "
                              "profile, a fitted compute model, a learned allreduce model or one row of a probe CSV")
 
@@ -43,6 +46,10 @@ def schema(kind: str) -> dict[str, Any]:
         from thrifty.solver.problem import problem_json_schema
 
         return problem_json_schema(kind)
+    if kind in EXPERIMENT_KINDS:
+        from thrifty.runtime.tuning.experiment_file import experiment_json_schema
+
+        return experiment_json_schema()
     if kind in PLAN_KINDS:
         from thrifty.solver.plan import Plan
         from thrifty.solver.tuning_plan import TuningPlan

@@ -21,7 +21,7 @@ from __future__ import annotations
 from thrifty.runtime.tuning.base import (Decision, Scheduler, Start, check_atoms_per_trial, check_eta,
                                          check_min_max_iterations, rung_milestones)
 from thrifty.runtime.tuning.rungs import Rung, asha_top_k
-from thrifty.runtime.tuning.trial import Report, Trial
+from thrifty.runtime.tuning.trial import Report, Trial, TrialState
 
 __all__ = ["ASHA"]
 
@@ -85,6 +85,14 @@ class ASHA(Scheduler):
             return Decision.CONTINUE
         rung.add_paused(trial.trial_id)
         return Decision.PAUSE
+
+    def on_restored(self) -> None:
+        """Each rung's paused queue: exactly the paused trials whose highest rung it is."""
+        paused = {tid for tid, t in self.experiment.trials.items() if t.state == TrialState.PAUSED}
+        for trial_id, j in self._top_rung.items():
+            self.rungs[j].remove_paused(trial_id)
+            if trial_id in paused:
+                self.rungs[j].add_paused(trial_id)
 
     def on_trial_start(self, trial: Trial) -> None:
         j = self._top_rung.get(trial.trial_id)

@@ -122,6 +122,11 @@ class Scheduler(ABC):
     def on_trial_end(self, trial: Trial) -> None:  # noqa: B027 - an optional hook
         """`trial` reached a final state (completed, terminated or failed)."""
 
+    def on_restored(self) -> None:  # noqa: B027 - an optional hook
+        """A resumed experiment replayed its recorded results through `on_result`
+        (whose answers were ignored): make internal queues agree with the
+        trials' recorded states (``experiment.trials``)."""
+
 
 class RunningMedian:
     """Median of a growing sample in O(log n) per insertion (two heaps)."""

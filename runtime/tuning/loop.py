@@ -35,6 +35,16 @@ Executor interface (small on purpose; the simulated executor is in
 
 The loop also measures the scheduler's own decision time per reported result
 (``ExperimentResult.decision_s``).
+
+Resuming (``thrifty tune --resume``): an experiment can start from a
+previous run's trials (`Resumed`). Finished trials keep their state; paused
+trials resume from their checkpoints when the scheduler promotes them;
+trials that were running without a checkpoint start again as new
+configurations (before any fresh draw). The scheduler is rebuilt by
+replaying the recorded results through ``on_result`` (its answers are
+ignored: what happened is recorded), then ``on_restored()`` lets it make
+its queues agree with the trials' states. Time already spent counts against
+the deadline.
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ from thrifty.runtime.tuning.clock import Clock
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
 
-__all__ = ["Executor", "Experiment", "ExperimentResult", "TrialFailedError", "SchedulerError", "run_experiment"]
+__all__ = ["Executor", "Experiment", "ExperimentResult", "Resumed", "TrialFailedError", "SchedulerError",
+           "run_experiment"]
 
 
 class TrialFailedError(ThriftyError, RuntimeError):
@@ -104,21 +115,43 @@ class ExperimentResult:
         return sum(t.state == state for t in self.trials)
 
 
+@dataclass
+class Resumed:
+    """A previous run of the same experiment, to go on from.
+
+    `trials` are numbered 0..n-1 in creation order, each in the state it
+    reached (COMPLETED, TERMINATED, FAILED, PAUSED with its `checkpoint`, or
+    PENDING: to start again); `results` are the kept trials' reports in
+    arrival order. Every time (`reported_at`, `created_at`, `ended_at`,
+    `Report.at`) is relative to the experiment's start; `elapsed_s` is how
+    long the previous runs took together.
+    """
+
+    trials: list[Trial]
+    results: list[Report]
+    elapsed_s: float
+
+
 class Experiment(ExperimentState):
-    """The loop's state and the read-only view schedulers get (`ExperimentView`)."""
+    """The loop's state and the read-only view schedulers get (`ExperimentView`).
+
+    `keep_checkpoints`: a trial that reaches `max_iterations` is suspended
+    (its final checkpoint kept in ``trial.checkpoint``) instead of
+    terminated, so that the best trial's model can be kept."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
                  total_atoms: int, max_iterations: int, deadline: float | None = None,
-                 target: float | None = None, fail_fast: bool = False):
+                 target: float | None = None, fail_fast: bool = False, resume: Resumed | None = None,
+                 keep_checkpoints: bool = False):
         check_positive("total_atoms", total_atoms, integer=True)
         check_positive("max_iterations", max_iterations, integer=True)
         if deadline is not None:
             check_positive("deadline", deadline)
         if target is not None and not math.isfinite(target):
             raise ProblemError(f"`target` is {target!r}, but must be a finite number", path="target")
-        if not search_space.has_more():
+        if not search_space.has_more() and resume is None:
             raise ProblemError("the search space is empty: it produced no configuration", path="search_space")
-        started_at = executor.clock.now()
+        started_at = executor.clock.now() - (resume.elapsed_s if resume is not None else 0.0)
         super().__init__(executor.clock, total_atoms, max_iterations,
                          None if deadline is None else started_at + deadline)
         self.scheduler = scheduler
@@ -132,14 +165,53 @@ class Experiment(ExperimentState):
         self._results = 0
         self._decision_s = 0.0
         self._failed: dict[int, str] = {}
+        self.keep_checkpoints = keep_checkpoints
+        self._resume = resume
+        self._requeued: list[int] = []   # trials to start again, before any new configuration
+        if resume is not None:
+            self._restore(resume)
 
     # --- ExperimentView (the rest is `ExperimentState`) ----------------------------
     def has_more_configs(self) -> bool:
-        return self.search_space.has_more()
+        return bool(self._requeued) or self.search_space.has_more()
+
+    # --- resuming ---------------------------------------------------------------------
+    def _restore(self, resume: Resumed) -> None:
+        t0 = self.started_at
+        for i, trial in enumerate(resume.trials):
+            if trial.trial_id != i:
+                raise ProblemError(f"resumed trial {i} has id {trial.trial_id}; ids must be 0, 1, 2, ...",
+                                   path=f"trials[{i}]")
+            if trial.state in (TrialState.RUNNING,):
+                raise ProblemError(f"resumed trial {i} is running; it must be paused, pending or finished",
+                                   path=f"trials[{i}]")
+            trial.created_at += t0
+            trial.reported_at = [t0 + at for at in trial.reported_at]
+            if trial.ended_at is not None:
+                trial.ended_at += t0
+            if trial.state == TrialState.PENDING:
+                self._requeued.append(trial.trial_id)
+            if trial.state == TrialState.FAILED:
+                self._failed[trial.trial_id] = trial.error or "failed"
+            self.trial_list.append(trial)
+
+    def _replay(self, resume: Resumed) -> None:
+        """The recorded results, through the freshly bound scheduler (answers ignored)."""
+        for report in resume.results:
+            report = Report(report.trial_id, report.iteration, report.metric, report.iteration_s, report.atoms,
+                            self.started_at + report.at, report.overhead_s)
+            trial = self.trial_list[report.trial_id]
+            self.scheduler.on_result(trial, report)
+            if report.overhead_s > 0:  # the first result after a launch
+                self.overheads.add(report.overhead_s)
+            self._count(report)
+        self.scheduler.on_restored()
 
     # --- the loop -------------------------------------------------------------------
     def run(self) -> ExperimentResult:
         self.scheduler.bind(self)
+        if self._resume is not None:
+            self._replay(self._resume)
         try:
             reason = self._loop()
         finally:
@@ -180,6 +252,8 @@ class Experiment(ExperimentState):
         if not isinstance(start.atoms, int) or not 1 <= start.atoms <= self.free_atoms:
             raise SchedulerError(f"{name} asked for {start.atoms!r} atoms, but {self.free_atoms} are free")
         if start.trial_id is None:
+            if self._requeued:  # a trial of a resumed run that starts again
+                return self.trial_list[self._requeued.pop(0)]
             config = self.search_space.next_config()
             if config is None:
                 return None
@@ -235,11 +309,7 @@ class Experiment(ExperimentState):
         if trial.iterations_since_launch == 1:  # the first result after a launch carries its start-up time
             trial.overheads_s.append(report.overhead_s)
             self.overheads.add(report.overhead_s)
-        if self._best is None or metric > self._best[0]:
-            self._best = (float(metric), trial.trial_id)
-        if self.target is not None and self._time_to_target is None and metric >= self.target:
-            self._time_to_target = report.at - self.started_at
-        self._results += 1
+        self._count(report)
 
         t0 = time.perf_counter()
         decision = self.scheduler.on_result(trial, report)
@@ -247,7 +317,10 @@ class Experiment(ExperimentState):
         self._decision_s += time.perf_counter() - t0
 
         if trial.iteration >= self.max_iterations:
-            self.executor.terminate(trial)
+            if self.keep_checkpoints:
+                trial.checkpoint = self.executor.suspend(trial)
+            else:
+                self.executor.terminate(trial)
             self._release(trial, TrialState.COMPLETED)
         elif decision == Decision.STOP:
             self.executor.terminate(trial)
@@ -260,6 +333,15 @@ class Experiment(ExperimentState):
         else:
             raise SchedulerError(f"{type(self.scheduler).__name__} answered {decision!r}; "
                                  "expected Decision.CONTINUE, PAUSE or STOP")
+
+    def _count(self, report: Report) -> None:
+        """The best result, the time to target and the number of results."""
+        metric = float(report.metric)
+        if self._best is None or metric > self._best[0]:
+            self._best = (metric, report.trial_id)
+        if self.target is not None and self._time_to_target is None and metric >= self.target:
+            self._time_to_target = report.at - self.started_at
+        self._results += 1
 
     def _continue(self, trial: Trial, atoms: int) -> None:
         if not isinstance(atoms, int) or atoms < 1:
@@ -286,11 +368,14 @@ class Experiment(ExperimentState):
 
 def run_experiment(scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
                    total_atoms: int, max_iterations: int, deadline: float | None = None,
-                   target: float | None = None, fail_fast: bool = False) -> ExperimentResult:
+                   target: float | None = None, fail_fast: bool = False, resume: Resumed | None = None,
+                   keep_checkpoints: bool = False) -> ExperimentResult:
     """Run one tuning experiment to its end (see the module docstring).
 
-    `deadline` is relative to the clock's time at the start; `target` ends
-    the experiment at the first result that reaches it.
+    `deadline` is relative to the experiment's start (the clock's time now,
+    less ``resume.elapsed_s``); `target` ends the experiment at the first
+    result that reaches it.
     """
     return Experiment(scheduler, executor, search_space, total_atoms=total_atoms, max_iterations=max_iterations,
-                      deadline=deadline, target=target, fail_fast=fail_fast).run()
+                      deadline=deadline, target=target, fail_fast=fail_fast, resume=resume,
+                      keep_checkpoints=keep_checkpoints).run()

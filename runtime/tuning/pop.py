@@ -141,7 +141,7 @@ class POP(Scheduler):
     def bind(self, experiment) -> None:
         super().bind(experiment)
         check_atoms_per_trial(self.atoms_per_trial, experiment.total_atoms)
-        self._started_at = experiment.now()
+        self._started_at = getattr(experiment, "started_at", None) or experiment.now()  # earlier, when resumed
         if self._max_time is not None:
             self._t_max = self._max_time
         elif experiment.deadline is not None:
@@ -166,6 +166,13 @@ class POP(Scheduler):
             if trials[tid].state == TrialState.PAUSED:
                 return Start(tid, self.atoms_per_trial)
         return None
+
+    def on_restored(self) -> None:
+        """Suspended jobs: the paused trials, in the order they were suspended."""
+        trials = self.experiment.trials
+        paused = [tid for tid, t in trials.items() if t.state == TrialState.PAUSED]
+        order = [tid for tid in dict.fromkeys(self._suspended) if tid in set(paused)]
+        self._suspended = deque(order + [tid for tid in paused if tid not in set(order)])
 
     # --- OnIterationFinish -------------------------------------------------------------
     def on_result(self, trial: Trial, report: Report) -> Decision:

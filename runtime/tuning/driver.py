@@ -1,0 +1,399 @@
+"""One tuning job from one experiment file, end to end: ``thrifty tune`` and
+``thrifty.runtime.tune`` (issue "thrifty tune").
+
+`tune` reads the experiment (`experiment_file`), checks it and its trainer
+before anything starts, shows the plan (``plan``: the RubberBand stage
+plan solved for the deadline at the least cost, with its predicted time and
+cost; the loop schedulers: their settings and the time and cost limit),
+then runs it:
+
+- the loop schedulers (HyperSched, ASHA, POP, Bandit, EarlyTerm, FIFO)
+  through `run_experiment`, on the local executor (worker processes on this
+  host) or, with a cluster, the Ray executor on provisioned machines;
+- ``plan`` through `execute_plan`, which scales the provider's machines per
+  stage.
+
+Everything lands in the results folder as it happens (`record`): the
+experiment, ``events.jsonl``, each trial's checkpoints and worker logs
+(``trials/``); at the end ``summary.json`` (written atomically), the best
+configuration and its checkpoint (``best/``) and a plot of the trial curves
+and the atoms over time. A killed driver goes on with ``resume=DIR``:
+finished trials are kept, paused ones continue from their checkpoints, the
+rest start again, and the time already spent counts against the deadline
+(not supported for ``plan``, whose stages are solved for a fresh start).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError, ThriftyError
+from thrifty.datasets.io import atomic_write_text
+from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
+                                                    load_experiment, parse_experiment, resolve_trainer)
+from thrifty.runtime.tuning.search_space import SearchSpace
+from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history
+from thrifty.runtime.tuning.trial import Trial, TrialState
+
+__all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "EXPERIMENT_COPY", "SUMMARY"]
+
+EXPERIMENT_COPY = "experiment.json"
+SUMMARY = "summary.json"
+
+
+class GoalInfeasible(ThriftyError):
+    """The goal cannot be met (the planner proved it): exit code 3."""
+
+    def __init__(self, message: str, plan: Any = None):
+        super().__init__(message)
+        self.plan = plan
+
+
+@dataclass
+class Preview:
+    """What will run, before it runs."""
+
+    scheduler: str
+    settings: dict[str, Any]
+    atoms: int
+    time_limit_s: float | None
+    predicted_s: float | None
+    predicted_usd: float | None
+    plan: Any = None          # the tuning plan (``plan``)
+    where: str = "worker processes on this host"
+
+
+@dataclass
+class TuneResult:
+    """What ``thrifty tune`` did; the same as ``DIR/summary.json``."""
+
+    out: Path
+    experiment: ExperimentFile
+    preview: Preview
+    end_reason: str = "dry-run"
+    elapsed_s: float = 0.0
+    cost_usd: float = 0.0
+    best_trial_id: int | None = None
+    best_config: dict[str, Any] | None = None
+    best_metric: float | None = None
+    best_checkpoint: str | None = None
+    trials: list[Trial] = field(default_factory=list)
+    plot: str | None = None
+    results: int = 0
+
+    @property
+    def goal_met(self) -> bool:
+        e = self.experiment
+        if e.target is not None and (self.best_metric is None or e.score(self.best_metric) < e.score(e.target)):
+            return False
+        if e.budget_usd is not None and self.cost_usd > e.budget_usd * 1.0001:
+            return False
+        return self.end_reason != "dry-run"
+
+    def summary(self) -> dict[str, Any]:
+        e = self.experiment
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            counts[t.state.value] = counts.get(t.state.value, 0) + 1
+        return {
+            "format": "thrifty.tune_summary/1", "name": e.name, "scheduler": e.scheduler.name,
+            "metric": e.metric, "mode": e.mode, "end_reason": self.end_reason, "elapsed_s": self.elapsed_s,
+            "cost_usd": self.cost_usd, "goal": {"deadline_s": e.deadline_s, "target": e.target,
+                                                "budget_usd": e.budget_usd, "met": self.goal_met},
+            "predicted": {"time_s": self.preview.predicted_s, "cost_usd": self.preview.predicted_usd},
+            "best": {"trial": self.best_trial_id, "config": self.best_config, "metric": self.best_metric,
+                     "checkpoint": self.best_checkpoint},
+            "trials": counts, "results": self.results,
+            "per_trial": [_trial_summary(t, e) for t in self.trials],
+        }
+
+
+def _trial_summary(trial: Trial, e: ExperimentFile) -> dict[str, Any]:
+    best = max(trial.metrics) if trial.metrics else None
+    return {"trial": trial.trial_id, "config": trial.config, "state": trial.state.value,
+            "iterations": trial.iteration, "best": None if best is None else e.value(best),
+            "last": e.value(trial.metrics[-1]) if trial.metrics else None, "launches": trial.launches,
+            "resizes": trial.resizes, "train_s": trial.train_s, "error": trial.error}
+
+
+# --- the plan before the run --------------------------------------------------------------------
+
+def tuning_problem(e: ExperimentFile) -> dict[str, Any]:
+    """The RubberBand problem of a ``plan`` experiment."""
+    s = e.scheduler
+    assert isinstance(s, PlanSpec)
+    r = e.resources
+    problem: dict[str, Any] = {"kind": "tuning", "model": r.model, "instance_type": r.instance_type,
+                               "deadline_s": e.deadline_s,
+                               "experiment": {"algorithm": s.algorithm, "trials": e.samples,
+                                              "min_iters": s.min_iterations, "max_iters": e.max_iterations,
+                                              "eta": s.eta}}
+    for key in ("catalog", "max_instances", "cloud"):
+        if getattr(r, key) is not None:
+            problem[key] = getattr(r, key)
+    return problem
+
+
+def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
+    """The plan or the scheduler's settings, with the predicted time and cost."""
+    cluster = cluster or e.cluster
+    where = "worker processes on this host" if cluster == "local" else f"the cluster {cluster}"
+    settings = e.scheduler.model_dump(exclude={"name"})
+    if isinstance(e.scheduler, PlanSpec):
+        from thrifty.solver.problem import parse_problem
+        from thrifty.solver.tuning_plan import solve_tuning
+
+        from thrifty.solver.problem import TuningProblem
+
+        try:
+            problem = parse_problem(tuning_problem(e))
+        except ProblemError as err:  # its fields come from the experiment's resources
+            raise ProblemError(err.message, path=_resource_path(err.path)) from None
+        assert isinstance(problem, TuningProblem)
+        plan = solve_tuning(problem, time_limit_s=e.scheduler.time_limit_s)
+        if not plan.feasible:
+            raise GoalInfeasible(f"no stage plan meets the deadline of {e.deadline_s:g} s"
+                                 + _reason(plan), plan)
+        predicted = plan.predicted
+        cost = predicted.cost_usd if predicted is not None else None
+        if e.budget_usd is not None and cost is not None and cost > e.budget_usd:
+            raise GoalInfeasible(f"the cheapest plan that meets the deadline costs ${cost:.4f}, "
+                                 f"more than the budget of ${e.budget_usd:g}", plan)
+        return Preview("plan", settings, 0, e.deadline_s, predicted.jct_s if predicted is not None else None,
+                       cost, plan, where)
+    limit = e.time_limit_s
+    return Preview(e.scheduler.name, settings, e.atoms, limit, limit,
+                   None if limit is None else e.usd(limit), None, where)
+
+
+def _resource_path(path: str | None) -> str:
+    if not path:
+        return "resources"
+    head = path.split(".")[0].split("[")[0]
+    mapped = {"deadline_s": "deadline_s", "experiment": "scheduler", "model": "resources.model",
+              "instance_type": "resources.instance_type", "catalog": "resources.catalog",
+              "max_instances": "resources.max_instances", "cloud": "resources.cloud"}
+    return mapped.get(head, "resources") + path[len(head):] if head in mapped else f"resources ({path})"
+
+
+def _reason(plan: Any) -> str:
+    why = getattr(plan, "reason", None) or getattr(plan, "infeasibility", None)
+    return f": {why}" if isinstance(why, str) and why else ""
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+def _experiment(experiment: ExperimentFile | Mapping[str, Any] | str | Path) -> ExperimentFile:
+    if isinstance(experiment, ExperimentFile):
+        return experiment
+    if isinstance(experiment, Mapping):
+        return parse_experiment(dict(experiment))
+    return load_experiment(experiment)
+
+
+def _results_folder(e: ExperimentFile, out: str | Path | None, resume: str | Path | None) -> Path:
+    if resume is not None:
+        folder = Path(resume)
+        if not (folder / EXPERIMENT_COPY).is_file():
+            raise ProblemError(f"'{folder}' is not the results folder of a tuning run (no {EXPERIMENT_COPY})",
+                               path="resume")
+        return folder
+    if out is not None:
+        folder = Path(out)
+        if (folder / EVENTS).exists():
+            raise ProblemError(f"'{folder}' holds a tuning run already; resume it with --resume {folder}, "
+                               "or choose another --out", path="out")
+        return folder
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("thrifty-tune") / f"{e.name or 'experiment'}-{stamp}"
+
+
+def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = None, *,
+         out: str | Path | None = None, resume: str | Path | None = None, cluster: str | None = None,
+         dry_run: bool = False, plot: str | Path | None = None,
+         on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
+         on_event: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+    """Run a tuning experiment (a file, a dict or an `ExperimentFile`) to its
+    end and keep its results in `out` (see the module docstring).
+
+    `resume`: the results folder of a killed run to go on from (its own
+    experiment is used when `experiment` is None). `cluster` overrides the
+    file's. `plot`: where the plot goes (default ``DIR/tuning.png``).
+    `on_start(preview, executor)` is called once the executor exists (the
+    command line starts its live table there), `on_event(event)` after each
+    recorded event. Raises `ProblemError` (bad input), `GoalInfeasible`
+    (the planner proved the goal cannot be met).
+    """
+    if experiment is None:
+        if resume is None:
+            raise ProblemError("give an experiment, or resume= a results folder", path="experiment")
+        experiment = Path(resume) / EXPERIMENT_COPY
+    e = _experiment(experiment)
+    resolve_trainer(e)
+    folder = _results_folder(e, out, resume)
+    if resume is not None and isinstance(e.scheduler, PlanSpec):
+        raise ProblemError("a `plan` run cannot be resumed: its stages were solved for a fresh start; "
+                           "start it again with a shorter deadline_s", path="scheduler.name")
+    cluster = cluster or e.cluster
+    if cluster != "local":
+        e = e.model_copy(update={"cluster": cluster})
+    shown = preview(e, cluster)
+    result = TuneResult(folder, e, shown)
+    if dry_run:
+        return result
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        atomic_write_text(folder / EXPERIMENT_COPY, json.dumps(e.model_dump(mode="json"), indent=1) + "\n")
+    history = None
+    if resume is not None and (folder / EVENTS).exists():
+        history = read_history(read_events(folder / EVENTS), e.max_iterations, e.score)
+    log = EventLog(folder / EVENTS)
+    try:
+        with _backend(e, folder, cluster) as (executor, provider):
+            from thrifty.runtime.tuning.clock import RealClock
+
+            clock = executor.clock if hasattr(executor, "clock") else RealClock()
+            t0 = clock.now() - (history.elapsed_s if history is not None else 0.0)
+            recorder = RecordingExecutor(executor, log, t0=t0, value=e.value, on_event=on_event)
+            if on_start is not None:
+                on_start(shown, recorder)
+            _run(e, recorder, provider, shown, history, result)
+            result.elapsed_s = clock.now() - t0
+    finally:
+        log.close()
+    _finish(result, plot)
+    return result
+
+
+class _backend:
+    """The executor (and the provider, for a plan or a cluster); closes both."""
+
+    def __init__(self, e: ExperimentFile, folder: Path, cluster: str):
+        self.e, self.folder, self.cluster = e, folder, cluster
+        self.executor: Any = None
+        self.provider: Any = None
+
+    def __enter__(self) -> tuple[Any, Any]:
+        from thrifty.runtime.tuning.executor_local import RANK_PRELOAD, LocalExecutor
+
+        e = self.e
+        options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed}
+        if self.cluster == "local":
+            if isinstance(e.scheduler, PlanSpec):
+                from thrifty.runtime.providers.local import LocalProvider
+
+                self.provider = LocalProvider(f"tune-{self.folder.name}", catalog=e.resources.catalog)
+            self.executor = LocalExecutor(e.trainer, self.folder / "trials", **options)
+            return self.executor, self.provider
+        from thrifty.datasets.catalog import load_catalog
+        from thrifty.runtime.cluster.spec import cluster_provider
+        from thrifty.runtime.cluster.tuning import RayExecutor
+
+        catalog = load_catalog(e.resources.catalog) if e.resources.catalog else load_catalog()
+        self.provider = cluster_provider(self.cluster, f"tune-{self.folder.name}", catalog, RANK_PRELOAD)
+        self.executor = RayExecutor(e.trainer, self.folder / "trials", self.provider, **options)
+        if not isinstance(e.scheduler, PlanSpec):
+            if e.resources.instance_type is None:
+                raise ProblemError("is required on a cluster: the machine type to run trials on",
+                                   path="resources.instance_type")
+            self.provider.provision(e.resources.instance_type, e.resources.machines or 1, "on_demand")
+        return self.executor, self.provider
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.executor is not None:
+                self.executor.close()
+        finally:
+            if self.provider is not None:
+                self.provider.close()
+
+
+class _Drawn(SearchSpace):
+    """The file's random search with its fixed trainer arguments, past the
+    `drawn` configurations a resumed run already has (the same seed gives the
+    same draws)."""
+
+    def __init__(self, e: ExperimentFile, drawn: int):
+        self._space = build_search_space(e)
+        self._args = dict(e.trainer_args)
+        for _ in range(drawn):
+            self._space.next_config()
+
+    def has_more(self) -> bool:
+        return self._space.has_more()
+
+    def next_config(self) -> dict[str, Any] | None:
+        config = self._space.next_config()
+        return None if config is None else {**self._args, **config}
+
+
+def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: Preview, history: Any,
+         result: TuneResult) -> None:
+    space = _Drawn(e, len(history.trials) if history is not None else 0)
+    if isinstance(e.scheduler, PlanSpec):
+        from thrifty.runtime.tuning.executor_plan import execute_plan
+
+        plan_result = execute_plan(shown.plan, executor, provider, space)
+        result.trials = plan_result.trials
+        result.end_reason = "plan" if plan_result.met_deadline else "plan (past the deadline)"
+        result.cost_usd = plan_result.cost_usd
+        result.best_trial_id = plan_result.best_trial_id
+        return
+    from thrifty.runtime.tuning.loop import run_experiment
+
+    target = None if e.target is None else e.score(e.target)
+    outcome = run_experiment(build_scheduler(e), executor, space,
+                             total_atoms=e.atoms, max_iterations=e.max_iterations, deadline=e.time_limit_s,
+                             target=target, resume=history, keep_checkpoints=True)
+    result.trials = outcome.trials
+    result.end_reason = outcome.end_reason
+    result.results = outcome.results
+    result.best_trial_id = outcome.best_trial_id
+
+
+def _finish(result: TuneResult, plot: str | Path | None) -> None:
+    """Best configuration and checkpoint, summary, plot."""
+    e, folder = result.experiment, result.out
+    if result.cost_usd == 0.0 and not isinstance(e.scheduler, PlanSpec):
+        result.cost_usd = e.usd(result.elapsed_s)
+    done = [t for t in result.trials if t.metrics]
+    if result.best_trial_id is None and done:
+        result.best_trial_id = max(done, key=lambda t: (max(t.metrics), -t.trial_id)).trial_id
+    if result.best_trial_id is not None:
+        best = result.trials[result.best_trial_id]
+        result.best_config = best.config
+        result.best_metric = e.value(max(best.metrics)) if best.metrics else None
+        (folder / "best").mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / "best" / "config.json", json.dumps(best.config, indent=1) + "\n")
+        source = best.checkpoint.get("path") if isinstance(best.checkpoint, dict) else None
+        if source and Path(source).is_file() and not best.checkpoint.get("error"):
+            target = folder / "best" / "checkpoint.pt"
+            shutil.copyfile(source, target.with_suffix(".tmp"))
+            target.with_suffix(".tmp").replace(target)
+            result.best_checkpoint = str(target)
+    path = Path(plot) if plot is not None else folder / "tuning.png"
+    try:
+        from thrifty.runtime.tuning.run_plot import plot_tuning_run
+
+        plot_tuning_run(read_events(folder / EVENTS), e, path)
+        result.plot = str(path)
+    except ImportError:  # matplotlib is part of the install; a stripped environment still gets its results
+        result.plot = None
+    atomic_write_text(folder / SUMMARY, json.dumps(result.summary(), indent=1, allow_nan=False,
+                                                   default=_jsonable) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, TrialState):
+        return value.value
+    return str(value)

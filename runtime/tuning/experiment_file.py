@@ -1,0 +1,334 @@
+"""The experiment file of ``thrifty tune``: one JSON or YAML document that
+says what to tune, how, and for which goal (issue "thrifty tune").
+
+Fields (``thrifty schema experiment`` prints the JSON Schema):
+
+- ``trainer``: ``MODULE:FACTORY``, a `TunableTrainer` factory called with a
+  trial's configuration as keyword arguments (plus ``trainer_args``);
+- ``search_space``: name -> a constant, or one domain:
+  ``{"loguniform": [low, high]}``, ``{"uniform": [low, high]}``,
+  ``{"randint": [low, high]}`` (both included) or ``{"choice": [v, ...]}``;
+  drawn by random search with ``seed``, ``samples`` configurations in all;
+- ``metric`` (its name, for the table and the results) and ``mode``
+  (``max`` or ``min``: a loss is minimised; schedulers see ``-value``);
+- ``max_iterations`` (R: a trial that reaches it is complete);
+- ``scheduler``: a name, or an object with ``name`` and that scheduler's
+  parameters: ``hypersched`` (HyperSched 4-5), ``asha`` (HyperSched 3.3),
+  ``pop``, ``bandit``, ``earlyterm`` (HyperDrive 3, 5.3), ``fifo``, or
+  ``plan`` (RubberBand: solve the stage plan that meets the deadline at the
+  least cost, then carry it out stage by stage);
+- the goal: ``deadline_s``, ``target`` (a metric value that ends the
+  experiment when a trial reaches it) and/or ``budget_usd``;
+- ``resources``: ``atoms`` (workers the trials share) and
+  ``usd_per_atom_hour`` (what an atom costs, for the cost shown and a
+  budget); for ``plan``, the planner's ``instance_type``, ``catalog``,
+  ``max_instances``, ``model`` (a scaling profile of the trainer) and
+  ``cloud`` latencies; on a cluster, ``instance_type`` and ``machines``;
+- ``cluster``: ``local`` (worker processes on this host, the default), or
+  what ``thrifty run --cluster`` takes (``auto``, ``ray://HOST:PORT``, a
+  cluster config YAML).
+
+Every error names the JSON path of the bad field (`ProblemError`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.io import read_document
+from thrifty.datasets.validation import FieldPathError, validate_model
+
+__all__ = ["ExperimentFile", "SCHEDULER_NAMES", "load_experiment", "parse_experiment", "experiment_json_schema",
+           "build_search_space", "build_scheduler", "resolve_trainer"]
+
+SCHEDULER_NAMES = ("hypersched", "asha", "pop", "bandit", "earlyterm", "fifo", "plan")
+DOMAINS = ("loguniform", "uniform", "randint", "choice")
+MAX_SAMPLES = 100_000
+MAX_ITERATIONS = 1_000_000
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Eta = Annotated[float, Field(gt=1, le=64, allow_inf_nan=False, description="reduction factor, > 1")]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HyperSchedSpec(_Spec):
+    """HyperSched (4-5): ASHA rungs, speculative evaluation, deadline-aware entrance, reallocation."""
+    name: Literal["hypersched"]
+    min_iterations: PositiveInt = 1
+    eta: Eta = 4.0
+    scaling: Literal["LINEAR", "SQRT", "NONE"] = Field("SQRT", description="how a trial's speed grows with atoms")
+    use_idle_atoms: bool = True
+
+
+class ASHASpec(_Spec):
+    """ASHA with pausing (HyperSched 3.3)."""
+    name: Literal["asha"]
+    min_iterations: PositiveInt = 1
+    eta: Eta = 4.0
+    atoms_per_trial: PositiveInt = 1
+
+
+class POPSpec(_Spec):
+    """POP (HyperDrive 3): needs a target (its own, or the experiment's)."""
+    name: Literal["pop"]
+    target: float | None = Field(None, allow_inf_nan=False, description="default: the experiment's target")
+    boundary: PositiveInt = 4
+    kill_threshold: float | None = Field(None, allow_inf_nan=False)
+    atoms_per_trial: PositiveInt = 1
+
+
+class BanditSpec(_Spec):
+    """TuPAQ's bandit (HyperDrive 5.3)."""
+    name: Literal["bandit"]
+    boundary: PositiveInt = 10
+    epsilon: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.5
+    atoms_per_trial: PositiveInt = 1
+
+
+class EarlyTermSpec(_Spec):
+    """Learning-curve early termination (Domhan et al., HyperDrive 5.3)."""
+    name: Literal["earlyterm"]
+    boundary: PositiveInt = 10
+    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.05
+    atoms_per_trial: PositiveInt = 1
+
+
+class FIFOSpec(_Spec):
+    """Every configuration in order, each to completion (HyperDrive's Default)."""
+    name: Literal["fifo"]
+    atoms_per_trial: PositiveInt = 1
+
+
+class PlanSpec(_Spec):
+    """RubberBand: a stage plan (SHA or Hyperband) solved for the deadline at the least cost."""
+    name: Literal["plan"]
+    algorithm: Literal["sha", "hyperband"] = "sha"
+    min_iterations: PositiveInt = 1
+    eta: Eta = 3.0
+    time_limit_s: PositiveFloat | None = Field(None, description="the solver's time limit")
+
+
+SchedulerSpec = Annotated[HyperSchedSpec | ASHASpec | POPSpec | BanditSpec | EarlyTermSpec | FIFOSpec | PlanSpec,
+                          Field(discriminator="name")]
+
+
+class Resources(_Spec):
+    atoms: PositiveInt | None = Field(None, description="workers the trials share (default: 2 on this host)")
+    usd_per_atom_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.0, description="what one atom costs per hour (cost shown; needed by budget_usd)")
+    instance_type: str | None = Field(None, description="plan, or a cluster: the machine type")
+    machines: PositiveInt | None = Field(None, description="on a cluster: machines to provision")
+    catalog: str | None = Field(None, description="plan: an instance catalog file")
+    max_instances: PositiveInt | None = Field(None, description="plan: at most this many machines")
+    model: str | None = Field(None, description="plan: the trainer's scaling profile (a file) or a zoo model")
+    cloud: dict[str, float] | None = Field(None, description="plan: scale_latency_s, init_latency_s")
+
+
+class ExperimentFile(_Spec):
+    """A tuning experiment (see the module docstring)."""
+    name: str | None = None
+    trainer: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="MODULE:FACTORY")
+    trainer_args: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments")
+    search_space: dict[str, Any] = Field(min_length=1)
+    samples: Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
+    seed: int = 0
+    metric: str = "accuracy"
+    mode: Literal["max", "min"] = "max"
+    max_iterations: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)]
+    scheduler: SchedulerSpec
+    deadline_s: PositiveFloat | None = None
+    target: float | None = Field(None, allow_inf_nan=False)
+    budget_usd: PositiveFloat | None = None
+    resources: Resources = Field(default_factory=Resources)
+    cluster: str = "local"
+    threads: PositiveInt = Field(1, description="torch threads per worker")
+    iteration_timeout_s: PositiveFloat = 600.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scheduler_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("scheduler"), str):
+            data = {**data, "scheduler": {"name": data["scheduler"]}}
+        if isinstance(data, dict) and isinstance(data.get("scheduler"), dict):
+            name = data["scheduler"].get("name")
+            if name not in SCHEDULER_NAMES:
+                raise FieldPathError(("scheduler", "name"), f"is {name!r}, but must be one of "
+                                     f"{', '.join(SCHEDULER_NAMES)}")
+        return data
+
+    @model_validator(mode="after")
+    def _rules(self) -> ExperimentFile:
+        for name, value in self.search_space.items():
+            _check_domain(name, value)
+        s = self.scheduler
+        if isinstance(s, (HyperSchedSpec, ASHASpec, PlanSpec)) and s.min_iterations > self.max_iterations:
+            raise FieldPathError(("scheduler", "min_iterations"),
+                                 f"is {s.min_iterations}, more than max_iterations ({self.max_iterations})")
+        if isinstance(s, HyperSchedSpec) and self.deadline_s is None and self.budget_usd is None:
+            raise FieldPathError(("deadline_s",), "is required by hypersched (a deadline-aware scheduler), "
+                                 "or give budget_usd")
+        if isinstance(s, POPSpec) and s.target is None and self.target is None:
+            raise FieldPathError(("target",), "is required by pop (it classifies trials by their chance to "
+                                 "reach it); or give scheduler.target")
+        if isinstance(s, POPSpec) and self.deadline_s is None and self.budget_usd is None:
+            raise FieldPathError(("deadline_s",), "is required by pop (T_max, the experiment's time)")
+        if isinstance(s, PlanSpec):
+            if self.deadline_s is None:
+                raise FieldPathError(("deadline_s",), "is required by plan (the stage plan is solved for it)")
+            for key in ("instance_type", "model"):
+                if getattr(self.resources, key) is None:
+                    raise FieldPathError(("resources", key), "is required by plan")
+        per_trial = getattr(s, "atoms_per_trial", 1)
+        if per_trial > self.atoms and not isinstance(s, PlanSpec):
+            raise FieldPathError(("scheduler", "atoms_per_trial"),
+                                 f"is {per_trial}, more than the {self.atoms} atoms of resources.atoms")
+        if self.budget_usd is not None and self.resources.usd_per_atom_hour == 0 and not isinstance(s, PlanSpec):
+            raise FieldPathError(("resources", "usd_per_atom_hour"),
+                                 "is 0, but a budget_usd needs a price per atom-hour to turn into time")
+        return self
+
+    # --- derived -----------------------------------------------------------------------------
+    @property
+    def atoms(self) -> int:
+        return self.resources.atoms or 2
+
+    def score(self, value: float) -> float:
+        """The metric as the schedulers see it (higher is better)."""
+        return value if self.mode == "max" else -value
+
+    def value(self, score: float) -> float:
+        """A score back in the metric's own units."""
+        return score if self.mode == "max" else -score
+
+    @property
+    def time_limit_s(self) -> float | None:
+        """The deadline, or the time the budget buys at the atoms' price, whichever is sooner."""
+        limits = [] if self.deadline_s is None else [self.deadline_s]
+        rate = self.resources.usd_per_atom_hour * self.atoms
+        if self.budget_usd is not None and rate > 0 and not isinstance(self.scheduler, PlanSpec):
+            limits.append(self.budget_usd / rate * 3600.0)
+        return min(limits) if limits else None
+
+    def usd(self, seconds: float) -> float:
+        return self.resources.usd_per_atom_hour * self.atoms * seconds / 3600.0
+
+
+def _check_domain(name: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        return  # a constant
+    if len(value) != 1 or next(iter(value)) not in DOMAINS:
+        raise FieldPathError(("search_space", name), f"is {value!r}, but a domain is one of "
+                             + ", ".join(f'{{"{d}": [...]}}' for d in DOMAINS) + ", or a constant")
+    kind, args = next(iter(value.items()))
+    where = ("search_space", name, kind)
+    if not isinstance(args, list) or not args:
+        raise FieldPathError(where, f"is {args!r}, but must be a non-empty list")
+    if kind == "choice":
+        return
+    numbers = all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)
+    if len(args) != 2 or not numbers:
+        raise FieldPathError(where, f"is {args!r}, but must be [low, high], two finite numbers")
+    low, high = args
+    if low > high:
+        raise FieldPathError(where, f"is {args!r}: low is more than high")
+    if kind == "loguniform" and low <= 0:
+        raise FieldPathError(where, f"is {args!r}, but a log-uniform range must be above 0")
+    if kind == "randint" and not (float(low).is_integer() and float(high).is_integer()):
+        raise FieldPathError(where, f"is {args!r}, but must be two integers")
+
+
+def parse_experiment(data: Any, source: str | None = None, base: Path | None = None) -> ExperimentFile:
+    """Validate an experiment (a dict); `base` resolves relative file paths in `resources`."""
+    if not isinstance(data, dict):
+        raise ProblemError(f"an experiment must be a JSON object, not {type(data).__name__}", source=source)
+    experiment = validate_model(ExperimentFile, data, source=source)
+    if base is not None:
+        updates = {}
+        for key in ("catalog", "model"):
+            value = getattr(experiment.resources, key)
+            if value is not None and ("/" in value or value.endswith(".json")) and not Path(value).is_absolute():
+                if (base / value).exists():
+                    updates[key] = str(base / value)
+        if updates:
+            experiment = experiment.model_copy(update={"resources": experiment.resources.model_copy(update=updates)})
+    return experiment
+
+
+def load_experiment(path: str | Path) -> ExperimentFile:
+    """An experiment file, JSON or YAML (``.yaml``/``.yml``)."""
+    path = Path(path)
+    return parse_experiment(read_document(path), source=str(path), base=path.parent)
+
+
+def experiment_json_schema() -> dict[str, Any]:
+    return ExperimentFile.model_json_schema()
+
+
+def build_search_space(experiment: ExperimentFile):
+    """Random search over the file's domains, `samples` draws, seeded."""
+    from thrifty.runtime.tuning.search_space import Choice, IntUniform, LogUniform, RandomSearch, Uniform
+
+    domains: dict[str, Any] = {}
+    for name, value in experiment.search_space.items():
+        if not isinstance(value, dict):
+            domains[name] = value
+            continue
+        kind, args = next(iter(value.items()))
+        domains[name] = {"loguniform": lambda a: LogUniform(float(a[0]), float(a[1])),
+                         "uniform": lambda a: Uniform(float(a[0]), float(a[1])),
+                         "randint": lambda a: IntUniform(int(a[0]), int(a[1])),
+                         "choice": lambda a: Choice(a)}[kind](args)
+    return RandomSearch(domains, seed=experiment.seed, max_configs=experiment.samples)
+
+
+def build_scheduler(experiment: ExperimentFile):
+    """The loop scheduler the file names (not ``plan``, which `execute_plan` carries out)."""
+    from thrifty.runtime.tuning import ASHA, FIFO, POP, Bandit, EarlyTerm, HyperSched
+
+    s = experiment.scheduler
+    R = experiment.max_iterations
+    try:
+        if isinstance(s, HyperSchedSpec):
+            return HyperSched(min_iterations=s.min_iterations, eta=s.eta, max_iterations=R, scaling=s.scaling,
+                              use_idle_atoms=s.use_idle_atoms)
+        if isinstance(s, ASHASpec):
+            return ASHA(min_iterations=s.min_iterations, eta=s.eta, max_iterations=R,
+                        atoms_per_trial=s.atoms_per_trial)
+        if isinstance(s, POPSpec):
+            target = s.target if s.target is not None else experiment.target
+            assert target is not None  # the file's rules require one
+            kill = None if s.kill_threshold is None else experiment.score(s.kill_threshold)
+            return POP(experiment.score(target), boundary=s.boundary, kill_threshold=kill,
+                       atoms_per_trial=s.atoms_per_trial)
+        if isinstance(s, BanditSpec):
+            return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial)
+        if isinstance(s, EarlyTermSpec):
+            return EarlyTerm(boundary=s.boundary, delta=s.delta, atoms_per_trial=s.atoms_per_trial)
+        if isinstance(s, FIFOSpec):
+            return FIFO(atoms_per_trial=s.atoms_per_trial)
+    except ProblemError as e:
+        raise ProblemError(e.message, path=f"scheduler.{e.path}" if e.path else "scheduler") from None
+    raise ProblemError(f"'{s.name}' is carried out by the plan executor, not the loop", path="scheduler.name")
+
+
+def resolve_trainer(experiment: ExperimentFile) -> None:
+    """Import the trainer factory now, so a typo fails before anything starts."""
+    module_name, _, attr = experiment.trainer.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # an ImportError, or the module's own error at import
+        raise ProblemError(f"'{experiment.trainer}': module '{module_name}' does not import "
+                           f"({type(e).__name__}: {e})", path="trainer") from None
+    if not callable(getattr(module, attr, None)):
+        raise ProblemError(f"'{experiment.trainer}': module '{module_name}' has no function '{attr}'",
+                           path="trainer")

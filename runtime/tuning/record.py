@@ -1,0 +1,255 @@
+"""What a tuning run keeps on disk, written as it happens, and how a killed
+run is read back to go on from (``thrifty tune --out DIR`` / ``--resume DIR``).
+
+`RecordingExecutor` wraps any executor (the local one, the Ray one, the
+simulated one) and appends one JSON line per thing that happens to
+``DIR/events.jsonl``, flushed at once, so a driver killed at any moment
+leaves every event before the kill:
+
+- ``launch``: a trial starts or resumes (``config`` on its first launch,
+  ``atoms``, ``from_iteration``, the machines ``where`` a plan placed it);
+- ``result``: one iteration's metric (in the metric's own units),
+  ``iteration_s``, ``atoms``, ``overhead_s``;
+- ``crash``: the trial's processes died or its code raised;
+- ``suspend``: a checkpoint was written (a pause, the first half of a
+  resize, or a completed trial's final checkpoint), with its reference;
+- ``terminate``: the trial was stopped.
+
+Every line carries ``t``, seconds since the experiment started (runs
+resumed from the same folder continue the count). The same wrapper serves
+the tuning loop and the RubberBand plan executor, which call the executor
+interface alike.
+
+`read_history` turns the lines back into trials (`Resumed`): a trial whose
+last word was ``terminate`` or ``crash`` is finished (completed when it
+reached ``max_iterations``); one last ``suspend``-ed is paused at its
+checkpoint; one still running when the driver died goes back to its last
+checkpoint if it has one (results after it are dropped), else starts again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+from thrifty.runtime.tuning.loop import Executor, Resumed
+from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
+
+__all__ = ["EventLog", "RecordingExecutor", "read_events", "read_history", "EVENTS"]
+
+EVENTS = "events.jsonl"
+
+
+class EventLog:
+    """Append-only JSON lines, each flushed to the operating system as written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, event: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps(event, allow_nan=True, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """The events of a log; a last line cut short by a kill is left out."""
+    events = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines) - 1:  # not the (possibly cut) last line
+                raise ProblemError(f"line {number} is not JSON", source=str(path)) from None
+    return events
+
+
+class RecordingExecutor:
+    """`inner`, with every call it gets and every event it gives written to
+    `log` (see the module docstring). `value(score)` turns a score back into
+    the metric's units; `t0` is the clock time of the experiment's start;
+    `on_event(event)` is called after each line (a live table redraws)."""
+
+    def __init__(self, inner: Executor, log: EventLog, *, t0: float, value: Callable[[float], float] = float,
+                 on_event: Callable[[dict[str, Any]], None] | None = None):
+        self.inner = inner
+        self.clock = inner.clock
+        self.log = log
+        self.t0 = t0
+        self.value = value
+        self.on_event = on_event
+        self.trials: dict[int, Trial] = {}
+
+    def _write(self, event: dict[str, Any]) -> None:
+        event = {"t": round(self.clock.now() - self.t0, 6), **event}
+        self.log.write(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def launch(self, trial: Trial, atoms: int, where: Mapping[str, int] | None = None) -> None:
+        event: dict[str, Any] = {"event": "launch", "trial": trial.trial_id, "atoms": atoms,
+                                 "from_iteration": trial.iteration}
+        if trial.trial_id not in self.trials or trial.iteration == 0:
+            event["config"] = trial.config
+        if where:
+            event["where"] = dict(where)
+        self.trials[trial.trial_id] = trial
+        self._write(event)
+        self.inner.launch(trial, atoms, where) if where is not None else self.inner.launch(trial, atoms)
+
+    def proceed(self, trial: Trial) -> None:
+        self.inner.proceed(trial)
+
+    def suspend(self, trial: Trial) -> Any:
+        checkpoint = self.inner.suspend(trial)
+        self._write({"event": "suspend", "trial": trial.trial_id, "iteration": trial.iteration,
+                     "checkpoint": checkpoint})
+        return checkpoint
+
+    def terminate(self, trial: Trial) -> None:
+        self.inner.terminate(trial)
+        self._write({"event": "terminate", "trial": trial.trial_id, "iteration": trial.iteration})
+
+    def next_event(self, until: float | None) -> Report | Crash | None:
+        event = self.inner.next_event(until)
+        if isinstance(event, Report):
+            metric = event.metric
+            shown = self.value(metric) if isinstance(metric, (int, float)) and math.isfinite(metric) else metric
+            self._write({"event": "result", "trial": event.trial_id, "iteration": event.iteration,
+                         "metric": shown, "iteration_s": event.iteration_s, "atoms": event.atoms,
+                         "overhead_s": event.overhead_s, "at": event.at - self.t0})
+        elif isinstance(event, Crash):
+            self._write({"event": "crash", "trial": event.trial_id, "message": event.message})
+        return event
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass
+class _Replay:
+    config: dict[str, Any]
+    created_at: float
+    results: list[dict[str, Any]] = field(default_factory=list)
+    launches: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: Any = None
+    checkpoint_iteration: int = 0
+    last: str = "launch"
+    error: str | None = None
+    ended_at: float | None = None
+
+
+def _replays(events: list[dict[str, Any]]) -> Iterator[tuple[int, _Replay]]:
+    trials: dict[int, _Replay] = {}
+    for e in events:
+        kind, tid = e.get("event"), e.get("trial")
+        if not isinstance(tid, int):
+            continue
+        if kind == "launch":
+            if tid not in trials:
+                trials[tid] = _Replay(dict(e.get("config") or {}), float(e["t"]))
+            r = trials[tid]
+            if int(e.get("from_iteration", 0)) == 0:  # a fresh start: nothing before it counts
+                r.results, r.launches, r.checkpoint, r.checkpoint_iteration = [], [], None, 0
+            r.launches.append(e)
+            r.last, r.ended_at = "launch", None
+            continue
+        r = trials[tid]
+        if kind == "result":
+            r.results.append(e)
+            metric = e.get("metric")
+            if not (isinstance(metric, (int, float)) and math.isfinite(metric)):
+                r.last, r.error = "crash", f"reported metric {metric!r} at iteration {e.get('iteration')}"
+                r.ended_at = float(e["t"])
+        elif kind == "crash":
+            r.last, r.error, r.ended_at = "crash", str(e.get("message")), float(e["t"])
+        elif kind == "suspend":
+            checkpoint = e.get("checkpoint")
+            if not (isinstance(checkpoint, dict) and checkpoint.get("error")):
+                r.checkpoint, r.checkpoint_iteration = checkpoint, int(e.get("iteration", len(r.results)))
+            r.last, r.ended_at = "suspend", float(e["t"])
+        elif kind == "terminate" and r.last != "crash":
+            r.last, r.ended_at = "terminate", float(e["t"])
+    yield from sorted(trials.items())
+
+
+def read_history(events: list[dict[str, Any]], max_iterations: int,
+                 score: Callable[[float], float] = float) -> Resumed:
+    """The trials of a recorded run and their kept results, to resume from
+    (see the module docstring); `score(metric)` turns the recorded metric
+    back into what the schedulers see."""
+    trials: list[Trial] = []
+    kept: list[tuple[float, int, Report]] = []
+    for expected, (tid, r) in enumerate(_replays(events)):
+        if tid != expected:
+            raise ProblemError(f"the event log has no launch of trial {expected} (it has trial {tid})",
+                               path=EVENTS)
+        trial = Trial(trial_id=tid, config=r.config, created_at=r.created_at)
+        results = r.results
+        if r.last == "launch":  # running when the driver died
+            results = results[:r.checkpoint_iteration] if r.checkpoint is not None else []
+            trial.state = TrialState.PAUSED if r.checkpoint is not None else TrialState.PENDING
+        elif r.last == "suspend":
+            done = len(results) >= max_iterations
+            trial.state = TrialState.COMPLETED if done else TrialState.PAUSED
+            if r.checkpoint is None and not done:  # its checkpoint failed: start again
+                trial.state, results = TrialState.PENDING, []
+        elif r.last == "crash":
+            trial.state, trial.error = TrialState.FAILED, r.error
+        else:
+            trial.state = TrialState.COMPLETED if len(results) >= max_iterations else TrialState.TERMINATED
+        if trial.state in (TrialState.COMPLETED, TrialState.TERMINATED, TrialState.FAILED):
+            trial.ended_at = r.ended_at
+        trial.checkpoint = r.checkpoint if trial.state != TrialState.PENDING else None
+        _fill(trial, results, r.launches, score)
+        kept += [(float(e["t"]), i, _report(tid, e, score)) for i, e in enumerate(results)
+                 if trial.state != TrialState.FAILED or _finite(e.get("metric"))]
+    elapsed = max((float(e["t"]) for e in events if "t" in e), default=0.0)
+    kept.sort(key=lambda x: (x[0], x[2].trial_id, x[1]))
+    return Resumed(trials, [report for _, _, report in kept], elapsed)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _report(tid: int, e: dict[str, Any], score: Callable[[float], float]) -> Report:
+    return Report(tid, int(e["iteration"]), score(float(e["metric"])), float(e["iteration_s"]), int(e["atoms"]),
+                  float(e.get("at", e["t"])), float(e.get("overhead_s", 0.0)))
+
+
+def _fill(trial: Trial, results: list[dict[str, Any]], launches: list[dict[str, Any]],
+          score: Callable[[float], float]) -> None:
+    """A trial's history from its kept results (finite ones: a NaN failed it)."""
+    trial.launches = len(launches)
+    for e in results:
+        if not _finite(e.get("metric")):
+            continue
+        trial.metrics.append(score(float(e["metric"])))
+        trial.iteration_s.append(float(e["iteration_s"]))
+        trial.iteration_atoms.append(int(e["atoms"]))
+        trial.reported_at.append(float(e.get("at", e["t"])))
+        trial.train_s += float(e["iteration_s"])
+        if float(e.get("overhead_s", 0.0)) > 0:
+            trial.overheads_s.append(float(e["overhead_s"]))
+    trial.resizes = sum(1 for a, b in zip(launches, launches[1:])
+                        if int(b.get("from_iteration", 0)) > 0 and a.get("atoms") != b.get("atoms"))
