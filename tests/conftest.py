@@ -10,7 +10,7 @@ import pytest
 PROCESS_SUITES = {"test_training_runtime_processes", "test_run_behaviour", "test_tuning_executors",
                   "test_profiler", "test_scaling_profiler", "test_probe", "test_ray_schedulers",
                   "test_cli_hygiene", "test_ec2_join", "test_cluster_ec2", "test_cluster_head", "test_cluster_tuning",
-                  "test_cluster_netns"}
+                  "test_cluster_netns", "test_tune_command"}
 MOTO_SUITES = {"test_ec2_provider", "test_catalog", "test_imds", "test_ec2_join", "test_cluster_ec2",
                "test_cluster_head"}
 

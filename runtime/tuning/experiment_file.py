@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document
-from thrifty.datasets.validation import FieldPathError, validate_model
+from thrifty.datasets.validation import FieldPathError, json_path, validate_model
 
 __all__ = ["ExperimentFile", "SCHEDULER_NAMES", "load_experiment", "parse_experiment", "experiment_json_schema",
            "build_search_space", "build_scheduler", "resolve_trainer"]
@@ -247,11 +247,18 @@ def _check_domain(name: str, value: Any) -> None:
         raise FieldPathError(where, f"is {args!r}, but must be two integers")
 
 
+def _path_of(loc: tuple[Any, ...]) -> str:
+    """A JSON path without the scheduler's union tag (``scheduler.asha.eta`` -> ``scheduler.eta``)."""
+    if len(loc) >= 2 and loc[0] == "scheduler" and loc[1] in SCHEDULER_NAMES:
+        loc = loc[:1] + loc[2:]
+    return json_path(loc)
+
+
 def parse_experiment(data: Any, source: str | None = None, base: Path | None = None) -> ExperimentFile:
     """Validate an experiment (a dict); `base` resolves relative file paths in `resources`."""
     if not isinstance(data, dict):
         raise ProblemError(f"an experiment must be a JSON object, not {type(data).__name__}", source=source)
-    experiment = validate_model(ExperimentFile, data, source=source)
+    experiment = validate_model(ExperimentFile, data, source=source, path_of=_path_of)
     if base is not None:
         updates = {}
         for key in ("catalog", "model"):

@@ -221,6 +221,7 @@ def read_history(events: list[dict[str, Any]], max_iterations: int,
             trial.ended_at = r.ended_at
         trial.checkpoint = r.checkpoint if trial.state != TrialState.PENDING else None
         _fill(trial, results, r.launches, score)
+        trials.append(trial)
         kept += [(float(e["t"]), i, _report(tid, e, score)) for i, e in enumerate(results)
                  if trial.state != TrialState.FAILED or _finite(e.get("metric"))]
     elapsed = max((float(e["t"]) for e in events if "t" in e), default=0.0)
