@@ -165,7 +165,8 @@ def _saved_model() -> dict:
 
 @pytest.mark.parametrize("loc,value,path,message", [
     (("forward", "knots"), [64.0, 16.0], "forward.knots[1]", "is 16, but must be larger than the one before (64)"),
-    (("backward", "slope_changes"), [0.1], "backward.slope_changes", "has 1 entries, but must have one per entry"),
+    (("backward", "slope_changes"), "one more than knots", "backward.slope_changes",
+     "entries, but must have one per entry"),
     (("forward", "slope"), "steep", "forward.slope", "input should be a valid number"),
     (("cv", "batches", 2), 1.5, "cv.batches[2]", "is 1.5, but must be larger than the one before (2)"),
     (("cv", "forward"), [0.01], "cv.forward", "has 1 entries, but must have one per entry of cv.batches (9)"),
@@ -185,11 +186,13 @@ def test_a_bad_field_of_a_saved_model_is_named_by_its_path(loc, value, path, mes
     inner = data
     for key in parents:
         inner = inner[key]
+    if value == "one more than knots":  # how many knots the fit keeps depends on the numbers, not on this test
+        value = [0.1] * (len(inner["knots"]) + 1)
     inner[last] = value
     with pytest.raises(ProblemError) as e:
         ComputeModel.from_json(data, source="m.json")
     assert (e.value.source, e.value.path) == ("m.json", path)
-    assert e.value.message.startswith(message), e.value.message
+    assert message in e.value.message, e.value.message
 
 
 def test_a_model_that_would_not_load_is_not_saved(tmp_path):
