@@ -1,11 +1,15 @@
 """Write ``datasets/examples/README.md``: each Srifty 5.2 case study, the
 paper's choice and measured figures (Srifty, MLSys 2022, section 5.2) and what
 thrifty chooses on the shipped derived profiles. Run from the repository root:
-``python datasets/scripts/make_examples_readme.py``.
+``python datasets/scripts/make_examples_readme.py``; ``--check`` only says
+whether the file is stale (what would change), exit 1 if it is. Solve times
+vary from run to run and machine to machine, so the check ignores them
+(tests/test_examples_readme.py runs it).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +46,18 @@ Regenerate this table: `python datasets/scripts/make_examples_readme.py`.
 """
 
 
+FOOTER = """
+Other examples here:
+
+- `tune-digits.json`: the tuning main job (`thrifty tune`): HyperSched on the
+  digits MLP, 32 configurations, 2 workers of this host, a 2-minute deadline.
+- `rubberband-sha32-resnet101.json`: a RubberBand tuning problem (`thrifty solve`
+  gives the stage plan at the least cost under its deadline).
+- `local-demo-srifty54.json` with `local-demo-catalog.json`: Srifty 5.4 in
+  miniature on worker processes of this host (`thrifty run`).
+"""
+
+
 def row(path: Path) -> str:
     from thrifty.solver.plan import Plan
     from thrifty.solver.solve import solve
@@ -75,13 +91,38 @@ def plan_iterations(path: Path) -> int:
     return int(json.loads(path.read_text())["iterations"])
 
 
-def main() -> int:
+def render() -> str:
+    """The README as the shipped problems, profiles and solver give it now."""
+    rows = [row(p) for p in sorted(EXAMPLES.glob("srifty-case*.json"))]
+    return HEADER + "\n".join(rows) + "\n" + FOOTER
+
+
+SOLVE_TIME = re.compile(r"\| [0-9.]+ s \|$")
+
+
+def stale_lines(current: str, fresh: str) -> list[str]:
+    """The lines that differ between two versions of the README, solve times aside."""
+    def norm(text: str) -> list[str]:
+        return [SOLVE_TIME.sub("| (time) |", line) for line in text.splitlines()]
+
+    old, new = norm(current), norm(fresh)
+    out = [f"- {a}\n+ {b}" for a, b in zip(old, new) if a != b]
+    if len(old) != len(new):
+        out.append(f"{len(old)} lines, {len(new)} expected")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from thrifty.datasets.io import atomic_write_text
 
-    rows = [row(p) for p in sorted(EXAMPLES.glob("srifty-case*.json"))]
-    atomic_write_text(EXAMPLES / "README.md", HEADER + "\n".join(rows) + "\n")
-    print("\n".join(rows))
+    fresh = render()
+    if "--check" in (argv if argv is not None else sys.argv[1:]):
+        stale = stale_lines((EXAMPLES / "README.md").read_text(), fresh)
+        print("\n".join(stale) if stale else "datasets/examples/README.md is up to date")
+        return 1 if stale else 0
+    atomic_write_text(EXAMPLES / "README.md", fresh)
+    print(fresh)
     return 0
 
 

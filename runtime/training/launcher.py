@@ -218,6 +218,8 @@ class Segment:
         """What happened since the last poll; raises when waiting on would hang."""
         now = time.monotonic()
         events = self._new_events()
+        if self.end_event is not None or self._errors:
+            self.world.hurry()  # the world is ending: its exits are what the run waits for now
         self._read_progress()
         metrics = self._read_metrics()
         codes = self.world.exit_codes()

@@ -122,6 +122,7 @@ class World:
 
     def kill(self, ranks: Sequence[int] | None = None) -> None:
         """SIGKILL the given ranks (default: all) that still run."""
+        self.hurry()
         for rank, proc in enumerate(self.procs):
             if (ranks is None or rank in ranks) and proc.exitcode is None:
                 proc.kill()
@@ -264,7 +265,16 @@ class World:
         """Ranks whose machine the launcher knows is gone (never, on this host)."""
         return [r for r, p in enumerate(self.procs) if getattr(p, "machine_lost", False)]
 
+    def hurry(self) -> None:
+        """The world is ending: its exits will be awaited. A launcher that
+        watches remote exits less often while a world trains (the Ray one)
+        watches them closely from now on."""
+        hurry = getattr(self.launcher, "hurry", None)
+        if hurry is not None:
+            hurry()
+
     def _wait_exit(self, seconds: float) -> None:
+        self.hurry()
         limit = time.monotonic() + seconds
         while any(c is None for c in self.exit_codes()) and time.monotonic() < limit:
             time.sleep(POLL_S)
