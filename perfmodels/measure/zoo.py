@@ -1,4 +1,4 @@
-"""Three small real torch models, usable as profiler factories
+"""Six small real torch models of six architecture families, usable as profiler factories
 (``thrifty profile thrifty.perfmodels.measure.zoo:mlp``) and as trainers' workloads.
 
 Each factory takes no required argument and returns a `Workload`: the model,
@@ -18,7 +18,13 @@ factory              input                           tensors grad bytes
 ``mlp``              784 features, 10 classes        12      10.2 MB
 ``small_cnn``        3x32x32 images, 10 classes      19       1.3 MB
 ``tiny_transformer`` 32 tokens of 1000, 10 classes   30       1.6 MB
+``lstm_text``        48 tokens of 2000, 10 classes   11       1.4 MB
+``conv1d_audio``     4000-sample waveforms           17       0.2 MB
+``embedding_bag``    13 dense + 4 x 8 sparse ids     14       4.9 MB
 ==================== =============================== ======= ==========
+
+(The recurrent, 1-D convolutional and embedding-heavy families were added
+for issue "Predictions that hold on models thrifty has not seen".)
 
 This module imports torch at the top: import it only from code that needs
 torch (never from ``thrifty.perfmodels``'s ``__init__``).
@@ -34,7 +40,8 @@ from thrifty.datasets.optional import require
 torch = require("torch", "torch")
 from torch import Generator, Tensor, nn  # noqa: E402 - after `require` has said how to install torch
 
-__all__ = ["Workload", "SyntheticBatches", "mlp", "small_cnn", "tiny_transformer", "FACTORIES"]
+__all__ = ["Workload", "SyntheticBatches", "mlp", "small_cnn", "tiny_transformer", "lstm_text", "conv1d_audio",
+           "embedding_bag", "FACTORIES"]
 
 
 @dataclass(frozen=True)
@@ -215,9 +222,122 @@ def tiny_transformer(seed: int = 0) -> Workload:
     return Workload(model, batches, nn.CrossEntropyLoss())
 
 
+# --- lstm_text: recurrent -------------------------------------------------------------
+
+LSTM_VOCAB = 2000
+LSTM_SEQ = 48
+LSTM_EMBED = 64
+LSTM_HIDDEN = 128
+LSTM_LAYERS = 2
+
+
+class LstmText(nn.Module):
+    """An embedding, a 2-layer LSTM and a linear classifier on the last hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(LSTM_VOCAB, LSTM_EMBED)
+        self.lstm = nn.LSTM(LSTM_EMBED, LSTM_HIDDEN, LSTM_LAYERS, batch_first=True)
+        self.head = nn.Linear(LSTM_HIDDEN, CLASSES)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        output, _ = self.lstm(self.embed(tokens))
+        return self.head(output[:, -1])
+
+
+def lstm_text(seed: int = 0) -> Workload:
+    """A 2-layer LSTM text classifier (embedding 64, hidden 128) on sequences of
+    48 tokens from a vocabulary of 2000, 10 classes."""
+    model = _seeded_module(seed, LstmText)
+    votes = torch.randn(LSTM_VOCAB, CLASSES, generator=torch.Generator().manual_seed(seed + 1))
+    batches = SyntheticBatches(
+        lambda g, n: torch.randint(0, LSTM_VOCAB, (n, LSTM_SEQ), generator=g),
+        lambda tokens: votes[tokens].sum(dim=1).argmax(dim=1),
+        seed + 2,
+    )
+    return Workload(model, batches, nn.CrossEntropyLoss())
+
+
+# --- conv1d_audio: 1-D convolutional ----------------------------------------------------
+
+AUDIO_SAMPLES = 4000      # a quarter of a second at 16 kHz
+AUDIO_CHANNELS = (16, 32, 32, 64, 64)
+
+
+def _build_conv1d_audio() -> nn.Module:
+    layers: list[nn.Module] = []
+    c_in = 1
+    for i, c_out in enumerate(AUDIO_CHANNELS):
+        stride = 4 if i == 0 else 1
+        layers += [nn.Conv1d(c_in, c_out, 9 if i == 0 else 5, stride=stride, padding=2, bias=False),
+                   nn.BatchNorm1d(c_out), nn.ReLU(), nn.MaxPool1d(2)]
+        c_in = c_out
+    layers += [nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(c_in, CLASSES)]
+    return nn.Sequential(*layers)
+
+
+def conv1d_audio(seed: int = 0) -> Workload:
+    """Five 1-D conv + batch-norm blocks with max-pooling and global average
+    pooling on raw waveforms of 4000 samples (keyword-spotting sized), 10 classes."""
+    model = _seeded_module(seed, _build_conv1d_audio)
+    teacher = _linear_teacher(AUDIO_SAMPLES // 100, CLASSES, seed + 1)
+    batches = SyntheticBatches(
+        lambda g, n: torch.randn(n, 1, AUDIO_SAMPLES, generator=g),
+        lambda waves: teacher(nn.functional.avg_pool1d(waves, 100)),
+        seed + 2,
+    )
+    return Workload(model, batches, nn.CrossEntropyLoss())
+
+
+# --- embedding_bag: embedding-heavy (a recommendation model's sparse side) ---------------
+
+EMB_TABLES = (20000, 10000, 5000, 2000)   # rows of each categorical feature's table
+EMB_DIM = 32
+EMB_PER_SAMPLE = 8                         # ids per feature per sample (a bag)
+EMB_DENSE = 13                             # dense features, as DLRM's Criteo input
+
+
+class EmbeddingBagNet(nn.Module):
+    """One sum-pooled embedding bag per categorical feature, a bottom MLP on the
+    dense features, and a top MLP on their concatenation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, EMB_DIM, mode="sum") for rows in EMB_TABLES)
+        self.bottom = nn.Sequential(nn.Linear(EMB_DENSE, 64), nn.ReLU(), nn.Linear(64, EMB_DIM), nn.ReLU())
+        width = EMB_DIM * (len(EMB_TABLES) + 1)
+        self.top = nn.Sequential(nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                                 nn.Linear(64, CLASSES))
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        dense, ids = inputs[:, :EMB_DENSE], inputs[:, EMB_DENSE:].long()
+        pooled = [table(ids[:, k * EMB_PER_SAMPLE:(k + 1) * EMB_PER_SAMPLE])
+                  for k, table in enumerate(self.tables)]
+        return self.top(torch.cat([self.bottom(dense), *pooled], dim=1))
+
+
+def embedding_bag(seed: int = 0) -> Workload:
+    """Four embedding bags (20000, 10000, 5000 and 2000 rows of 32, 8 ids each
+    per sample) beside a bottom MLP on 13 dense features, and a top MLP, 10
+    classes: most of its gradient bytes are embedding rows."""
+    model = _seeded_module(seed, EmbeddingBagNet)
+    weight = torch.randn(EMB_DENSE, CLASSES, generator=torch.Generator().manual_seed(seed + 1))
+
+    def draw(g: Generator, n: int) -> Tensor:
+        dense = torch.randn(n, EMB_DENSE, generator=g)
+        ids = [torch.randint(0, rows, (n, EMB_PER_SAMPLE), generator=g) for rows in EMB_TABLES]
+        return torch.cat([dense, *[i.float() for i in ids]], dim=1)
+
+    batches = SyntheticBatches(draw, lambda x: (x[:, :EMB_DENSE] @ weight).argmax(dim=1), seed + 2)
+    return Workload(model, batches, nn.CrossEntropyLoss())
+
+
 FACTORIES: dict[str, Callable[..., Workload]] = {
     "mlp": mlp,
     "small-cnn": small_cnn,
     "tiny-transformer": tiny_transformer,
+    "lstm-text": lstm_text,
+    "conv1d-audio": conv1d_audio,
+    "embedding-bag": embedding_bag,
 }
 """The zoo by profile name (the names the shipped measured profiles use)."""
