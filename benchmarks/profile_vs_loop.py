@@ -35,14 +35,19 @@ import subprocess
 import sys
 
 VARIANTS = ("profile", "loop", "loop-keep-grads", "loop-no-gc", "loop-same-batch", "loop-split",
-            "loop-after-large", "loop-momentum")
+            "loop-after-large", "loop-momentum", "profile-mallopt", "loop-mallopt")
 
 CHILD = r'''
-import gc, json, sys, time
+import ctypes, gc, json, sys, time
+model_name, batch, variant, iters = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+if variant.endswith("-mallopt"):  # glibc: fixed thresholds, no dynamic mmap/trim adjustment
+    libc = ctypes.CDLL("libc.so.6")
+    assert libc.mallopt(-3, 32 * 1024 * 1024) == 1   # M_MMAP_THRESHOLD
+    assert libc.mallopt(-1, 1024 * 1024 * 1024) == 1  # M_TRIM_THRESHOLD
+    variant = variant[: -len("-mallopt")]
 import torch
 torch.set_num_threads(1)
 from thrifty.perfmodels.measure import zoo
-model_name, batch, variant, iters = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 work = zoo.FACTORIES[model_name](seed=0)
 if variant == "profile":
     from thrifty.perfmodels.measure import profile_workload
@@ -104,13 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(f"{'model':<14} {'batch':>5} " + " ".join(f"{v:>16}" for v in variants))
     for model, batch in cells:
-        base = statistics.median(got[(model, batch, "loop")])
+        reference = "loop" if "loop" in variants else variants[-1]
+        base = statistics.median(got[(model, batch, reference)])
         row = []
         for v in variants:
             ms = statistics.median(got[(model, batch, v)])
             row.append(f"{ms:8.2f} ({ms / base - 1:+4.0%})")
         print(f"{model:<14} {batch:>5} " + " ".join(f"{c:>16}" for c in row))
-    print("each cell: median over rounds of the mean iteration ms, and its difference from `loop`")
+    reference = "loop" if "loop" in variants else variants[-1]
+    print(f"each cell: median over rounds of the mean iteration ms, and its difference from `{reference}`")
     return 0
 
 

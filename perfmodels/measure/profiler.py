@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.perfmodels.measure.allocator import settle as settle_allocator
 from thrifty.perfmodels.measure.colocated import check_colocated, measure_colocated, measure_ddp_overhead
 from thrifty.perfmodels.measure.memory import estimate_max_batch, iteration_fits, search_max_batch
 from thrifty.perfmodels.measure.progress import progress_bar
@@ -199,6 +200,7 @@ def profile_workload(
         (see the module docstring); needs `factory` and the default optimizer.
     """
     torch = import_torch()
+    allocator = settle_allocator()  # as every worker runs (see thrifty.perfmodels.measure.allocator)
     workload = as_workload(workload)
     _check_settings(batches, max_batch, repeats, warmup, rounds, threads, ready_repeats, memory_limit_bytes)
     resolved = resolve_device(device)
@@ -245,6 +247,7 @@ def profile_workload(
         "optimizer": _describe_optimizer(trainer.optimizer),
         "ready_batch": ready_at,
         "ready_repeats": ready_repeats,
+        "allocator": allocator or "default",
     }
     if ready_at in samples:
         # How much the hooks slowed the backward pass; large values make the trace suspect.

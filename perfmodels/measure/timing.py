@@ -88,11 +88,12 @@ class TimedTrainer:
         loss.backward()
         t2 = clock.mark()
         self.optimizer.step()
-        # Zero the gradients in place rather than freeing them: a trainer keeps its
-        # gradient memory (a CUDA caching allocator, DDP's buckets), whereas freeing
-        # 10 MB per iteration on CPU costs page faults whose number depends on
-        # glibc's malloc history, not on the model.
-        self.optimizer.zero_grad(set_to_none=False)
+        # As thrifty's worker loop (and PyTorch's default): the gradients are freed
+        # and the next backward allocates them again. Under the allocator policy
+        # every thrifty process runs with (thrifty.perfmodels.measure.allocator)
+        # that reuses heap memory, as a GPU's caching allocator does, instead of
+        # paying page faults that depend on the process's malloc history.
+        self.optimizer.zero_grad(set_to_none=True)
         t3 = clock.mark()
         clock.sync()
         return t0, t1, t2, t3

@@ -101,6 +101,10 @@ def serve() -> None:  # pragma: no cover - runs in the zygote
     # The zygote leaves when its stdin closes, which happens when the driver
     # process exits, however it exits.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops everything
+    # every worker trains under the allocator policy the profiles were measured under
+    from thrifty.perfmodels.measure.allocator import settle
+
+    settle()
     # imported once, inherited by every fork: torch, what DDP's constructor imports
     # (torch._dynamo, some 800 modules) and the modules the caller names
     _preload(BASE_PRELOAD + tuple(sys.argv[1:]))
