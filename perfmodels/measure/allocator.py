@@ -34,7 +34,6 @@ macOS) nothing changes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 
@@ -53,13 +52,10 @@ def settle() -> str | None:
     global _settled
     if _settled is not None:
         return _settled
-    if os.environ.get("THRIFTY_MALLOC", "") == "default" or platform.system() != "Linux":
-        return None
-    libc_name = "libc.so.6" if platform.libc_ver()[0] == "glibc" else None
-    if libc_name is None:
+    if os.environ.get("THRIFTY_MALLOC", "") == "default" or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        libc = ctypes.CDLL(libc_name)
+        libc = ctypes.CDLL("libc.so.6")
         ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and \
             libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     except (OSError, AttributeError):

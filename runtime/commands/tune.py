@@ -86,7 +86,7 @@ class LiveTable:
         self.live = Live(console=console, auto_refresh=False, transient=False)
         self._last = 0.0
 
-    def start(self, shown: Any, executor: Any) -> None:
+    def start(self, executor: Any) -> None:
         self.executor = executor
         self.live.start()
 
@@ -132,51 +132,53 @@ class LiveTable:
         return table
 
 
+def _infeasible(console: Any, err: Any) -> int:
+    """The planner's proof, in the words `thrifty solve` uses for it."""
+    from thrifty.runtime.commands.solve import infeasibility_lines
+
+    console.print(f"thrifty tune: infeasible: {err}")
+    why = getattr(err.plan, "infeasibility", None)
+    for line in infeasibility_lines(why) if why is not None else []:
+        console.print(line)
+    return EXIT_INFEASIBLE
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from thrifty.datasets.errors import ProblemError
-    from thrifty.runtime.tuning.driver import GoalInfeasible, preview, tune
+    from thrifty.runtime.tuning.driver import EXPERIMENT_COPY, GoalInfeasible, preview, tune
     from thrifty.runtime.tuning.experiment_file import load_experiment
 
     if args.experiment is None and args.resume is None:
         raise ProblemError("give an experiment file, or --resume DIR", path="experiment")
     console = Console(stderr=True)
-    source = args.experiment
+    e = load_experiment(args.experiment or f"{args.resume}/{EXPERIMENT_COPY}")
     if args.dry_run:
-        e = load_experiment(source) if source else load_experiment(f"{args.resume}/experiment.json")
         try:
             shown = preview(e, args.cluster)
         except GoalInfeasible as err:
-            console.print(f"thrifty tune: infeasible: {err}")
-            return EXIT_INFEASIBLE
+            return _infeasible(console, err)
         print(_preview_text(shown, e))
         return EXIT_OK
     live: LiveTable | None = None
 
     def on_start(shown: Any, executor: Any) -> None:
         nonlocal live
-        console.print(_preview_text(shown, executor_experiment[0]))
+        console.print(_preview_text(shown, e))
         if not args.json:
-            live = LiveTable(executor_experiment[0], console)
-            live.start(shown, executor)
+            live = LiveTable(e, console)
+            live.start(executor)
 
     def on_event(event: dict[str, Any]) -> None:
         if live is not None:
             live.event(event)
 
-    e = load_experiment(source) if source else load_experiment(f"{args.resume}/experiment.json")
-    executor_experiment = [e]
     try:
         result = tune(e, out=args.out, resume=args.resume, cluster=args.cluster, plot=args.plot,
                       on_start=on_start, on_event=on_event)
     except GoalInfeasible as err:
-        console.print(f"thrifty tune: infeasible: {err}")
-        return EXIT_INFEASIBLE
-    except KeyboardInterrupt:
-        if live is not None:
-            live.stop()
-        raise
+        return _infeasible(console, err)
     finally:
         if live is not None and live.live.is_started:
             live.stop()
@@ -195,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         print("the goal was not met: " + ("target not reached" if e.target is not None else "over the budget"),
               file=sys.stderr)
         return EXIT_OUTSIDE_LIMITS
-    if any(t.error for t in result.trials) and all(t.error for t in result.trials):
+    if result.trials and all(t.error for t in result.trials):
         print("every trial failed; see the worker logs under " + str(result.out / "trials"), file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK

@@ -159,8 +159,9 @@ def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
         assert isinstance(problem, TuningProblem)
         plan = solve_tuning(problem, time_limit_s=e.scheduler.time_limit_s)
         if not plan.feasible:
-            raise GoalInfeasible(f"no stage plan meets the deadline of {e.deadline_s:g} s"
-                                 + _reason(plan), plan)
+            why = plan.infeasibility
+            reason = f": {why.conflict_reasons[0]}" if why is not None and why.conflict_reasons else ""
+            raise GoalInfeasible(f"no stage plan meets the deadline of {e.deadline_s:g} s{reason}", plan)
         predicted = plan.predicted
         cost = predicted.cost_usd if predicted is not None else None
         if e.budget_usd is not None and cost is not None and cost > e.budget_usd:
@@ -173,19 +174,18 @@ def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
                    None if limit is None else e.usd(limit), None, where)
 
 
+# problem fields that come from elsewhere in the experiment file
+_PROBLEM_FIELDS = {"experiment": "scheduler", "model": "resources.model", "instance_type": "resources.instance_type",
+                   "catalog": "resources.catalog", "max_instances": "resources.max_instances",
+                   "cloud": "resources.cloud", "deadline_s": "deadline_s"}
+
+
 def _resource_path(path: str | None) -> str:
-    if not path:
-        return "resources"
-    head = path.split(".")[0].split("[")[0]
-    mapped = {"deadline_s": "deadline_s", "experiment": "scheduler", "model": "resources.model",
-              "instance_type": "resources.instance_type", "catalog": "resources.catalog",
-              "max_instances": "resources.max_instances", "cloud": "resources.cloud"}
-    return mapped.get(head, "resources") + path[len(head):] if head in mapped else f"resources ({path})"
-
-
-def _reason(plan: Any) -> str:
-    why = getattr(plan, "reason", None) or getattr(plan, "infeasibility", None)
-    return f": {why}" if isinstance(why, str) and why else ""
+    """The experiment file's path of a field of the RubberBand problem built from it."""
+    head = (path or "").split(".")[0].split("[")[0]
+    if head not in _PROBLEM_FIELDS:
+        return f"resources ({path})" if path else "resources"
+    return _PROBLEM_FIELDS[head] + (path or "")[len(head):]
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -258,9 +258,7 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     log = EventLog(folder / EVENTS)
     try:
         with _backend(e, folder, cluster) as (executor, provider):
-            from thrifty.runtime.tuning.clock import RealClock
-
-            clock = executor.clock if hasattr(executor, "clock") else RealClock()
+            clock = executor.clock
             t0 = clock.now() - (history.elapsed_s if history is not None else 0.0)
             recorder = RecordingExecutor(executor, log, t0=t0, value=e.value, on_event=on_event)
             if on_start is not None:

@@ -182,7 +182,7 @@ class Experiment(ExperimentState):
             if trial.trial_id != i:
                 raise ProblemError(f"resumed trial {i} has id {trial.trial_id}; ids must be 0, 1, 2, ...",
                                    path=f"trials[{i}]")
-            if trial.state in (TrialState.RUNNING,):
+            if trial.state == TrialState.RUNNING:
                 raise ProblemError(f"resumed trial {i} is running; it must be paused, pending or finished",
                                    path=f"trials[{i}]")
             trial.created_at += t0

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
+from thrifty.runtime.tuning.executor_plan import record_result
 from thrifty.runtime.tuning.loop import Executor, Resumed
 from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
 
@@ -112,7 +113,7 @@ class RecordingExecutor:
             event["where"] = dict(where)
         self.trials[trial.trial_id] = trial
         self._write(event)
-        self.inner.launch(trial, atoms, where) if where is not None else self.inner.launch(trial, atoms)
+        self.inner.launch(trial, atoms, where)
 
     def proceed(self, trial: Trial) -> None:
         self.inner.proceed(trial)
@@ -240,17 +241,17 @@ def _report(tid: int, e: dict[str, Any], score: Callable[[float], float]) -> Rep
 
 def _fill(trial: Trial, results: list[dict[str, Any]], launches: list[dict[str, Any]],
           score: Callable[[float], float]) -> None:
-    """A trial's history from its kept results (finite ones: a NaN failed it)."""
+    """A trial's history from its kept results (finite ones: a NaN failed it),
+    recorded as the loop records them (`record_result`: the first result after
+    each launch carries that launch's start-up time)."""
     trial.launches = len(launches)
+    first_after_launch = {int(launch.get("from_iteration", 0)) + 1 for launch in launches}
     for e in results:
         if not _finite(e.get("metric")):
             continue
-        trial.metrics.append(score(float(e["metric"])))
-        trial.iteration_s.append(float(e["iteration_s"]))
-        trial.iteration_atoms.append(int(e["atoms"]))
-        trial.reported_at.append(float(e.get("at", e["t"])))
-        trial.train_s += float(e["iteration_s"])
-        if float(e.get("overhead_s", 0.0)) > 0:
-            trial.overheads_s.append(float(e["overhead_s"]))
+        report = _report(trial.trial_id, e, score)
+        if report.iteration in first_after_launch:
+            trial.iterations_since_launch = 0
+        record_result(trial, report)
     trial.resizes = sum(1 for a, b in zip(launches, launches[1:])
                         if int(b.get("from_iteration", 0)) > 0 and a.get("atoms") != b.get("atoms"))
