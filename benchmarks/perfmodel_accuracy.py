@@ -4,7 +4,8 @@ On this machine: real data-parallel training iterations with
 torch.distributed (gloo over 127.0.0.1, one thread per process), PyTorch DDP
 with its default buckets, heterogeneous local batches, on the six zoo
 models (six architecture families: MLP, 2-D CNN, transformer, LSTM, 1-D
-CNN, embedding bags). The truth loop is the ordinary one a user writes:
+CNN, embedding bags). The truth loop (`thrifty.perfmodels.measure.truth`,
+which ``thrifty validate`` runs too) is the ordinary one a user writes:
 forward, loss, backward, ``step()``, ``zero_grad()`` (gradients freed), no
 barrier between iterations (one before the timed ones), in processes from
 thrifty's fork server, as thrifty's workers run (under its allocator policy,
@@ -29,15 +30,9 @@ Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quic
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
-
-import numpy as np
-
-from thrifty.datasets.errors import ProblemError
 
 MODELS = {"mlp": "mlp", "small-cnn": "small_cnn", "tiny-transformer": "tiny_transformer",
           "lstm-text": "lstm_text", "conv1d-audio": "conv1d_audio", "embedding-bag": "embedding_bag"}
@@ -61,88 +56,22 @@ LARGER = [
 ]
 
 
-def _rank(argv: list[str]) -> None:
-    """One rank of a measured DDP run (a worker world's rank)."""
-    from thrifty.perfmodels.measure.worlds import serve_rank
-
-    settings = json.loads(argv[0])
-    serve_rank(lambda channel: channel.finish(_train(channel, **settings)))
-
-
-def _train(channel: "object", factory: str, batches: list[int], warmup: int, iters: int) -> list[float]:
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from thrifty.perfmodels.measure import zoo
-    from thrifty.perfmodels.measure.worlds import join_world
-
-    torch.set_num_threads(1)
-    join_world(channel, "gloo", 60.0)
-    rank = dist.get_rank()
-    work = getattr(zoo, factory)(seed=0)
-    model = DDP(work.model)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    data = [work.make_batch(batches[rank]) for _ in range(4)]
-    times = []
-    for i in range(warmup + iters):
-        if i == warmup:
-            dist.barrier()
-        t0 = time.perf_counter()
-        x, y = data[i % 4]
-        loss = work.loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()  # as a user writes it (gradients freed), and as thrifty's worker and the profiler do
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    dist.barrier()
-    dist.destroy_process_group()
-    return times
-
-
-def _measure_once(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> dict:
-    from thrifty.perfmodels.measure.worlds import World
-
-    settings = {"factory": factory, "batches": list(batches), "warmup": warmup, "iters": iters}
-    world = World(len(batches), f"{Path(__file__).stem}:_rank", [json.dumps(settings)], where="a DDP worker")
-    return dict(enumerate(world.run(stall_timeout_s=300, failure=ProblemError)))
-
-
-def measure(factory: str, batches: tuple[int, ...], warmup: int, iters: int) -> np.ndarray:
-    """Measured iteration times of one run (per iteration, the slowest rank)."""
-    for attempt in range(3):
-        try:
-            results = _measure_once(factory, batches, warmup, iters)
-            break
-        except ProblemError as e:
-            print(f"  retrying {factory} {batches}: {str(e).splitlines()[-1]}", file=sys.stderr)
-            if attempt == 2:
-                raise
-    return np.max(np.array([results[r] for r in range(len(batches))]), axis=0)
+ZOO = "thrifty.perfmodels.measure.zoo:"
 
 
 def measure_all(configs, warmup: int, iters: int, rounds: int) -> list[tuple[float, float, float]]:
-    """Per configuration: (mean, p95, spread) of the measured iteration time.
+    """Per configuration: (mean, p95, spread) of the measured iteration time,
+    from the truth loop's interleaved rounds (`thrifty.perfmodels.measure.truth`:
+    the median of the rounds' means, the p95 of all iterations pooled, max/min - 1
+    of the round means)."""
+    from thrifty.perfmodels.measure.truth import measure_rounds, summarize
 
-    The machine is a shared VM whose speed drifts by 10-30% over minutes
-    (other tenants), so each configuration is run `rounds` times, the rounds
-    interleaved over all configurations (round-robin, as the profiler spreads
-    its repeats), each for `iters` iterations; the mean is the median of the
-    rounds' means, the p95 that of all iterations pooled, and the spread
-    (max/min - 1 of the round means) says how much the machine moved.
-    """
-    runs: list[list[np.ndarray]] = [[] for _ in configs]
-    for r in range(rounds):
-        for k, (model, batches) in enumerate(configs):
-            runs[k].append(measure(MODELS[model], batches, warmup, iters))
-            print(f"  round {r + 1}/{rounds}: {model} {batches}: {runs[k][-1].mean() * 1e3:.2f} ms", file=sys.stderr)
-    out = []
-    for per_round in runs:
-        means = [float(x.mean()) for x in per_round]
-        pooled = np.concatenate(per_round)
-        out.append((float(np.median(means)), float(np.quantile(pooled, 0.95)), max(means) / min(means) - 1.0))
-    return out
+    def report(r: int, k: int, run) -> None:
+        model, batches = configs[k]
+        print(f"  round {r + 1}/{rounds}: {model} {batches}: {run.slowest().mean() * 1e3:.2f} ms", file=sys.stderr)
+
+    runs = measure_rounds([(ZOO + MODELS[m], b) for m, b in configs], warmup, iters, rounds, on_run=report)
+    return [(t.mean_s, t.p95_s, t.spread) for t in map(summarize, runs)]
 
 
 def _apm_bandwidth(probes_csv: str):

@@ -27,7 +27,8 @@ from thrifty.datasets.errors import ProblemError, closest_names
 from thrifty.datasets.io import read_json
 from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
 
-__all__ = ["InstanceType", "InstanceTypeRow", "CatalogProvenance", "CatalogFile", "Catalog", "parse_catalog_file",
+__all__ = ["HOST_WORKER_SOURCE", "HOST_WORKER_TYPE",
+           "InstanceType", "InstanceTypeRow", "CatalogProvenance", "CatalogFile", "Catalog", "parse_catalog_file",
            "parse_catalog", "load_catalog", "DEFAULT_CATALOG", "CATALOG_FORMAT"]
 
 CATALOG_FORMAT = "thrifty.catalog/1"
@@ -46,10 +47,18 @@ def _null_as_zero(value: Any) -> Any:
 
 HostFigure = BeforeValidator(_null_as_zero)
 
+HOST_WORKER_SOURCE = "local"  # hardware_source of a type whose machines are worker processes of this host
+HOST_WORKER_TYPE = "local"  # the shipped catalog's such type: what the shipped probes and profiles measured
+
 
 @dataclass(frozen=True)
 class InstanceType:
     """One machine type, as the solver and the simulators read it.
+
+    `host_worker`: a machine of this type is one worker process of the host
+    thrifty runs on (``hardware_source: "local"`` in the catalog: ``local``,
+    and the demo's priced ``local-a``, ``local-b``): every such type shares
+    this host's cores and its loopback allreduce, whatever its name.
 
     `device` is the key that compute profiles use for this type's accelerator
     (``V100``, ``T4``, ``cpu``...); `gpus` is how many devices (data-parallel
@@ -70,6 +79,8 @@ class InstanceType:
     price_date: str | None = None
     price_source: str | None = None
     interconnect_gbps: float | None = None  # GPU-to-GPU within one machine (NVLink/PCIe)
+    network_baseline_gbps: float | None = None  # sustained network of an "Up to N Gigabit" type (AWS baseline)
+    host_worker: bool = False  # one worker process of the host thrifty runs on (catalog hardware_source "local")
 
     def price(self, market: str) -> float:
         """USD per hour in `market` (``on_demand`` or ``spot``)."""
@@ -114,7 +125,8 @@ class InstanceTypeRow(FileSchema):
     notes: list[str] | None = None
 
     def instance_type(self) -> InstanceType:
-        return InstanceType(**{f.name: getattr(self, f.name) for f in fields(InstanceType)})
+        own = {f.name: getattr(self, f.name) for f in fields(InstanceType) if f.name != "host_worker"}
+        return InstanceType(**own, host_worker=self.hardware_source == HOST_WORKER_SOURCE)
 
 
 class CatalogProvenance(FileSchema):

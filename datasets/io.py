@@ -81,6 +81,8 @@ def _read_text(path: Path) -> str:
         raise ProblemError(f"is not UTF-8 text (byte {e.start})", source=str(path)) from None
     except OSError as e:
         raise ProblemError(f"cannot read file: {e.strerror}", source=str(path)) from e
+    except ValueError:  # a path with a NUL byte names no file on any system
+        raise ProblemError("is not a file name: it contains a NUL byte", source=repr(str(path))) from None
 
 
 def _parse(path: Path, kind: str, loads: Any, syntax: type[Exception], where: Any) -> Any:

@@ -1,7 +1,8 @@
 """thrifty.perfmodels: the pure performance models (numpy and scipy only).
 
 Compute latency (`ComputeModel`, from measured profiles), bus bandwidth and
-allreduce (`AnalyticAllreduce`, the learned `LearnedAllreduce`), the event-queue
+allreduce (`AnalyticAllreduce`, the learned `LearnedAllreduce`, the derived
+cloud model `DerivedCloudAllreduce`), the event-queue
 iteration simulator (`IterationSimulator`, Srifty 4.3) and its alpha-beta
 baseline (`ApmSimulator`), the tuning job simulator (`JobSimulator`,
 RubberBand 4.2), learning-curve forecasts (`forecast`, HyperDrive 4.3) and the
@@ -22,7 +23,8 @@ _EXPORTS = {
     "BandwidthModel": "bandwidth", "AnalyticAllreduce": "bandwidth", "allreduce_time": "bandwidth",
     "bus_bandwidth_from_time": "bandwidth",
     "LearnedAllreduce": "allreduce", "load_allreduce_model": "allreduce",
-    "load_bandwidth_model": "loading", "default_bandwidth_model": "loading",
+    "load_bandwidth_model": "loading", "default_bandwidth_model": "loading", "cloud_bandwidth_model": "loading",
+    "DerivedCloudAllreduce": "allreduce.derived", "load_cloud_allreduce_model": "allreduce.derived",
     "IterationSimulator": "simulator", "IterationPrediction": "simulator",
     "ApmSimulator": "apm", "AlphaBetaAllreduce": "apm",
     "JobSimulator": "jobsim", "JobResult": "jobsim", "StageAllocation": "jobsim",

@@ -45,9 +45,11 @@ Choices beyond the paper, documented here and selectable:
   (``ddp_overhead_s`` in the profile: gradient copies into the buckets and
   back, hooks, collective launches; measured as DDP on a world of one
   against the plain model) is added to the exposed communication, the
-  slowest device's.
+  slowest device's, on a world of one too: thrifty's worker (and any
+  ordinary DDP script) wraps the model in DDP whatever the world size.
 - Devices of a shared-host type (``shared_host_types``, default
-  ``{"local"}``: worker processes on this machine) run at the profile's
+  ``{"local"}``, and every catalog type marked ``host_worker``: worker
+  processes on this machine, counted together) run at the profile's
   co-located points when at least that many workers share the host
   (`host_model`): co-located passes contend for memory bandwidth and
   caches, so they are slower than alone (the profile measures by how
@@ -442,24 +444,30 @@ class IterationSimulator:
         whichever `_simulate` uses."""
         cm = self.compute_model(itype)
         alone = self._device_stats(cm, device_batch)
-        if cm.colocated is None or itype.name not in self.shared_host_types:
+        if cm.colocated is None or not self.shares_host(itype):
             return alone
         shared = self._device_stats(cm.colocated, device_batch, colocated=True)
         return tuple(min(a, b) for a, b in zip(alone, shared))  # type: ignore[return-value]
 
+    def shares_host(self, itype: InstanceType) -> bool:
+        """Whether `itype`'s machines are worker processes of this one host
+        (a name in `shared_host_types`, or a catalog host-worker type such
+        as the demo's ``local-a``): all of them share its cores."""
+        return itype.host_worker or itype.name in self.shared_host_types
+
     def host_model(self, cm: ComputeModel, group: MachineGroup,
                    groups: Sequence[MachineGroup]) -> tuple[ComputeModel, float]:
         """The compute model `group`'s devices run at, and how many times
-        longer each pass takes. All groups of a shared-host type (e.g.
-        ``local`` processes) are on this one host: with at least the
+        longer each pass takes. All groups of shared-host types (``local``
+        processes, and any catalog host-worker type) are on this one host,
+        whatever their names: with at least the
         co-located points' number of workers there, the co-located profile;
         with more workers than the host has cores (their ``host_cores``), the
         cores are time-shared, ``workers / cores``. Otherwise the profile of a
         device alone, at 1."""
-        if cm.colocated is None or group.instance_type.name not in self.shared_host_types:
+        if cm.colocated is None or not self.shares_host(group.instance_type):
             return cm, 1.0
-        name = group.instance_type.name
-        workers = sum(g.devices for g in groups if g.instance_type.name == name)
+        workers = sum(g.devices for g in groups if self.shares_host(g.instance_type))
         model = cm.colocated if workers >= cm.colocated_workers else cm
         return model, (max(1.0, workers / cm.host_cores) if cm.host_cores else 1.0)
 
@@ -551,7 +559,7 @@ class IterationSimulator:
             if self.transfer == "ddp" and slowest.buffer_bytes:
                 t_fw = t_fw + self._buffer_broadcast_s(types, slowest, world, instances)
         exposed = np.maximum(t_bw, t_pe)
-        if world > 1 and self.transfer == "ddp":
+        if self.transfer == "ddp":  # DDP wraps the model on a world of one too (thrifty's worker does)
             exposed = exposed + ddp_overhead
         t_iter = t_fw + exposed + step
         return IterationPrediction(

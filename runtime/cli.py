@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "solve": "solve",
     "schema": "schema",
     "simulate": "simulate",
+    "validate": "validate",
     "profile": "profile",
     "profile-scaling": "profile_scaling",
     "probe-allreduce": "probe_allreduce",

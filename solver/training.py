@@ -81,6 +81,13 @@ def group_sums(ways: np.ndarray, batch: int, quota: int) -> np.ndarray:
     return out
 
 
+# The bound sums means in another order than the simulator's sample mean, so
+# where the bound is tight (one machine: no exchange) it may come out a few ulps
+# above the simulated time; shrunk by this factor it never prunes a candidate
+# whose simulated time meets a limit exactly (a relaxation's "needed" value).
+BOUND_ROUNDING = 1.0 - 1e-12
+
+
 @dataclass(frozen=True)
 class Choice:
     """One instance choice with everything the search needs."""
@@ -200,6 +207,15 @@ class TrainingSpace:
     def groups(self, candidate: Candidate) -> list[MachineGroup]:
         return [MachineGroup(self.choices[i].itype, count, batch) for i, count, batch in candidate]
 
+    def candidate(self, groups: list[tuple[str, int, int]]) -> Candidate:
+        """The candidate of ``[(instance type, count, batch per machine), ...]``
+        (each type one of the problem's instance choices)."""
+        names = [c.itype.name for c in self.choices]
+        for name, _, _ in groups:
+            if name not in names:
+                raise ProblemError(f"'{name}' is not one of the problem's instance types ({', '.join(names)})")
+        return tuple(sorted((names.index(name), count, batch) for name, count, batch in groups))
+
     def describe(self, candidate: Candidate) -> str:
         """Srifty's notation: ``4xp3.8xlarge@512+1xg4dn.8xlarge@64``."""
         return "+".join(f"{count}x{self.choices[i].itype.name}@{batch}" for i, count, batch in candidate)
@@ -254,10 +270,10 @@ class TrainingSpace:
             machines += count
             types[itype.name] = itype
         if world <= 1 or slowest is None:
-            return fw + bw + step
+            return (fw + bw + step) * BOUND_ROUNDING
         ordered = tuple(types[name] for name in sorted(types))
         exposed = sim.exposed_lower_bound(ordered, world, machines, sim.compute_model(slowest), bw)
-        return fw + exposed + step
+        return (fw + exposed + step) * BOUND_ROUNDING
 
     def objective_bound(self, candidate: Candidate, iteration_s: float) -> float:
         total = self.launch_s + self.iterations * iteration_s
@@ -298,7 +314,7 @@ class TrainingSpace:
         n, launch, floor_s = self.iterations, self.launch_s, self.problem.overheads.min_billed_s
 
         def breaks(fw: float, bw: float, step: float, rate: float) -> bool:
-            total = launch + n * (fw + bw + step)
+            total = launch + n * (fw + bw + step) * BOUND_ROUNDING  # as `lower_bound`
             return (limits.time_s is not None and total > limits.time_s) or (
                 limits.cost_usd is not None and rate * max(total, floor_s) / 3600.0 > limits.cost_usd)
 

@@ -33,7 +33,7 @@ def test_simulate_shipped_gpu_profile_json(capsys):
     assert out["global_batch"] == 4 * 512 + 4 * 32
     assert p["world_size"] == 4 * 4 + 4 * 1 and p["instances"] == 8
     assert p["p95_s"] >= p["mean_s"] > p["forward_s"] > 0
-    assert p["bandwidth_sources"] == {"g4dn.8xlarge": "analytic", "p3.8xlarge": "analytic"}
+    assert p["bandwidth_sources"] == {"g4dn.8xlarge": "derived", "p3.8xlarge": "derived"}
 
 
 def test_simulate_local_uses_probed_allreduce(capsys):

@@ -123,3 +123,37 @@ def test_a_cluster_without_the_plans_machines_is_a_clear_error_before_anything_r
     assert "2 x local-b (spot): the cluster has 0" in str(error.value)
     assert "local-a (spot)" in str(error.value)
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def probe_args(nodes, out, world_sizes: str) -> list[str]:
+    return ["probe-allreduce", "--cluster", nodes.cluster.address, "--instance-type", "local-a", "--market", "spot",
+            "--catalog", str(CATALOG), "--world-sizes", world_sizes, "--min-bytes", "1KiB", "--max-bytes", "64KiB",
+            "--size-factor", "8", "--repeats", "2", "--warmup", "0", "--concurrency", "2", "--load-ms", "0",
+            "--out", str(out), "--no-progress"]
+
+
+def test_probe_allreduce_measures_across_the_clusters_machines_in_one_command(nodes, tmp_path, capsys):
+    import csv
+
+    from thrifty.runtime.cli import main
+
+    nodes.refill()
+    out = tmp_path / "probes.csv"
+    assert main(probe_args(nodes, out, "2")) == 0
+    rows = list(csv.DictReader(out.open()))
+    # 1 KiB, 8 KiB, 64 KiB x concurrency 1, 2 x 2 repeats, on 2 machines of one rank each
+    assert len(rows) == 12
+    assert {(r["instance_type"], r["world_size"], r["instances"], r["backend"]) for r in rows} == {
+        ("local-a", "2", "2", "gloo")}
+    assert all(float(r["seconds"]) > 0 for r in rows)
+    assert "--cluster" in capsys.readouterr().out  # the reproduce line names the cluster
+
+
+def test_probe_allreduce_on_a_cluster_without_enough_machines_is_a_clear_error(nodes, tmp_path, capsys):
+    from thrifty.runtime.cli import main
+
+    nodes.refill()
+    assert main(probe_args(nodes, tmp_path / "probes.csv", "2,3")) == 1
+    err = capsys.readouterr().err
+    assert "2 free local-a (spot) nodes, 3 wanted" in err
+    assert not (tmp_path / "probes.csv").exists()

@@ -237,3 +237,10 @@ def test_raw_files_exit_cleanly(kind: str, tmp_path: Path) -> None:
     check()
     print(f"raw: {len(ran)} files")
     assert len(ran) >= RUNS[kind] * 0.95
+
+
+def test_a_problem_path_with_a_nul_byte_is_a_clear_error():
+    from thrifty.datasets.errors import ProblemError
+
+    with pytest.raises(ProblemError, match="NUL byte"):
+        solve("problem\x00.json")

@@ -29,3 +29,22 @@ def test_ci_runs_the_readme_install_and_test_commands_in_a_fresh_venv():
     venv = next(i for i, c in enumerate(commands) if "-m venv" in c)
     activate = next(i for i, c in enumerate(commands) if c.startswith(". ") and "activate" in c)
     assert venv < activate < commands.index(install), ".ci/run must install into a venv it makes"
+
+
+def test_the_readme_main_job_finds_a_heterogeneous_plan_and_its_second_example_is_infeasible(capsys, monkeypatch):
+    import json
+    import shlex
+
+    from thrifty.runtime.cli import main
+
+    monkeypatch.chdir(ROOT)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = shlex.split(_first_block_after(readme, "Run the main job"))
+    assert command[:2] == ["thrifty", "solve"]
+    assert main(command[1:] + ["--json"]) == 0  # a newcomer's first command succeeds
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["status"] == "optimal"
+    assert len({a["instance_type"] for a in plan["allocation"]}) > 1, "the main job shows a heterogeneous plan"
+    second = shlex.split(_first_block_after(readme, "A second example"))
+    assert main(second[1:]) == 3  # infeasible, with the reason
+    assert "raise limits" in capsys.readouterr().out

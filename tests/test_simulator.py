@@ -315,8 +315,33 @@ def test_ddp_overhead_adds_to_the_exposed_communication():
     g = instance("g", device="gpu")
     ddp = _sim([overhead], FixedBandwidth(1e12, 1e12), transfer="ddp")
     one, two = ddp.simulate([MachineGroup(g, 1, 10)]), ddp.simulate([MachineGroup(g, 2, 10)])
-    assert two.mean_s - one.mean_s == pytest.approx(0.003, rel=1e-3)  # 2 kB at 1e12 B/s: the overhead is all
+    # DDP wraps a world of one too: the overhead is there without communication
+    assert one.exposed_comm_s == pytest.approx(0.003, rel=1e-9)
+    assert two.mean_s - one.mean_s == pytest.approx(0.0, abs=1e-6)  # 2 kB at 1e12 B/s: the overhead is all
     assert two.exposed_comm_s == pytest.approx(0.003, rel=1e-3)
     # the per-layer queue is Srifty's, without DDP's buckets
     layer = _sim([overhead], FixedBandwidth(1e12, 1e12), transfer="layer").simulate([MachineGroup(g, 2, 10)])
     assert layer.exposed_comm_s == pytest.approx(0.0, abs=1e-6)
+
+
+def test_host_worker_types_of_any_name_share_the_host_and_its_probes():
+    """The demo's priced `local-a` and `local-b` are worker processes of this
+    host, as `local` is: the shipped probes answer their allreduce, and all
+    of them together share the host's cores."""
+    from pathlib import Path
+
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.perfmodels.loading import default_bandwidth_model
+
+    demo = load_catalog(Path(__file__).resolve().parents[1] / "datasets" / "examples" / "local-demo-catalog.json")
+    a, b, local = demo.get("local-a"), demo.get("local-b"), load_catalog().get("local")
+    assert a.host_worker and b.host_worker and local.host_worker and not load_catalog().get("g4dn.8xlarge").host_worker
+    bandwidth = default_bandwidth_model()
+    assert bandwidth.source(a) == bandwidth.source(b) == "learned"
+    sim = IterationSimulator("tiny-transformer", bandwidth=bandwidth)
+    assert sim.simulate([MachineGroup(a, 2, 16)]).mean_s == pytest.approx(
+        sim.simulate([MachineGroup(local, 2, 16)]).mean_s, rel=1e-9)
+    # four workers of two names on this 2-core host are as slow as four `local` ones
+    mixed = sim.simulate([MachineGroup(a, 2, 16), MachineGroup(b, 2, 16)]).mean_s
+    assert mixed == pytest.approx(sim.simulate([MachineGroup(local, 4, 16)]).mean_s, rel=0.01)
+    assert mixed > 1.5 * sim.simulate([MachineGroup(a, 2, 16)]).mean_s

@@ -371,6 +371,10 @@ def test_run_command_solves_runs_and_reports(tmp_path, capsys):
     assert (tmp_path / "run.png").stat().st_size > 1000
     events = read_run_log(tmp_path / "run" / "run.jsonl")
     assert [e["iteration"] for e in events if e["event"] == "checkpoint"] == [5, 10, 15, 20]
+    segment = out["segments"][0]  # predicted against measured, per segment, in the result and the log
+    assert segment["predicted_iteration_s"] == out_plan(events)["predicted"]["iteration_s"]
+    assert segment["prediction_ratio"] == pytest.approx(1 / segment["throughput"] / segment["predicted_iteration_s"])
+    assert [e["prediction_ratio"] for e in events if e["event"] == "segment_end"] == [segment["prediction_ratio"]]
     with pytest.raises(ProblemError, match="already holds a checkpoint"):
         train(out_plan(events), TINY, problem=str(problem), run_dir=tmp_path / "run")
 

@@ -440,3 +440,19 @@ def test_job_spec_names_the_bad_field(changes, path):
     with pytest.raises(ProblemError) as caught:
         JobSpec(**{**fields, **changes})
     assert caught.value.path == path
+
+
+def test_a_segment_reports_its_measured_iteration_against_the_prediction():
+    from thrifty.runtime.training.driver import SegmentRecord
+    from thrifty.runtime.training.report import _describe, format_prediction_check
+
+    record = SegmentRecord(0, "2xlocal@32", (32, 32), 0, 100, 100, "finished", 0.5, (), throughput=20.0,
+                           predicted_iteration_s=0.04)
+    assert record.actual_iteration_s == pytest.approx(0.05)
+    assert record.prediction_ratio == pytest.approx(1.25)
+    line = format_prediction_check([record.to_dict()])
+    assert "segment 0 2xlocal@32: 50.0 ms measured, 40.0 ms predicted (1.25x)" in line
+    assert "(1.25x)" in _describe({"event": "segment_end", **record.to_dict()})
+    unmeasured = SegmentRecord(1, "2xlocal@32", (32, 32), 0, 3, 0, "lost", None, (), throughput=None,
+                               predicted_iteration_s=0.04)
+    assert unmeasured.prediction_ratio is None and format_prediction_check([unmeasured.to_dict()]) == ""

@@ -232,3 +232,14 @@ def test_a_file_that_is_not_an_experiment_exits_2(tmp_path, capsys):
 def test_the_shipped_example_is_a_valid_experiment():
     e = parse_experiment(json.loads((ROOT / "datasets" / "examples" / "tune-digits.json").read_text()))
     assert e.scheduler.name == "hypersched" and e.deadline_s is not None and e.deadline_s <= 300
+
+
+def test_a_diverged_trial_s_nan_metric_is_null_in_the_summary():
+    from thrifty.runtime.tuning.driver import json_safe
+    from thrifty.runtime.tuning.trial import TrialState
+
+    summary = {"best": {"metric": float("nan")}, "per_trial": [{"state": TrialState.FAILED, "last": float("inf"),
+                                                                 "best": 0.5}], "results": (1, 2.5)}
+    text = json.dumps(json_safe(summary), allow_nan=False)
+    assert json.loads(text) == {"best": {"metric": None}, "per_trial": [{"state": "failed", "last": None, "best": 0.5}],
+                                "results": [1, 2.5]}

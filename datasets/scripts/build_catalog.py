@@ -79,6 +79,10 @@ SOURCES = {
                 "per-AZ us-east-1 SpotPrice values. The copy read carries no date: it lists p5en.48xlarge "
                 "(GA 2024-12) and pre-June-2025 P4d/P5 on-demand prices, so it was taken in "
                 f"{SKYPILOT_WINDOW}",
+    "aws-ec2-network": "AWS EC2 User Guide, 'Accelerated computing instances', Network performance table "
+                       "with baseline and burst bandwidth (awsdocs/amazon-ec2-user-guide "
+                       "doc_source/accelerated-computing-instances.md at commit 5bcb1f4, 2022-11-05, the last "
+                       "version listing P3 and G3): p3.2xlarge 2.5 / 10 Gbps, g3.4xlarge 5 / 10 Gbps",
     "srifty": "Srifty (MLSys 2022), Table 3 'Supported instance prices': p3.8xl $3.68, g3.8xl $0.69, "
               "g4dn.2xl/8xl $0.72 per hour, spot prices 'at the time of writing'",
     "nvidia-pcie": "NVIDIA data sheets: Tesla M60, T4 (PCIe Gen3 x16), A10 / A10G and L4 (PCIe Gen4 x16, "
@@ -109,15 +113,16 @@ PRICE_LABELS = {
 # Published specs for types absent from moto's data.
 # ---------------------------------------------------------------------------
 SPEC_TABLE: dict[str, dict[str, Any]] = {
-    # gpus, GPU name, GiB per GPU, vCPUs, GiB memory, network rating (AWS wording)
+    # gpus, GPU name, GiB per GPU, vCPUs, GiB memory, network rating (AWS wording); for an "Up to"
+    # rating, the sustained baseline Gbit/s and the source that publishes it
     "p3.2xlarge": dict(gpus=1, gpu="V100", maker="NVIDIA", gpu_gib=16, vcpus=8, mem_gib=61,
-                       rating="Up to 10 Gigabit", source="aws-p3"),
+                       rating="Up to 10 Gigabit", source="aws-p3", baseline=2.5, baseline_source="aws-ec2-network"),
     "p3.8xlarge": dict(gpus=4, gpu="V100", maker="NVIDIA", gpu_gib=16, vcpus=32, mem_gib=244,
                        rating="10 Gigabit", source="aws-p3"),
     "p3.16xlarge": dict(gpus=8, gpu="V100", maker="NVIDIA", gpu_gib=16, vcpus=64, mem_gib=488,
                         rating="25 Gigabit", source="aws-p3"),
     "g3.4xlarge": dict(gpus=1, gpu="M60", maker="NVIDIA", gpu_gib=8, vcpus=16, mem_gib=122,
-                       rating="Up to 10 Gigabit", source="aws-g3"),
+                       rating="Up to 10 Gigabit", source="aws-g3", baseline=5.0, baseline_source="aws-ec2-network"),
     "g3.8xlarge": dict(gpus=2, gpu="M60", maker="NVIDIA", gpu_gib=8, vcpus=32, mem_gib=244,
                        rating="10 Gigabit", source="aws-g3"),
     "g3.16xlarge": dict(gpus=4, gpu="M60", maker="NVIDIA", gpu_gib=8, vcpus=64, mem_gib=488,
@@ -282,7 +287,7 @@ def hardware(name: str, moto_types: dict[str, Any]) -> dict[str, Any]:
             baseline=baseline, source="moto",
         )
     if name in SPEC_TABLE:
-        return dict(SPEC_TABLE[name], baseline=None)
+        return {"baseline": None, **SPEC_TABLE[name]}
     raise ValueError(f"{name}: not in moto's DescribeInstanceTypes data and not in SPEC_TABLE")
 
 
@@ -349,6 +354,8 @@ def build_row(name: str, moto_types: dict[str, Any], offered: set[str]) -> dict[
     ic_gbps, ic_desc, ic_source = interconnect(name)
     pr = prices(name)
     notes = pr.pop("_notes")
+    if hw.get("baseline_source"):
+        notes.append(f"network_baseline_gbps from source '{hw['baseline_source']}' (moto no longer carries the type)")
     if name not in offered:
         notes.append(f"absent from moto's {REGION} instance-type offerings (previous generation); the "
                      "type may no longer be launchable, kept for paper reproduction")
@@ -411,6 +418,7 @@ def build() -> dict[str, Any]:
     rows = [local_row() if name == "local" else build_row(name, moto_types, offered) for name in TYPES]
     keys = ("hardware_source", "interconnect_source", "on_demand_price_source", "spot_price_source")
     used = {r.get(k) for r in rows for k in keys} | {p["stale"] for p in PRICES.values() if "stale" in p}
+    used |= {s["baseline_source"] for s in SPEC_TABLE.values() if "baseline_source" in s}
     sources = {k: v.format(moto_version=moto_version) for k, v in SOURCES.items() if k in used}
     return parse_catalog_file({
         "format": CATALOG_FORMAT,

@@ -1,6 +1,7 @@
 """Write ``datasets/examples/README.md``: each Srifty 5.2 case study, the
-paper's choice and measured figures (Srifty, MLSys 2022, section 5.2) and what
-thrifty chooses on the shipped derived profiles. Run from the repository root:
+paper's choice and measured figures (Srifty, MLSys 2022, section 5.2, from
+``datasets/published/srifty-case-studies.json``), thrifty's prediction for
+that choice, and what thrifty chooses on the shipped derived profiles. Run from the repository root:
 ``python datasets/scripts/make_examples_readme.py``; ``--check`` only says
 whether the file is stale (what would change), exit 1 if it is. Solve times
 vary from run to run and machine to machine, so the check ignores them
@@ -12,20 +13,13 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thrifty.datasets.published import CaseStudy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "datasets" / "examples"
-
-PAPER = {  # Srifty 5.2: the paper's choice and its measured latency or cost
-    "srifty-case1-resnet50": ("16g4dn@8", "0.13 s/iter"),
-    "srifty-case2-vgg16": ("32g3@16", "1.03 s/iter"),
-    "srifty-case3-alexnet": ("2g3@512", "0.415 s/iter"),
-    "srifty-case4-dlrm": ("1g4dn@1024", "0.0024 cents/iter"),
-    "srifty-case5-xlm": ("4g4dn@128", "0.174 cents/iter"),
-    "srifty-case5-bert": ("16g3@64", "0.343 cents/iter"),
-    "srifty-case6-inception": ("4p3@512+4g4dn@32", "259 s, $1.26"),
-    "srifty-case7-shufflenet": ("UNSAT", "-"),
-}
 
 HEADER = """# Example problems: the case studies of Srifty 5.2
 
@@ -33,22 +27,32 @@ Each file is one case study of the Srifty paper (MLSys 2022, section 5.2) as a
 thrifty problem: the model, global batch, quotas, objective and limits as in
 the paper, priced with the paper's hourly rates (`../catalog/srifty-2022.json`)
 and predicted with the shipped *derived* GPU profiles (`../profiles/derived/`,
-no GPU was measured for them) and the analytic ring allreduce model (no EC2
-probes ship). The paper gives no iteration count for cases 1-5; these files
+no GPU was measured for them) and the derived allreduce model of cloud GPU
+types (`../allreduce/cloud-derived-model.json`, from published figures; no
+EC2 probes ship). The paper gives no iteration count for cases 1-5; these files
 use 1000 (it scales time and cost, not the choice). Batch 2.1K of case 6 is
 2176 and 6K of case 7 is 6144, the sums of the configurations the paper lists.
+
+The paper's measurements are in `../published/srifty-case-studies.json`;
+`python benchmarks/srifty_cases.py` compares thrifty's prediction with every
+configuration the paper measured and says which profiles were calibrated on
+a case's own rows.
 
 Run one: `thrifty solve datasets/examples/srifty-case6-inception.json`.
 Regenerate this table: `python datasets/scripts/make_examples_readme.py`.
 
-| case | objective | paper's choice | paper measured | thrifty's choice | thrifty predicts | solve time |
-|---|---|---|---|---|---|---|
+| case | objective | paper's choice | paper measured | thrifty predicts it | thrifty's choice | it predicts | solve |
+|---|---|---|---|---|---|---|---|
 """
 
 
 FOOTER = """
 Other examples here:
 
+- `heterogeneous-resnet50.json`: the main job of the README (`thrifty solve`):
+  ResNet-50 on spot machines of today's us-east-1 catalog, 5000 iterations at
+  the least cost within 30 minutes and $6; no one type's quota meets the
+  deadline, so the plan mixes types.
 - `tune-digits.json`: the tuning main job (`thrifty tune`): HyperSched on the
   digits MLP, 32 configurations, 2 workers of this host, a 2-minute deadline.
 - `rubberband-sha32-resnet101.json`: a RubberBand tuning problem (`thrifty solve`
@@ -58,18 +62,20 @@ Other examples here:
 """
 
 
-def row(path: Path) -> str:
+def row(path: Path, study: "CaseStudy") -> str:
     from thrifty.solver.plan import Plan
     from thrifty.solver.solve import solve
 
     plan = solve(path)
     assert isinstance(plan, Plan)  # the case studies are training problems
     assert plan.solver is not None  # solve() says how it solved
-    paper, measured = PAPER.get(path.stem, ("?", "?"))
+    choice = study.papers_choice
+    paper, measured = ("UNSAT", "-") if choice is None else (choice.config, study.measured_text(choice))
+    for_it = "-" if choice is None else prediction_for(path, study, choice.config)
     if plan.feasible:
         p = plan.predicted
         assert p is not None  # solve() predicts a plan it finds
-        choice = plan.config.replace("xlarge", "xl")
+        config = plan.config.replace("xlarge", "xl")
         if plan.objective == "min_cost":
             per_iter = p.cost_usd / plan_iterations(path) * 100
             predicted = f"{p.iteration_s:.3f} s/iter, {per_iter:.4f} cents/iter"
@@ -77,12 +83,25 @@ def row(path: Path) -> str:
             predicted = f"{p.iteration_s:.3f} s/iter, total {p.total_s:.0f} s, ${p.cost_usd:.2f}"
     else:
         assert plan.infeasibility is not None  # solve() explains a problem without a plan
-        choice = "infeasible (" + ", ".join(plan.infeasibility.conflicts) + ")"
+        config = "infeasible (" + ", ".join(plan.infeasibility.conflicts) + ")"
         needs = [r for r in plan.infeasibility.relaxations if "fields" in r]
         predicted = ("fastest plan needs " + f"{needs[-1]['needed']['limits.time_s']:.0f} s and "
                      f"${needs[-1]['needed']['limits.cost_usd']:.2f}") if needs else "-"
-    return (f"| {path.stem} | {plan.objective} | {paper} | {measured} | {choice} | {predicted} | "
+    return (f"| {path.stem} | {plan.objective} | {paper} | {measured} | {for_it} | {config} | {predicted} | "
             f"{plan.solver.wall_s:.2f} s |")
+
+
+def prediction_for(path: Path, study: "CaseStudy", config: str) -> str:
+    """thrifty's prediction for the paper's configuration, in the paper's metric."""
+    from thrifty.datasets.published import parse_paper_config
+    from thrifty.solver.problem import TrainingProblem, load_problem
+    from thrifty.solver.training import TrainingSpace
+
+    problem = load_problem(path)
+    assert isinstance(problem, TrainingProblem)  # the case studies are training problems
+    space = TrainingSpace(problem)
+    candidate = space.candidate(parse_paper_config(config, [c.itype.name for c in space.choices]))
+    return study.in_metric(space.evaluate(candidate).iteration_s, space.rate_per_hour(candidate), problem.iterations)
 
 
 def plan_iterations(path: Path) -> int:
@@ -93,7 +112,10 @@ def plan_iterations(path: Path) -> int:
 
 def render() -> str:
     """The README as the shipped problems, profiles and solver give it now."""
-    rows = [row(p) for p in sorted(EXAMPLES.glob("srifty-case*.json"))]
+    from thrifty.datasets.published import load_case_studies
+
+    studies = {s.case: s for s in load_case_studies()}
+    rows = [row(p, studies[p.stem]) for p in sorted(EXAMPLES.glob("srifty-case*.json"))]
     return HEADER + "\n".join(rows) + "\n" + FOOTER
 
 

@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import AfterValidator, Field, model_validator
 
-from thrifty.datasets.catalog import InstanceType
+from thrifty.datasets.catalog import HOST_WORKER_TYPE, InstanceType
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import atomic_write_text, read_json
 from thrifty.datasets.optional import require
@@ -311,11 +311,21 @@ class LearnedAllreduce:
     # -- BandwidthModel ---------------------------------------------------------
 
     def covers(self, itype: InstanceType | str) -> bool:
-        """Whether the training data has probes of this type."""
-        return _name(itype) in self.coverage
+        """Whether the training data has probes of this type (a host-worker
+        type, such as the demo's ``local-a``, is answered by the probes of
+        ``local``: the same worker processes of this host)."""
+        return self._probed_name(itype) in self.coverage
+
+    def _probed_name(self, itype: InstanceType | str) -> str:
+        name = _name(itype)
+        if name not in self.coverage and isinstance(itype, InstanceType) and itype.host_worker:
+            return HOST_WORKER_TYPE
+        return name
 
     def source(self, itype: InstanceType | str) -> str:
-        return "learned" if self.covers(itype) else "analytic"
+        if self.covers(itype):
+            return "learned"
+        return self.fallback.source(itype) if isinstance(itype, InstanceType) else "analytic"  # a name: no fields
 
     @property
     def heldout_mape(self) -> dict[str, float]:
@@ -336,13 +346,14 @@ class LearnedAllreduce:
             return np.asarray(self.fallback.bus_bandwidth(itype, sizes, world_size, instances), dtype=float)
         s = np.asarray(sizes, dtype=float)
         concurrent = min(int(concurrent), self.concurrency_levels(itype))
-        key = (itype.name, int(world_size), int(instances), concurrent, s.shape, s.tobytes())
+        name = self._probed_name(itype)
+        key = (name, int(world_size), int(instances), concurrent, s.shape, s.tobytes())
         hit = self._array_cache.get(key)
         if hit is not None:
             return hit.copy()
         if s.size and not (np.all(np.isfinite(s)) and s.min() > 0):
             raise ProblemError("buffer sizes must be positive finite numbers of bytes")
-        out = self._predict_sizes(itype.name, s.ravel(), int(world_size), int(instances), int(concurrent))
+        out = self._predict_sizes(name, s.ravel(), int(world_size), int(instances), int(concurrent))
         out = out.reshape(s.shape)
         if len(self._array_cache) > 4096:
             self._array_cache.clear()
@@ -356,14 +367,14 @@ class LearnedAllreduce:
         if not self.covers(itype):
             levels = getattr(self.fallback, "concurrency_levels", None)
             return int(levels(itype)) if levels else 1
-        return int(self.coverage[_name(itype)].max_concurrent)
+        return int(self.coverage[self._probed_name(itype)].max_concurrent)
 
     def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float:
         """``b_cap``: the largest aggregate bus bandwidth of concurrent
         transfers (Srifty 4.3); see the module docstring."""
         if not self.covers(itype):
             return float(self.fallback.bandwidth_cap(itype, world_size, instances))
-        key = (itype.name, int(world_size), int(instances))
+        key = (self._probed_name(itype), int(world_size), int(instances))
         if key in self._caps:
             return self._caps[key]
         if key not in self._cap_cache:

@@ -5,6 +5,8 @@
 - `scaling_profiler` (``thrifty profile-scaling``): a scaling profile
   (RubberBand 4.1);
 - `probe` (``thrifty probe-allreduce``): the allreduce grid probe (Srifty 4.2);
+- `truth` (``thrifty validate``): real DDP iterations of a workload, timed
+  as a user's own loop runs them, to check predictions against;
 - `zoo`: reference workloads;
 - `worlds`: the one way thrifty starts worker processes, and the utilities
   the runtime shares with measurement (the only part the runtime's training
@@ -20,11 +22,14 @@ from thrifty.datasets.optional import lazy_exports
 
 _EXPORTS = {
     "profile_workload": "profiler", "load_workload": "profiler",
+    "resolve_device": "profiler", "device_label": "profiler",
     "profile_scaling": "scaling_profiler", "check_world_sizes": "scaling_profiler",
     "default_model_name": "scaling_profiler",
     "probe_allreduce": "probe", "write_probe_csv": "probe", "ProbeConfig": "probe", "ProbeTarget": "probe",
-    "ProbeFailed": "probe",
+    "ProbeFailed": "probe", "PROBE_PRELOAD": "probe", "Placement": "probe",
     "FACTORIES": "zoo", "Workload": "zoo",
+    "measure_rounds": "truth", "summarize": "truth", "check_ranks": "truth", "Truth": "truth",
+    "TruthRun": "truth",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -26,6 +26,13 @@ row records the per-transfer bus bandwidth ``busbw = 2 s (n - 1) / (n t)``
 (Srifty 4.2); ``k * busbw`` is the aggregate the machine sustained. Each cell
 runs `warmup` unrecorded times, then `repeats` recorded times.
 
+On a cluster (``thrifty probe-allreduce --cluster``) a `Placement` puts the
+ranks of each world on machines: rank ``r`` on the ``r // g``-th machine
+(``g`` GPUs per instance, local rank ``r % g``), through that world's launcher
+(the Ray launcher of `thrifty.runtime.cluster`), so the probe measures
+allreduces across machines as training runs them; the rendezvous store is on
+rank 0's machine. The probe itself is the same.
+
 Every wait is bounded: the process group has a per-operation timeout, the
 parent kills a world whose workers stop reporting progress for
 `stall_timeout_s`, and a worker that fails takes its world down at once
@@ -64,6 +71,8 @@ __all__ = [
     "buffer_sizes",
     "instances_for",
     "probe_allreduce",
+    "Placement",
+    "PROBE_PRELOAD",
     "probe_rows_to_csv",
     "write_probe_csv",
 ]
@@ -73,7 +82,10 @@ CPU_MAX_BYTES = 64 * 2**20
 GPU_MAX_BYTES = 512 * 2**20
 _ELEMENT_BYTES = 4  # float32 buffers: sizes are multiples of 4 bytes
 
+PROBE_PRELOAD = ("thrifty.perfmodels.measure.probe",)  # what a probe rank's fork server imports
 ProgressCallback = Callable[[int, int, str], None]
+# world size -> (the launcher of that world's ranks, each rank's extra environment)
+Placement = Callable[[int], tuple[Any, Callable[[int], Mapping[str, str]]]]
 
 
 class ProbeFailed(WorldFailed):
@@ -292,17 +304,23 @@ def probe_allreduce(
     target: ProbeTarget,
     config: ProbeConfig,
     on_progress: ProgressCallback | None = None,
+    placement: Placement | None = None,
 ) -> list[dict[str, Any]]:
     """Run the grid probe for every world size in `config`; return one row
     (a dict keyed by `PROBE_COLUMNS`) per recorded measurement.
 
     `on_progress(cells_done, cells_total, label)` is called as cells finish
-    (over all world sizes). Raises `ProbeFailed` when a world fails or stalls,
-    `MissingDependencyError` without torch, `ProblemError` for a bad grid.
+    (over all world sizes). `placement` puts each world's ranks on a
+    cluster's machines (default: processes of this host). Raises
+    `ProbeFailed` when a world fails or stalls, `MissingDependencyError`
+    without torch, `ProblemError` for a bad grid.
     """
     torch = _import_torch()
-    backend = resolve_backend(config.backend)
-    if backend == "nccl":
+    if placement is None:
+        backend = resolve_backend(config.backend)
+    else:  # the ranks run on other machines: what this host has says nothing
+        backend = config.backend if config.backend != "auto" else ("gloo" if target.device == "cpu" else "nccl")
+    if backend == "nccl" and placement is None:
         gpus = torch.cuda.device_count()
         too_big = [n for n in config.world_sizes if n > gpus]
         if too_big:
@@ -318,7 +336,8 @@ def probe_allreduce(
             if on_progress is not None:
                 on_progress(offset + done, total, f"world size {n}")
 
-        times, stamps = _run_world(n, backend, cells, config, progress)
+        times, stamps = _run_world(n, backend, cells, config, progress,
+                                   placement(n) if placement is not None else None)
         rows += _rows_for_world(target, backend, n, cells, config.repeats, times, stamps)
     return rows
 
@@ -329,9 +348,13 @@ def _run_world(
     cells: list[tuple[int, int]],
     config: ProbeConfig,
     progress: Callable[[int], None],
+    placed: tuple[Any, Callable[[int], Mapping[str, str]]] | None = None,
 ) -> tuple[list[float], list[float]]:
-    """Start the ranks of one world, follow them through the store, and
-    return the (max over ranks) batch times and rank 0's timestamps."""
+    """Start the ranks of one world (on this host, or where `placed`'s
+    launcher puts them, with its per-rank environment), follow them through
+    the store, and return the (max over ranks) batch times and rank 0's
+    timestamps."""
+    launcher, rank_env = placed if placed is not None else (None, None)
 
     plan = _WorkerPlan(
         backend=backend,
@@ -343,7 +366,7 @@ def _run_world(
     )
     world = World(world_size, "thrifty.perfmodels.measure.probe:_worker_entry", [plan.to_json()],
                   where=f"allreduce probe with world size {world_size}", backend=backend,
-                  timeout_s=config.op_timeout_s, preload=("thrifty.perfmodels.measure.probe",))
+                  timeout_s=config.op_timeout_s, preload=PROBE_PRELOAD, launcher=launcher, rank_env=rank_env)
     result = world.run(stall_timeout_s=config.stall_timeout_s, on_progress=progress, failure=ProbeFailed)[0]
     return result["times"], result["stamps"]
 

@@ -130,5 +130,6 @@ def _print_report(model, out: str) -> None:
     for name, r in model.fit_report.items():
         console.print(f"{name}: chose {describe(r.hyperparams)} of {r.candidates} candidates ({r.folds}-fold cv)")
     types = ", ".join(f"{c.name} (world sizes {', '.join(map(str, c.world_sizes))})" for c in model.coverage.values())
-    console.print(f"covers: {types}; other types fall back to the analytic ring model")
+    console.print(f"covers: {types}; other types fall back to the shipped derived cloud model (GPU types) "
+                  "and the analytic ring model (the rest)")
     console.print(f"wrote {out}")

@@ -7,15 +7,28 @@ The rows describe the catalog type given by ``--instance-type`` (default
 ``local``, one CPU worker process per instance); ``--device``,
 ``--rated-network-gbps`` and ``--gpus-per-instance`` override what the
 catalog says. The CSV is the input of ``thrifty fit-allreduce``.
+
+``--cluster`` (as ``thrifty run --cluster``: ``auto``, ``HOST:PORT``,
+``ray://HOST:PORT``, or a cluster config file whose provider starts the
+machines) runs the same probe across machines of ``--instance-type``: it
+takes as many machines as the largest world needs (one rank per GPU,
+``ceil(n / gpus)`` machines for world size ``n``), places rank ``r`` of every
+world on machine ``r // gpus``, and gives the machines back at the end
+(terminates them, for a config file). One command on the cluster replaces
+the shipped derived model of that type by a measured one (then
+``thrifty fit-allreduce``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shlex
 import statistics
 import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
@@ -94,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop a world that shows no progress for S seconds (default 300)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    parser.add_argument("--cluster", metavar="CLUSTER",
+                        help="probe across machines of --instance-type: auto, HOST:PORT, ray://HOST:PORT (a running "
+                             "Ray cluster whose nodes carry thrifty-type:<type>) or a cluster config file "
+                             "(provider: ec2, see docs/ec2.md); default: worker processes of this host")
+    parser.add_argument("--market", choices=("on_demand", "spot"), default="on_demand",
+                        help="market of the cluster's machines (default on_demand)")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -106,11 +125,14 @@ def command_line(args: argparse.Namespace) -> str:
     words += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--concurrency", str(args.concurrency)]
     words += ["--load-ms", f"{args.load_ms:g}"]
     words += ["--instance-type", args.instance_type, "--backend", args.backend]
+    if args.cluster:
+        words += ["--market", args.market]
     for flag, value in (
         ("--catalog", args.catalog),
         ("--device", args.device),
         ("--rated-network-gbps", args.rated_network_gbps),
         ("--gpus-per-instance", args.gpus_per_instance),
+        ("--cluster", args.cluster),
     ):
         if value is not None:
             words += [flag, str(value)]
@@ -151,17 +173,51 @@ def run(args: argparse.Namespace) -> int:
         stall_timeout_s=args.stall_timeout,
     )
     start = time.monotonic()
-    if args.no_progress:
-        rows = probe_allreduce(target, config)
-    else:
-        rows = _probe_with_bar(target, config, probe_allreduce)
+    with _cluster_placement(args, target, config.world_sizes) as placement:
+        if args.no_progress:
+            rows = probe_allreduce(target, config, placement=placement)
+        else:
+            rows = _probe_with_bar(target, config, probe_allreduce, placement)
     elapsed = time.monotonic() - start
     write_probe_csv(rows, args.out)
     _print_summary(rows, args.out, elapsed, command_line(args))
     return 0
 
 
-def _probe_with_bar(target, config, probe):
+@contextlib.contextmanager
+def _cluster_placement(args: argparse.Namespace, target: Any, world_sizes: tuple[int, ...]) -> Iterator[Any]:
+    """None without ``--cluster``; else the `Placement` of every world on
+    machines provisioned from the cluster, given back when the probe ends."""
+    if not args.cluster:
+        yield None
+        return
+    import uuid
+
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.perfmodels.measure import PROBE_PRELOAD
+    from thrifty.runtime.cluster.spec import cluster_provider
+
+    gpus = target.gpus_per_instance
+    provider = cluster_provider(args.cluster, f"probe-{uuid.uuid4().hex[:8]}", load_catalog(args.catalog),
+                                PROBE_PRELOAD)
+    try:
+        machines = provider.provision(args.instance_type, -(-max(world_sizes) // gpus), args.market)
+
+        def placement(n: int) -> tuple[Any, Callable[[int], Mapping[str, str]]]:
+            ids = [machines[r // gpus].id for r in range(n)]
+
+            def rank_env(rank: int) -> dict[str, str]:
+                return {"LOCAL_RANK": str(rank % gpus), "GROUP_RANK": str(rank // gpus),
+                        "LOCAL_WORLD_SIZE": str(min(gpus, n - rank // gpus * gpus))}
+
+            return provider.world_launcher(ids, PROBE_PRELOAD), rank_env
+
+        yield placement
+    finally:
+        provider.close()
+
+
+def _probe_with_bar(target, config, probe, placement=None):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -172,7 +228,7 @@ def _probe_with_bar(target, config, probe):
         def update(done: int, total: int, label: str) -> None:
             bar.update(task, completed=done, total=total, description=f"allreduce probe, {label}")
 
-        return probe(target, config, on_progress=update)
+        return probe(target, config, on_progress=update, placement=placement)
 
 
 def peak_per_world(rows: list[dict]) -> dict[int, tuple[float, int, int]]:

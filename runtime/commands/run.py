@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if provider is not None:
             provider.close()
-    from thrifty.runtime.training.report import format_timeline, plot_run, timeline
+    from thrifty.runtime.training.report import format_prediction_check, format_timeline, plot_run, timeline
     from thrifty.runtime.training.runlog import read_run_log
 
     events = read_run_log(result.log_path)
@@ -240,6 +240,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=1))
     else:
         print(format_timeline(timeline(events)))
+        check = format_prediction_check([s.to_dict() for s in result.segments])
+        if check:
+            print(check)
         print(f"run log: {result.log_path}; checkpoint: {result.checkpoint_path}")
     if result.iterations != result.total_iterations:
         return EXIT_FAILURE

@@ -9,8 +9,10 @@ compute profile, a fitted compute model, a learned allreduce model (what
 ``thrifty fit-allreduce`` writes) and a row of allreduce probes (``probe-rows``:
 one row of the CSV that ``thrifty probe-allreduce`` writes and ``thrifty
 fit-allreduce`` reads, its columns in file order; in the CSV every cell is
-text, read as its column's type). Each schema is its pydantic model's, owned
-by the layer that reads the file, so it accepts exactly what thrifty accepts.
+text, read as its column's type) and the derived cloud allreduce model
+(``cloud-allreduce-model``, ``datasets/allreduce/cloud-derived-model.json``).
+Each schema is its pydantic model's, owned by the layer that reads the file,
+so it accepts exactly what thrifty accepts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ PROBLEM_KINDS = ("training", "tuning")
 PLAN_KINDS = ("plan", "tuning-plan")
 EXPERIMENT_KINDS = ("experiment",)
 DATA_FORMATS = ("catalog", "scaling-profile", "compute-profile", "compute-model", "allreduce-model",
-                "probe-rows")
+                "probe-rows", "cloud-allreduce-model")
 KINDS = PROBLEM_KINDS + EXPERIMENT_KINDS + PLAN_KINDS + DATA_FORMATS
 
 
@@ -37,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training or tuning: a problem file; experiment: a tuning experiment (thrifty tune); "
                              "plan: a training plan; tuning-plan: a tuning plan; "
                              "or a data file: an instance catalog (thrifty.catalog/1), a scaling profile, a compute "
-                             "profile, a fitted compute model, a learned allreduce model or one row of a probe CSV")
+                             "profile, a fitted compute model, a learned allreduce model, one row of a probe CSV "
+                             "or the derived cloud allreduce model")
 
 
 def schema(kind: str) -> dict[str, Any]:
@@ -56,6 +59,7 @@ def schema(kind: str) -> dict[str, Any]:
 
         return (Plan if kind == "plan" else TuningPlan).model_json_schema()
     from thrifty.datasets.catalog import CatalogFile
+    from thrifty.perfmodels.allreduce.derived import CloudAllreduceModelFile
     from thrifty.perfmodels.allreduce.model import AllreduceModelFile
     from thrifty.perfmodels.allreduce.table import ProbeRow
     from thrifty.perfmodels.compute import ComputeModelFile
@@ -63,7 +67,8 @@ def schema(kind: str) -> dict[str, Any]:
     from thrifty.perfmodels.scaling import ScalingProfileFile
 
     models: dict[str, type[BaseModel]] = dict(zip(DATA_FORMATS, (
-        CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile, AllreduceModelFile, ProbeRow)))
+        CatalogFile, ScalingProfileFile, ComputeProfile, ComputeModelFile, AllreduceModelFile, ProbeRow,
+        CloudAllreduceModelFile)))
     return models[kind].model_json_schema()
 
 

@@ -133,14 +133,28 @@ class SegmentRecord:
     launch_s: float | None  # from asking for machines to the first iteration done
     checkpoint_s: tuple[float, ...]  # seconds per save
     throughput: float | None  # iterations per second in steady state, from the workers' clock
+    predicted_iteration_s: float | None = None  # what the segment's plan predicted for one iteration
 
     @property
     def lost_iterations(self) -> int:
         return self.reached_iteration - self.committed_iteration
 
+    @property
+    def actual_iteration_s(self) -> float | None:
+        """The steady-state iteration time the workers measured."""
+        return 1.0 / self.throughput if self.throughput else None
+
+    @property
+    def prediction_ratio(self) -> float | None:
+        """Measured over predicted iteration time (1.0: the prediction held)."""
+        if self.actual_iteration_s is None or not self.predicted_iteration_s:
+            return None
+        return self.actual_iteration_s / self.predicted_iteration_s
+
     def to_dict(self) -> dict:
         return {**self.__dict__, "batches": list(self.batches), "checkpoint_s": list(self.checkpoint_s),
-                "lost_iterations": self.lost_iterations}
+                "lost_iterations": self.lost_iterations, "actual_iteration_s": self.actual_iteration_s,
+                "prediction_ratio": self.prediction_ratio}
 
 
 @dataclass(frozen=True)
@@ -818,7 +832,8 @@ class _SegmentWatch:
         record = SegmentRecord(self.index, self.plan.config, tuple(s.batch for s in self.slots), self.start,
                                self.reached, committed, ended,
                                None if self.first_progress_at is None else self.first_progress_at - self.acquire_at,
-                               tuple(c["save_s"] for c in seg.checkpoints), throughput)
+                               tuple(c["save_s"] for c in seg.checkpoints), throughput,
+                               self.plan.predicted.iteration_s if self.plan.predicted else None)
         d.segments.append(record)
         d.log.write("segment_end", **record.to_dict())
         d.injector.reached(self.reached)

@@ -49,7 +49,7 @@ def _describe(e: dict[str, Any]) -> str:
     if kind == "segment_end":
         lost = f", {e['lost_iterations']} iterations lost" if e["lost_iterations"] else ""
         return (f"segment {e['index']} {e['ended']} at iteration {e['reached_iteration']} "
-                f"(checkpoint {e['committed_iteration']}{lost})")
+                f"(checkpoint {e['committed_iteration']}{lost})" + _iteration_check(e))
     if kind == "finish":
         ok = "within" if e["within_limits"] else "OUTSIDE"
         return (f"finished {e['iterations']} iterations in {e['elapsed_s']:.1f} s for ${e['cost_usd']:.4f}, "
@@ -61,6 +61,28 @@ def _describe(e: dict[str, Any]) -> str:
 
 def _config(plan: dict[str, Any]) -> str:
     return "+".join(f"{a['count']}x{a['instance_type']}@{a['batch_per_instance']}" for a in plan["allocation"])
+
+
+def _prediction_check(segment_end: dict) -> str:
+    """``50.0 ms measured, 40.0 ms predicted (1.25x)``: a segment's steady-state
+    iteration time against its plan's prediction ("" when either is unknown)."""
+    actual, predicted = segment_end.get("actual_iteration_s"), segment_end.get("predicted_iteration_s")
+    if not actual or not predicted:
+        return ""
+    return f"{actual * 1e3:,.1f} ms measured, {predicted * 1e3:,.1f} ms predicted ({actual / predicted:.2f}x)"
+
+
+def _iteration_check(segment_end: dict) -> str:
+    check = _prediction_check(segment_end)
+    return f"; iteration {check}" if check else ""
+
+
+def format_prediction_check(segments: list[dict]) -> str:
+    """One line: each segment's measured against predicted iteration time, the
+    check that the plan's prediction held ("" when no segment ran long enough
+    to measure a steady state)."""
+    parts = [f"segment {s['index']} {s['config']}: {_prediction_check(s)}" for s in segments if _prediction_check(s)]
+    return "iteration time, measured vs predicted: " + "; ".join(parts) if parts else ""
 
 
 def _limits(limits: dict[str, Any], left: bool = False) -> str:

@@ -385,13 +385,19 @@ def _finish(result: TuneResult, plot: str | Path | None) -> None:
         result.plot = str(path)
     except ImportError:  # matplotlib is part of the install; a stripped environment still gets its results
         result.plot = None
-    atomic_write_text(folder / SUMMARY, json.dumps(result.summary(), indent=1, allow_nan=False,
-                                                   default=_jsonable) + "\n")
+    atomic_write_text(folder / SUMMARY, json.dumps(json_safe(result.summary()), indent=1, allow_nan=False,
+                                                   default=str) + "\n")
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (a diverged trial's NaN metric)
+    as None, so the summary is strict JSON; an enum as its value."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     if isinstance(value, TrialState):
         return value.value
-    return str(value)
+    return value

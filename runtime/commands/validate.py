@@ -1,0 +1,356 @@
+"""``thrifty validate MODULE:FACTORY --config 'local@16+local@48'``: check
+thrifty's iteration prediction for a model on this host before renting
+anything (issue 18).
+
+For each configuration (``--config``, repeatable) it runs real DDP training
+here, one worker process per ``local`` rank with that rank's batch (gloo on
+CPU; NCCL with one GPU per rank on CUDA), in the truth loop of
+`thrifty.perfmodels.measure.truth` (the loop of
+``benchmarks/perfmodel_accuracy.py``: an ordinary user loop, no barrier
+between iterations, ``--rounds`` interleaved rounds of ``--warmup`` plus
+``--iterations`` iterations, the median of the round means), and predicts the
+same configuration with thrifty's iteration simulator (`thrifty simulate`),
+then prints both side by side with the breakdown.
+
+The prediction needs the model's compute profile on this device: a shipped
+one when it was measured from this very factory with the same threads (the
+zoo's, ``thrifty.perfmodels.measure.zoo:mlp``...), else ``--profile FILE``,
+else this command profiles the factory first with `thrifty profile`'s
+profiler, at the configurations' batches (with co-located workers on CPU, as
+the simulator prices workers that share this host's cores).
+
+What is compared: the mean iteration (per iteration, the slowest rank's), its
+p95, and per part the slowest rank's forward pass (with the loss and DDP's
+buffer broadcast), its backward pass, and the optimizer step with
+``zero_grad()``. The predicted backward pass and exposed communication are not
+measured apart: DDP's ``backward()`` returns when its allreduces are done, so
+the measured backward is compared with their sum. Timing the allreduces on
+their own would take hooks or a barrier inside the loop, and change what it
+costs.
+
+On CUDA the compute profile is the GPU's (device key as `thrifty profile`
+names it), and NCCL is priced by the analytic ring model over the ``local``
+type's nominal network unless ``--allreduce`` gives a model fitted on this
+host's probes (the shipped learned model is of gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+from typing import Any
+
+from thrifty.datasets.errors import ProblemError
+
+from thrifty.runtime.commands._args import int_at_least
+
+HELP = "check thrifty's iteration prediction for a model here: real DDP iterations against the prediction"
+
+__all__ = ["HELP", "add_arguments", "run", "FORMAT"]
+
+FORMAT = "thrifty.validation/1"
+SPREAD_WARNING = 0.2  # round means further apart than this: the host's speed moved while measuring
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("factory", metavar="MODULE:FACTORY",
+                        help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
+    parser.add_argument("--config", required=True, action="append", metavar="CONFIG",
+                        help="local ranks and their batches, e.g. 'local@16+local@48' or '2xlocal@32'; "
+                             "repeat for several configurations")
+    parser.add_argument("--iterations", type=int_at_least(1), default=30,
+                        help="timed iterations per round (default 30)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=10,
+                        help="untimed iterations before them (default 10)")
+    parser.add_argument("--rounds", type=int_at_least(1), default=3,
+                        help="interleaved runs of every configuration; the median is reported (default 3)")
+    parser.add_argument("--profile", metavar="PROFILE.json",
+                        help="the model's compute profile (thrifty profile); default: the shipped one of this "
+                             "factory, else the factory is profiled here first")
+    parser.add_argument("--save-profile", metavar="PROFILE.json",
+                        help="where to keep the profile measured here (for --profile next time)")
+    parser.add_argument("--allreduce", metavar="MODEL.json",
+                        help="a learned allreduce model (thrifty fit-allreduce); default: the shipped local "
+                             "gloo model on CPU, the analytic ring model on CUDA")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="cpu (gloo) or cuda (NCCL, one GPU per rank); default auto")
+    parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per rank (default 1)")
+    parser.add_argument("--json", action="store_true", help="print only the results, as JSON")
+    parser.add_argument("--out", metavar="RESULTS.json", help="also write the results (JSON) to this file")
+    parser.add_argument("--no-progress", action="store_true", help="print nothing while measuring")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    text: str
+    groups: list[Any]  # MachineGroup, as `thrifty simulate` parses them
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        """One batch per rank: a ``local`` machine is one worker process."""
+        return tuple(g.batch for g in self.groups for _ in range(g.devices))
+
+
+def run(args: argparse.Namespace) -> int:
+    from thrifty.datasets.io import write_json
+    from thrifty.perfmodels.measure import check_ranks, device_label, load_workload, resolve_device
+
+    configs = [_parse_config(text) for text in args.config]
+    device = resolve_device(args.device)
+    for config in configs:
+        check_ranks(config.batches, device, what=f"config '{config.text}'")
+    load_workload(args.factory)  # a bad factory is a clear error here, not a traceback from every rank
+    device_key = device_label(device)
+    model, profile_info = _compute_model(args, device, device_key, configs)
+    predictions, sources = _predict(model, configs, device_key, args.allreduce)
+    truths = _measure(args, device, configs)
+    document = _document(args, device, model, profile_info, sources, configs, predictions, truths)
+    if args.out:
+        write_json(args.out, document)
+    if args.json:
+        import json
+
+        print(json.dumps(document, indent=1))
+    else:
+        _print_human(document, args.out)
+    return 0
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+def _parse_config(text: str) -> _Config:
+    """The configuration as `thrifty simulate` parses it; only ``local``
+    machines can run here."""
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.perfmodels.cluster import parse_cluster
+
+    try:
+        groups = parse_cluster(text, load_catalog())
+    except ProblemError as e:
+        raise ProblemError(f"config '{text}': {e.message}") from None
+    others = sorted({g.instance_type.name for g in groups if g.instance_type.name != "local"})
+    if others:
+        raise ProblemError(
+            f"config '{text}' has {', '.join(repr(o) for o in others)}, but validate runs the configuration "
+            "on this host, so every machine must be 'local' (one worker process, e.g. 'local@16+local@48'); "
+            "thrifty simulate predicts other machine types")
+    return _Config(text, groups)
+
+
+# --- the prediction -----------------------------------------------------------------------
+
+
+def _compute_model(args: argparse.Namespace, device: str, device_key: str,
+                   configs: list[_Config]) -> tuple[Any, dict[str, Any]]:
+    """The compute model to predict with, and where it came from."""
+    from thrifty.perfmodels.compute import load_compute_model
+
+    if args.profile:
+        model = load_compute_model(args.profile)
+        if model.device != device_key:
+            raise ProblemError(f"profile '{args.profile}' is of device '{model.device}', but this run is on "
+                               f"'{device_key}'")
+        return model, {"source": "file", "path": args.profile}
+    shipped = _shipped_model(args.factory, device_key, args.threads)
+    if shipped is not None:
+        return shipped, {"source": "shipped", "command": shipped.provenance.get("command")}
+    return _profile_here(args, device, device_key, configs)
+
+
+def _shipped_model(factory: str, device_key: str, threads: int) -> Any | None:
+    """The shipped compute model measured from `factory` with `threads`
+    threads (its provenance says so), or None: a shipped profile of the same
+    name from another factory is another model."""
+    from thrifty.perfmodels.library import shipped_library
+    from thrifty.perfmodels.measure import default_model_name
+
+    try:
+        model = shipped_library().get(default_model_name(factory), device_key)
+    except ProblemError:
+        return None
+    words = shlex.split(model.provenance.get("command") or "")
+    measured_threads = words[words.index("--threads") + 1] if "--threads" in words[:-1] else "1"
+    return model if words[:3] == ["thrifty", "profile", factory] and measured_threads == str(threads) else None
+
+
+def _profile_here(args: argparse.Namespace, device: str, device_key: str,
+                  configs: list[_Config]) -> tuple[Any, dict[str, Any]]:
+    """Profile the factory here at the configurations' batches (and, on CPU,
+    with as many co-located workers as the smallest multi-rank configuration
+    has, up to the host's cores)."""
+    from thrifty.perfmodels.compute import ComputeModel
+    from thrifty.perfmodels.measure import default_model_name, load_workload, profile_workload
+    from thrifty.perfmodels.profile import save_profile
+
+    name = default_model_name(args.factory)
+    batches = sorted({b for config in configs for b in config.batches})
+    if len(batches) == 1:
+        batches.append(2 * batches[0])  # a profile needs two batch sizes
+    worlds = [len(config.batches) for config in configs if len(config.batches) > 1]
+    colocated = min([*worlds, os.cpu_count() or 1]) if device == "cpu" and worlds else 1
+    words = ["thrifty", "profile", args.factory, "--out", args.save_profile or "PROFILE.json", "--name", name,
+             "--batches", ",".join(map(str, batches)), "--threads", str(args.threads), "--device", device]
+    if colocated > 1:
+        words += ["--colocated", str(colocated)]
+    _say(args, f"no shipped compute profile of '{args.factory}' on {device_key}: profiling it here first "
+               f"(batches {', '.join(map(str, batches))}"
+               f"{f', {colocated} co-located workers' if colocated > 1 else ''}; "
+               "give --profile PROFILE.json to skip this)")
+    profile = profile_workload(load_workload(args.factory), model_name=name, batches=batches,
+                               threads=args.threads, device=device, command=shlex.join(words),
+                               progress=not (args.no_progress or args.json), colocated=colocated,
+                               factory=args.factory)
+    if args.save_profile:
+        save_profile(profile, args.save_profile)
+        _say(args, f"wrote the profile to {args.save_profile}")
+    return ComputeModel.from_profile(profile), {"source": "measured here", "command": shlex.join(words),
+                                                "path": args.save_profile}
+
+
+def _predict(model: Any, configs: list[_Config], device_key: str,
+             allreduce: str | None) -> tuple[list[Any], dict[str, str]]:
+    from thrifty.perfmodels.bandwidth import AnalyticAllreduce
+    from thrifty.perfmodels.library import ModelLibrary
+    from thrifty.perfmodels.loading import default_bandwidth_model, load_bandwidth_model
+    from thrifty.perfmodels.simulator import IterationSimulator
+
+    if allreduce:
+        bandwidth = load_bandwidth_model(allreduce)
+    else:
+        bandwidth = default_bandwidth_model() if device_key == "cpu" else AnalyticAllreduce()
+    library = ModelLibrary(paths=[])
+    library.add(model)
+    simulator = IterationSimulator(model.model, library=library, bandwidth=bandwidth)
+    predictions, sources = [], {}
+    for config in configs:
+        groups = config.groups
+        if device_key != "cpu":  # a local rank on this host's GPU
+            groups = [dataclasses.replace(g, instance_type=dataclasses.replace(g.instance_type, device=device_key))
+                      for g in groups]
+        try:
+            prediction = simulator.simulate(groups)
+        except ProblemError as e:
+            raise ProblemError(f"config '{config.text}': {e.message}") from None
+        predictions.append(prediction)
+        sources.update(prediction.bandwidth_sources)
+    return predictions, sources
+
+
+# --- the measurement ----------------------------------------------------------------------
+
+
+def _measure(args: argparse.Namespace, device: str, configs: list[_Config]) -> list[Any]:
+    from thrifty.perfmodels.measure import measure_rounds, summarize
+
+    backend = "NCCL" if device == "cuda" else "gloo"
+    _say(args, f"measuring {len(configs)} configuration{'s' if len(configs) > 1 else ''} here: "
+               f"{args.rounds} round{'s' if args.rounds > 1 else ''} of {args.warmup} + {args.iterations} "
+               f"DDP iterations ({backend})")
+
+    def report(r: int, k: int, run: Any) -> None:
+        _say(args, f"  round {r + 1}/{args.rounds}: {configs[k].text}: {run.slowest().mean() * 1e3:.2f} ms")
+
+    runs = measure_rounds([(args.factory, config.batches) for config in configs], args.warmup, args.iterations,
+                          args.rounds, device=device, threads=args.threads, on_run=report)
+    return [summarize(r) for r in runs]
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    if not (args.no_progress or args.json):
+        print(line, file=sys.stderr, flush=True)
+
+
+# --- the results --------------------------------------------------------------------------
+
+
+def _parts(truth: Any, p: Any) -> list[dict[str, Any]]:
+    """The compared figures, measured (None where not measured apart) and predicted."""
+    rows = [
+        ("iteration mean", truth.mean_s, p.mean_s),
+        ("iteration p95", truth.p95_s, p.p95_s),
+        ("forward (with loss)", truth.forward_s, p.forward_s),
+        ("backward (compute)", None, p.backward_s),
+        ("exposed communication", None, p.exposed_comm_s),
+        ("backward + exposed comm.", truth.backward_s, p.backward_s + p.exposed_comm_s),
+        ("step (with zero_grad)", truth.step_s, p.step_s),
+    ]
+    return [{"part": part, "measured_s": m, "predicted_s": q, "error": None if m is None else q / m - 1.0}
+            for part, m, q in rows]
+
+
+def _document(args: argparse.Namespace, device: str, model: Any, profile: dict[str, Any], sources: dict[str, str],
+              configs: list[_Config], predictions: list[Any], truths: list[Any]) -> dict[str, Any]:
+    from thrifty.perfmodels.cluster import format_cluster
+
+    results = []
+    for config, p, truth in zip(configs, predictions, truths):
+        results.append({
+            "config": format_cluster(config.groups),
+            "batches": list(config.batches),
+            "world_size": len(config.batches),
+            "measured": truth.to_json(),
+            "predicted": p.to_json(),
+            "error": p.mean_s / truth.mean_s - 1.0,
+            "parts": _parts(truth, p),
+        })
+    return {
+        "format": FORMAT,
+        "factory": args.factory,
+        "model": model.model,
+        "device": device,
+        "backend": "nccl" if device == "cuda" else "gloo",
+        "threads": args.threads,
+        "iterations": args.iterations,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "profile": profile,
+        "allreduce": sources,
+        "configs": results,
+    }
+
+
+def _print_human(document: dict[str, Any], out: str | None) -> None:
+    from rich.console import Console
+
+    console = Console()
+    for result in document["configs"]:
+        _print_config(console, document, result)
+    profile = document["profile"]
+    where = profile.get("path") or profile.get("command") or ""
+    console.print(f"compute profile: {profile['source']}{f' ({where})' if where else ''}", markup=False)
+    console.print("allreduce model: " + ", ".join(f"{k}: {v}" for k, v in document["allreduce"].items()))
+    if out:
+        console.print(f"wrote {out}", markup=False)
+
+
+def _print_config(console: Any, document: dict[str, Any], result: dict[str, Any]) -> None:
+    """One configuration's table, its ranks and its rounds."""
+    from rich.table import Table
+
+    measured, world = result["measured"], result["world_size"]
+    table = Table(title=f"{document['model']} on {result['config']}: {world} rank{'s' if world > 1 else ''}, "
+                        f"{document['device']}, {document['backend']}")
+    for column in ("", "measured", "predicted", "error"):
+        table.add_column(column, justify="right" if column else "left")
+    for row in result["parts"]:
+        cell = "-" if row["measured_s"] is None else _ms(row["measured_s"])
+        error = "" if row["error"] is None else f"{row['error']:+.1%}"
+        table.add_row(row["part"], cell, _ms(row["predicted_s"]), error)
+    console.print(table)
+    ranks = ", ".join(f"{r} (batch {b}) {_ms(s)}"
+                      for r, (b, s) in enumerate(zip(result["batches"], measured["rank_mean_s"])))
+    console.print(f"per rank, mean iteration: {ranks}")
+    rounds = ", ".join(_ms(s) for s in measured["round_means_s"])
+    apart = f" ({measured['spread']:.0%} apart; the median is shown)" if len(measured["round_means_s"]) > 1 else ""
+    console.print(f"round means ({document['iterations']} iterations each): {rounds}{apart}")
+    if measured["spread"] > SPREAD_WARNING:
+        console.print(f"[yellow]the rounds are {measured['spread']:.0%} apart: this host's speed moved while "
+                      "measuring (other work on it?); more --rounds or a quieter host give a steadier figure")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
