@@ -22,7 +22,10 @@ separately. Then the simulator's speed in configurations per second for a
 50-layer model on one core.
 
 Each configuration is measured in 3 interleaved rounds (the VM's speed drifts
-by 10-30% over minutes); the table gives the spread of the rounds.
+by 10-30% over minutes); the table gives the spread of the rounds. The
+simulator's speed, a CPU-bound yardstick, is measured before and after: when
+it moved by more than 20%, the host changed speed during the run (one such run
+here measured everything 10-20% slower) and the run says so.
 
 Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quick]``.
 """
@@ -57,6 +60,7 @@ LARGER = [
 
 
 ZOO = "thrifty.perfmodels.measure.zoo:"
+HOST_DRIFT = 0.2  # a yardstick that moves more than this between start and end marks the run as unreliable
 
 
 def measure_all(configs, warmup: int, iters: int, rounds: int) -> list[tuple[float, float, float]]:
@@ -178,6 +182,7 @@ def main() -> None:
     parser.add_argument("--skip-larger", action="store_true")
     args = parser.parse_args()
     head = HEADLINE[::4] if args.quick else HEADLINE
+    before = simulator_speed()  # a CPU-bound yardstick: did the host's speed move while measuring?
     iters = 10 if args.quick else args.iters
     rounds = 1 if args.quick else args.rounds
     mape_t, mape_a = accuracy_table(head, args.warmup, iters, rounds,
@@ -194,6 +199,12 @@ def main() -> None:
     speed = simulator_speed()
     print(f"simulator speed, 50-layer model, one core: {speed['layer']:,.0f} configurations/s per-layer "
           f"transfers, {speed['ddp']:,.0f}/s DDP buckets (target >= 5,000/s)")
+    moved = speed["ddp"] / before["ddp"] - 1
+    print(f"host speed (the simulator's DDP rate as a yardstick): {before['ddp']:,.0f}/s before the measurements, "
+          f"{speed['ddp']:,.0f}/s after ({moved:+.0%})")
+    if abs(moved) > HOST_DRIFT:
+        print(f"WARNING: the host's CPU speed moved by {moved:+.0%} during the run (a shared VM); the profiles were "
+              f"measured at another speed, so this run's errors say more about the host than about the model")
 
 
 if __name__ == "__main__":

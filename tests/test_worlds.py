@@ -70,9 +70,13 @@ def test_a_rank_that_dies_fails_the_world_and_names_its_log(tmp_path):
 def test_a_stalled_world_is_stopped(tmp_path):
     world = World(2, "world_entries:hang", logs=lambda r: tmp_path / f"r{r}.log", where="the hung world")
     started = time.monotonic()
-    with pytest.raises(WorldFailed, match="the hung world: no progress for 1.5 s"):
+    with pytest.raises(WorldFailed, match="the hung world: no progress for 1.5 s") as stalled:
         world.run(stall_timeout_s=1.5)
     assert time.monotonic() - started < 30
+    # the failure says where each rank was: its stack, dumped to its log on the starter's signal
+    message = str(stalled.value)
+    assert "rank 0 (" in message and "rank 1 (" in message
+    assert "in <lambda>" in message and "world_entries.py" in message
     assert not any(_alive(pid) for pid in world.pids)
 
 

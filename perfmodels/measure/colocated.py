@@ -13,7 +13,7 @@ import json
 import os
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.perfmodels.measure.timing import (
@@ -69,13 +69,12 @@ def measure_ddp_overhead(factory: str, device: str, batch: int, warmup: int, rep
 
 def _ddp_overhead_rank(argv: list[str]) -> None:
     settings = json.loads(argv[0])
-    serve_rank(lambda channel: channel.finish(_ddp_overhead(channel, **settings)))
+    serve_rank(lambda channel: _ddp_overhead(channel, **settings))
 
 
 def _ddp_overhead(channel: RankChannel, factory: str, device: str, batch: int, warmup: int, repeats: int,
-                  threads: int) -> float:
+                  threads: int) -> NoReturn:
     torch = import_torch()
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(threads)
@@ -99,9 +98,8 @@ def _ddp_overhead(channel: RankChannel, factory: str, device: str, batch: int, w
                 differences.append(b - a if first is plain else a - b)
         return differences
 
-    overhead = max(0.0, statistics.median(timed_without_gc(pairs)))
-    dist.destroy_process_group()
-    return overhead
+    # reported while the DDP model is alive: its teardown can block (finish_and_leave)
+    channel.finish_and_leave(max(0.0, statistics.median(timed_without_gc(pairs))))
 
 
 def measure_colocated(

@@ -36,8 +36,10 @@ rank 0's machine. The probe itself is the same.
 Every wait is bounded: the process group has a per-operation timeout, the
 parent kills a world whose workers stop reporting progress for
 `stall_timeout_s`, and a worker that fails takes its world down at once
-(`ProbeFailed`). Workers end with ``os._exit`` after cleanup because CPU gloo
-workers sometimes abort at interpreter exit after ``destroy_process_group()``.
+(`ProbeFailed`). Workers end with ``os._exit`` past their last collective,
+without tearing the process group down (`RankChannel.finish_and_leave`):
+CPU gloo workers sometimes abort at interpreter exit after
+``destroy_process_group()``, or block in its destructors.
 """
 
 from __future__ import annotations
@@ -269,9 +271,8 @@ def _measure(plan: _WorkerPlan, channel: RankChannel) -> None:
     # the batch is done when its slowest rank is: keep the max over ranks
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    channel.finish({"times": slowest.cpu().tolist(), "stamps": stamps} if channel.rank == 0 else None)
     barrier()
-    dist.destroy_process_group()
+    channel.finish_and_leave({"times": slowest.cpu().tolist(), "stamps": stamps} if channel.rank == 0 else None)
 
 
 def _compute_load(torch: Any, device: Any, seconds: float, sync: Callable[[], None]) -> Callable[[], None]:

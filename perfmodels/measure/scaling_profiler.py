@@ -165,9 +165,9 @@ def _train(plan: _RankPlan, channel: RankChannel) -> None:
     # a synchronous iteration is done when its slowest rank is
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    channel.finish({"times": slowest.cpu().tolist(), "first_started": first_started} if channel.rank == 0 else None)
     world_barrier(device)
-    dist.destroy_process_group()
+    channel.finish_and_leave({"times": slowest.cpu().tolist(), "first_started": first_started}
+                             if channel.rank == 0 else None)
 
 
 # --- the parent ---------------------------------------------------------------------

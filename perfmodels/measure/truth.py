@@ -45,7 +45,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -151,11 +151,11 @@ def _rank(argv: list[str]) -> None:
     from thrifty.perfmodels.measure.worlds import serve_rank
 
     settings = json.loads(argv[0])
-    serve_rank(lambda channel: channel.finish(_train(channel, **settings)))
+    serve_rank(lambda channel: _train(channel, **settings))
 
 
 def _train(channel: RankChannel, factory: str, batches: list[int], warmup: int, iters: int,
-           device: str = "cpu", threads: int = 1) -> dict[str, list[float]]:
+           device: str = "cpu", threads: int = 1) -> NoReturn:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -193,12 +193,11 @@ def _train(channel: RankChannel, factory: str, batches: list[int], warmup: int, 
             reported = time.perf_counter()
     clock.sync()
     world_barrier(where)
-    dist.destroy_process_group()
     seconds = clock.seconds
-    return {"iteration_s": [seconds(a, d) for a, _b, _c, d in marks],
-            "forward_s": [seconds(a, b) for a, b, _c, _d in marks],
-            "backward_s": [seconds(b, c) for _a, b, c, _d in marks],
-            "step_s": [seconds(c, d) for _a, _b, c, d in marks]}
+    channel.finish_and_leave({"iteration_s": [seconds(a, d) for a, _b, _c, d in marks],
+                              "forward_s": [seconds(a, b) for a, b, _c, _d in marks],
+                              "backward_s": [seconds(b, c) for _a, b, c, _d in marks],
+                              "step_s": [seconds(c, d) for _a, _b, c, d in marks]})
 
 
 # --- the starter ------------------------------------------------------------------------------
@@ -228,7 +227,7 @@ def measure(factory: str, batches: Sequence[int], warmup: int, iters: int, *, de
         except WorldFailed as e:
             if attempt == attempts:
                 raise
-            log.warning("retrying %s %s: %s", factory, tuple(batches), str(e).splitlines()[-1])
+            log.warning("retrying %s %s: %s", factory, tuple(batches), e)  # whole: a stall carries the stacks
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 

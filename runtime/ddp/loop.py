@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.measure.worlds import RankChannel, join_world, resolve_backend
+from thrifty.perfmodels.measure.worlds import RankChannel, join_world, leave, resolve_backend
 from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_seed, restore_rng, save_checkpoint, \
     seed_everything
 from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, JobSpec, WorkerFault
@@ -126,13 +126,7 @@ def run_rank(job: JobSpec, channel: RankChannel) -> None:
         finished = job.iterations is not None and me.iteration >= job.iterations
         channel.post("done" if finished else "stopped", iteration=me.iteration, timing=timing)
     dist.barrier()
-    # Every rank is past its last collective: leave now. Tearing down DDP and
-    # gloo objects (destroy_process_group, or this frame's locals going away)
-    # has blocked at times after the last barrier, and a worker has nothing
-    # left to clean up.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()  # every rank is past its last collective: go without tearing DDP and gloo down
 
 
 def _build(job: JobSpec, channel: RankChannel, device: Any, cuda: bool) -> _Rank:

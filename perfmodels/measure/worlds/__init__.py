@@ -23,11 +23,12 @@ from thrifty.perfmodels.measure.worlds.errors import WorldFailed
 from thrifty.perfmodels.measure.worlds.factory import resolve_factory
 from thrifty.perfmodels.measure.worlds.launcher import Launcher, LocalLauncher, RankProcess, write_files
 from thrifty.perfmodels.measure.worlds.network import interface_of, loopback_interface, resolve_backend
-from thrifty.perfmodels.measure.worlds.rank import RankChannel, configure_logging, join_world, serve_rank, world_barrier
+from thrifty.perfmodels.measure.worlds.rank import RankChannel, configure_logging, join_world, leave, serve_rank
+from thrifty.perfmodels.measure.worlds.rank import world_barrier
 from thrifty.perfmodels.measure.worlds.world import World
 from thrifty.perfmodels.measure.worlds.zygote import die_with_parent, start_zygote, zygote
 
 __all__ = ["World", "WorldFailed", "Launcher", "LocalLauncher", "RankProcess", "write_files", "interface_of",
-           "RankChannel", "serve_rank", "configure_logging", "join_world",
+           "RankChannel", "serve_rank", "configure_logging", "join_world", "leave",
            "world_barrier", "zygote", "start_zygote", "die_with_parent", "resolve_factory",
            "loopback_interface", "resolve_backend"]

@@ -29,9 +29,11 @@ reported as an ``error`` event (and logged), and the process leaves with
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -40,7 +42,8 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 __all__ = ["RankChannel", "serve_rank", "configure_logging", "join_world", "world_barrier", "KEY_EVENTS",
-           "progress_key", "latest_key", "command_key", "DEFAULT_TIMEOUT_S"]
+           "progress_key", "latest_key", "command_key", "DEFAULT_TIMEOUT_S", "leave", "STACKS_SIGNAL",
+           "dump_stacks_on_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,27 @@ class RankChannel:
         """Report this rank's result (any JSON value) to the starter."""
         self.post("finished", value=value)
 
+    def finish_and_leave(self, value: Any) -> NoReturn:
+        """Report this rank's result and end the process at once (``os._exit(0)``),
+        before the caller's locals go away. Call it past the rank's last
+        collective (after a barrier). Tearing down DDP and gloo objects (a
+        Reducer and its ProcessGroupGloo, by `destroy_process_group` or by a
+        frame's locals being freed) has blocked for good at times on this
+        host, after the work was done: measured with the stall's stack dump,
+        rank 0 of a truth-loop world hung returning from its training
+        function, in C++ destructors, once in 34 runs. A rank has nothing left
+        to clean up."""
+        self.finish(value)
+        leave()
+
+
+def leave() -> NoReturn:
+    """End this rank's process now (``os._exit(0)``), its output flushed,
+    without tearing anything down (see `RankChannel.finish_and_leave`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
 
 def configure_logging(rank: int) -> None:
     """Worker log lines on stderr (the worker's log file), stamped with the rank,
@@ -132,12 +156,26 @@ def configure_logging(rank: int) -> None:
                             format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
 
 
+STACKS_SIGNAL = signal.SIGUSR1  # a rank writes every thread's stack to its log (stderr) on this signal
+
+
+def dump_stacks_on_signal() -> None:
+    """On `STACKS_SIGNAL`, write every thread's Python stack to stderr (the
+    rank's log) and go on: what a starter asks for before it stops a world
+    that stalled, so the failure says where each rank was."""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError):  # no such signal here, or stderr has no file descriptor
+        pass
+
+
 def serve_rank(body: Callable[[RankChannel], Any]) -> NoReturn:
     """Run one rank: ``body(channel)``, then end the process with ``os._exit``
     (0; 1 after reporting an ``error`` event when `body` raised; argparse's
     code on ``SystemExit``). Never returns."""
     rank = int(os.environ.get("RANK", "0"))
     configure_logging(rank)
+    dump_stacks_on_signal()
     channel = RankChannel(None, rank, int(os.environ.get("WORLD_SIZE", "1")))
     code = 0
     try:

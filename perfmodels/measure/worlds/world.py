@@ -37,7 +37,8 @@ from typing import Any
 
 from thrifty.perfmodels.measure.worlds.errors import WorldFailed
 from thrifty.perfmodels.measure.worlds.launcher import Launcher, LocalLauncher, RankProcess
-from thrifty.perfmodels.measure.worlds.rank import KEY_EVENTS, DEFAULT_TIMEOUT_S, command_key, latest_key, progress_key
+from thrifty.perfmodels.measure.worlds.rank import KEY_EVENTS, DEFAULT_TIMEOUT_S, STACKS_SIGNAL, command_key
+from thrifty.perfmodels.measure.worlds.rank import latest_key, progress_key
 
 __all__ = ["World", "POLL_S"]
 
@@ -119,6 +120,28 @@ class World:
             self.procs.append(self.launcher.launch(rank, self.entry, list(self._argv(rank)), env,
                                                    str(self.log_path(rank)), self.files))
         return self
+
+    def _stacks_of_stalled(self, wait_s: float = 1.0, lines: int = 12) -> str:
+        """Ask every rank still running on this host for its threads' stacks
+        (`rank.STACKS_SIGNAL`, written to its log) and return the end of each
+        log, so a stall says where the ranks were ("" on other launchers)."""
+        if not isinstance(self.launcher, LocalLauncher):
+            return ""
+        running = [(rank, proc) for rank, proc in enumerate(self.procs) if proc.exitcode is None]
+        for _, proc in running:
+            try:
+                os.kill(proc.pid, STACKS_SIGNAL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(wait_s)
+        out = []
+        for rank, _ in running:
+            try:
+                tail = self.log_path(rank).read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            out.append(f"\nrank {rank} ({self.log_path(rank)}), last lines:\n" + "\n".join(tail))
+        return "".join(out)
 
     def kill(self, ranks: Sequence[int] | None = None) -> None:
         """SIGKILL the given ranks (default: all) that still run."""
@@ -244,7 +267,8 @@ class World:
                 if any(c is None for c in codes) and not self.server_alive:
                     raise failure(f"{self.where}: the worker fork server exited while workers ran")
                 if time.monotonic() - last_sign > stall_timeout_s:
-                    raise failure(f"{self.where}: no progress for {stall_timeout_s:g} s; stopped the workers")
+                    raise failure(f"{self.where}: no progress for {stall_timeout_s:g} s; stopped the workers"
+                                  + self._stacks_of_stalled())
                 if on_wait is not None:
                     on_wait()
                 time.sleep(POLL_S)
