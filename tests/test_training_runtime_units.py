@@ -456,3 +456,26 @@ def test_a_segment_reports_its_measured_iteration_against_the_prediction():
     unmeasured = SegmentRecord(1, "2xlocal@32", (32, 32), 0, 3, 0, "lost", None, (), throughput=None,
                                predicted_iteration_s=0.04)
     assert unmeasured.prediction_ratio is None and format_prediction_check([unmeasured.to_dict()]) == ""
+
+
+def test_a_node_leased_twice_by_one_run_keeps_both_leases_on_the_bill():
+    """A Ray node that carries a machine id (an EC2 instance joined to the
+    cluster) given back and taken again gets a new lease id: the first
+    lease's record, and its cost, stay in `all_machines`."""
+    import itertools
+
+    from thrifty.runtime.cluster.provider import RayProvider
+    from thrifty.runtime.providers.base import Provider
+
+    provider = RayProvider.__new__(RayProvider)  # the lease rule alone: no Ray cluster needed
+    Provider.__init__(provider, "run1")
+    provider._ids = itertools.count()
+    node = {"machine_id": "i-0abc", "node_id": "n1", "ip": "10.0.0.5"}
+    first = Machine(provider._lease_id(node), "g4dn.8xlarge", "spot", "10.0.0.5", 0.0, 1.0)
+    provider._own([first])
+    Provider.terminate(provider, [first])  # the base class keeps the record; Ray has no agent to drop here
+    second = Machine(provider._lease_id(node), "g4dn.8xlarge", "spot", "10.0.0.5", 100.0, 1.0)
+    provider._own([second])
+    assert first.id == "i-0abc" and second.id.startswith("i-0abc~") and second.id != first.id
+    assert {m.id for m in provider.all_machines()} == {first.id, second.id}
+    assert provider._lease_id({"machine_id": None}).startswith("ray-run1-")

@@ -134,12 +134,25 @@ class RayProvider(Provider):
             raise CapacityError(instance_type, market, f"the Ray cluster has {len(nodes)} free {instance_type} "
                                 f"({market}) nodes, {count} wanted")
         price, now = self.price(instance_type, market), self.now()
-        made = [Machine(n["machine_id"] or f"ray-{self.run_id}-{next(self._ids)}", instance_type, market, n["ip"],
+        made = [Machine(self._lease_id(n), instance_type, market, n["ip"],
                         now, price, tags={"thrifty-run": self.run_id, "ray-node": n["node_id"]})
                 for n in nodes[:count]]
         self._own(made)
         self._start_agents(made, [n for n in nodes[:count]])
         return made
+
+    def _lease_id(self, node: Mapping[str, Any]) -> str:
+        """The id of a new lease of `node`: its machine id (an EC2 instance id,
+        from its resources) the first time this run takes it; that id with a
+        lease number when the run takes the same node again after giving it
+        back, so the first lease's record (and its bill) is not overwritten;
+        ``ray-<run>-<n>`` for a node without one."""
+        base = node.get("machine_id")
+        if not base:
+            return f"ray-{self.run_id}-{next(self._ids)}"
+        with self._lock:
+            taken = base in self._machines
+        return f"{base}~{next(self._ids)}" if taken else base
 
     def _provision_joined(self, instance_type: str, count: int, market: Market, timeout_s: float) -> list[Machine]:
         assert self.source is not None
