@@ -18,6 +18,7 @@ names one type.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -100,7 +101,7 @@ class CaseStudies(FileSchema):
     cases: list[CaseStudy] = Field(min_length=1)
 
 
-def load_case_studies(path=CASE_STUDIES) -> list[CaseStudy]:
+def load_case_studies(path: str | Path = CASE_STUDIES) -> list[CaseStudy]:
     """The shipped Srifty 5.2 case studies, as printed in the paper."""
     return validate_model(CaseStudies, read_json(path), source=str(path)).cases
 

@@ -83,14 +83,14 @@ class Provenance(_Frozen):
     script: str | None = None
     inputs: list[str] | str | None = None
     date: str | None = None
-    notes: str | None = None
+    notes: str | list[str] | None = None
 
     @model_validator(mode="after")
     def _says_where(self) -> "Provenance":
         needed = {"measured": ("command", "machine"), "published": ("source",), "derived": ("script",)}
         for name in needed[self.kind]:
             if not getattr(self, name):
-                raise ValueError(f"a {self.kind} file must say its {name}")
+                raise FieldPathError((name,), f"is required: a {self.kind} file must say its {name}")
         return self
 
 

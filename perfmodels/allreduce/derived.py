@@ -72,7 +72,8 @@ from pydantic import Field, model_validator
 from thrifty.datasets.catalog import InstanceType
 from thrifty.datasets.io import read_json
 from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
-from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel
+from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, allreduce_time, bus_bandwidth_from_time
+from thrifty.perfmodels.profile import Provenance
 
 __all__ = [
     "CLOUD_MODEL_FORMAT",
@@ -86,7 +87,6 @@ __all__ = [
     "ring_bus_bandwidth",
     "CloudAllreduceModelFile",
     "CloudParametersFile",
-    "CloudProvenance",
     "SourcedNumber",
     "SourcedNetworkChoice",
     "SourcedDevices",
@@ -152,8 +152,7 @@ def ring_bus_bandwidth(sizes: np.ndarray, world_size: int, alpha_s: float, beta:
     s = np.asarray(sizes, dtype=float)
     if world_size <= 1:
         return np.full(s.shape, float(beta))
-    bus_bytes = 2.0 * s * (world_size - 1) / world_size
-    return bus_bytes / (alpha_s + bus_bytes / beta)
+    return bus_bandwidth_from_time(s, world_size, alpha_s + allreduce_time(s, world_size, beta))
 
 
 # -- the model --------------------------------------------------------------------------
@@ -210,7 +209,8 @@ class DerivedCloudAllreduce:
     @classmethod
     def from_file(cls, file: "CloudAllreduceModelFile", fallback: BandwidthModel | None = None
                   ) -> "DerivedCloudAllreduce":
-        return cls(file.parameters.params(), fallback=fallback, provenance=file.provenance.to_json())
+        return cls(file.parameters.params(), fallback=fallback,
+                   provenance=file.provenance.model_dump(mode="json", exclude_unset=True))
 
     @classmethod
     def from_json(cls, data: Any, source: str = "cloud allreduce model", fallback: BandwidthModel | None = None
@@ -330,25 +330,6 @@ class TypeTableRow(FileSchema):
     alpha_two_machines_s: PositiveFinite | None = None
 
 
-class CloudProvenance(FileSchema):
-    """Where the file came from; a derived file names its script."""
-
-    kind: Literal["measured", "published", "derived"]
-    script: Name | None = None
-    command: Name | None = None
-    source: Name | None = None
-    inputs: list[Name] | None = None
-    date: Name | None = None
-    notes: list[str] | str | None = None
-
-    @model_validator(mode="after")
-    def _says_where(self) -> "CloudProvenance":
-        needed = {"measured": "command", "published": "source", "derived": "script"}[self.kind]
-        if not getattr(self, needed):
-            raise FieldPathError((needed,), f"is required: a {self.kind} model must say its {needed}")
-        return self
-
-
 class CloudAllreduceModelFile(FileSchema):
     """A derived cloud allreduce model file (format ``thrifty.cloud_allreduce_model/1``)."""
 
@@ -358,7 +339,7 @@ class CloudAllreduceModelFile(FileSchema):
     sources: dict[Name, Name]
     table_catalog: Name | None = None  # for readers: the catalog the table was computed on
     table: list[TypeTableRow] | None = None
-    provenance: CloudProvenance
+    provenance: Provenance  # as every data file's: a derived file names its script
 
     @model_validator(mode="after")
     def _cited_sources_exist(self) -> "CloudAllreduceModelFile":

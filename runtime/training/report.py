@@ -48,8 +48,9 @@ def _describe(e: dict[str, Any]) -> str:
         return f"re-planned ({e['reason']}): no plan meets what is left; going on as planned"
     if kind == "segment_end":
         lost = f", {e['lost_iterations']} iterations lost" if e["lost_iterations"] else ""
+        check = _prediction_check(e)
         return (f"segment {e['index']} {e['ended']} at iteration {e['reached_iteration']} "
-                f"(checkpoint {e['committed_iteration']}{lost})" + _iteration_check(e))
+                f"(checkpoint {e['committed_iteration']}{lost})" + (f"; iteration {check}" if check else ""))
     if kind == "finish":
         ok = "within" if e["within_limits"] else "OUTSIDE"
         return (f"finished {e['iterations']} iterations in {e['elapsed_s']:.1f} s for ${e['cost_usd']:.4f}, "
@@ -72,16 +73,12 @@ def _prediction_check(segment_end: dict) -> str:
     return f"{actual * 1e3:,.1f} ms measured, {predicted * 1e3:,.1f} ms predicted ({actual / predicted:.2f}x)"
 
 
-def _iteration_check(segment_end: dict) -> str:
-    check = _prediction_check(segment_end)
-    return f"; iteration {check}" if check else ""
-
-
 def format_prediction_check(segments: list[dict]) -> str:
     """One line: each segment's measured against predicted iteration time, the
     check that the plan's prediction held ("" when no segment ran long enough
     to measure a steady state)."""
-    parts = [f"segment {s['index']} {s['config']}: {_prediction_check(s)}" for s in segments if _prediction_check(s)]
+    checks = [(s, _prediction_check(s)) for s in segments]
+    parts = [f"segment {s['index']} {s['config']}: {check}" for s, check in checks if check]
     return "iteration time, measured vs predicted: " + "; ".join(parts) if parts else ""
 
 
