@@ -201,6 +201,7 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"scheduler": {"name": "asha", "min_iterations": 9}}, "scheduler.min_iterations"),
     ({"scheduler": {"name": "hypersched"}, "deadline_s": None}, "deadline_s"),
     ({"scheduler": {"name": "pop"}}, "target"),
+    ({"scheduler": {"name": "pop", "target": 0.9, "learn_prior": "yes please"}}, "scheduler.learn_prior"),
     ({"scheduler": {"name": "plan"}}, "resources.instance_type"),
     ({"budget_usd": 1.0}, "resources.usd_per_atom_hour"),
     ({"resources": {"atoms": 0}}, "resources.atoms"),
@@ -243,3 +244,12 @@ def test_a_diverged_trial_s_nan_metric_is_null_in_the_summary():
     text = json.dumps(json_safe(summary), allow_nan=False)
     assert json.loads(text) == {"best": {"metric": None}, "per_trial": [{"state": "failed", "last": None, "best": 0.5}],
                                 "results": [1, 2.5]}
+
+
+def test_pop_learns_its_prior_from_the_trials_unless_told_not_to():
+    from thrifty.runtime.tuning.experiment_file import build_scheduler
+
+    for flag in (True, False):
+        spec = parse_experiment(experiment({"name": "pop", "target": 0.9, "learn_prior": flag}))
+        assert build_scheduler(spec).learn_prior is flag
+    assert build_scheduler(parse_experiment(experiment({"name": "pop", "target": 0.9}))).learn_prior is True

@@ -645,3 +645,46 @@ def test_pop_reads_first_passage_when_the_forecast_offers_it():
 
     assert 0 in run(Plateau()).killed
     assert run(NoisyPlateau()).killed == {}
+
+
+def test_forecast_trial_passes_a_prior_learned_from_longer_trials():
+    """The forecaster gets no prior until MIN_REFERENCES other trials ran to 2n
+    epochs; then a TrialPrior from exactly those (not the trial itself, not
+    shorter ones), and none at all without learn_prior."""
+    from types import SimpleNamespace
+
+    from thrifty.perfmodels.learning_curve import MIN_REFERENCES, CurvePrior
+    from thrifty.runtime.tuning.forecasting import forecast_trial
+
+    calls = []
+
+    def recording(epochs, values, max_epoch, *, seed=0, prior=None):
+        calls.append(prior)
+        return FakeForecast(list(epochs), list(values))
+
+    def trial(tid, metrics):
+        return SimpleNamespace(trial_id=tid, iteration=len(metrics), metrics=tuple(metrics))
+
+    young = trial(0, [0.3, 0.5, 0.6, 0.7])
+    trials = {0: young, 1: trial(1, [0.2] * 3)}
+    forecast_trial(recording, young, trials, 20, learn_prior=True)
+    assert calls[-1] is None
+    for tid in range(2, 2 + MIN_REFERENCES):
+        trials[tid] = trial(tid, [0.3 + 0.01 * tid] * 8 + [0.8 + 0.01 * tid] * 4)
+    forecast_trial(recording, young, trials, 20, learn_prior=True)
+    assert isinstance(calls[-1], CurvePrior) and calls[-1].asymptote is not None
+    forecast_trial(recording, young, trials, 20, learn_prior=False)
+    assert calls[-1] is None
+
+
+def test_memoized_forecaster_keys_on_the_prior():
+    from thrifty.perfmodels.learning_curve import CurvePrior
+
+    def with_prior(epochs, values, max_epoch, *, seed=0, prior=None):
+        return FakeForecast(list(epochs), list(values))
+
+    memo = Memoized(with_prior)
+    a = memo([1, 2], [0.1, 0.2], 10, prior=CurvePrior(asymptote=(2.0, 0.5)))
+    b = memo([1, 2], [0.1, 0.2], 10, prior=CurvePrior(asymptote=(2.0, 0.5)))
+    c = memo([1, 2], [0.1, 0.2], 10, prior=CurvePrior(asymptote=(2.5, 0.5)))
+    assert a is b and a is not c and memo.misses == 2

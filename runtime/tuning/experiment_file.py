@@ -85,6 +85,7 @@ class POPSpec(_Spec):
     boundary: PositiveInt = 4
     kill_threshold: float | None = Field(None, allow_inf_nan=False)
     atoms_per_trial: PositiveInt = 1
+    learn_prior: bool = Field(True, description="forecast under a prior learned from the longer-running trials")
 
 
 class BanditSpec(_Spec):
@@ -316,7 +317,7 @@ def build_scheduler(experiment: ExperimentFile):
             assert target is not None  # the file's rules require one
             kill = None if s.kill_threshold is None else experiment.score(s.kill_threshold)
             return POP(experiment.score(target), boundary=s.boundary, kill_threshold=kill,
-                       atoms_per_trial=s.atoms_per_trial)
+                       atoms_per_trial=s.atoms_per_trial, learn_prior=s.learn_prior)
         if isinstance(s, BanditSpec):
             return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial)
         if isinstance(s, EarlyTermSpec):

@@ -9,7 +9,13 @@ prefers). Schedulers take one as a constructor parameter
 and default to the real predictor, imported only when first needed (so that
 tests can inject a small fake one and nothing heavy loads at import time).
 
-`Memoized` caches forecasts by the observed curve: a trial's curve prefix is
+`forecast_trial` is how a scheduler asks about one trial: with
+``learn_prior`` it passes the forecaster a prior learned from the
+experiment's trials that ran longer than this one
+(`thrifty.perfmodels.learning_curve.TrialPrior`), renewed at every call, so
+that it follows the trials as they run and finish.
+
+`Memoized` caches forecasts by the observed curve (and the prior): a trial's curve prefix is
 the same in every replay of a trace, so trace-driven sensitivity runs over
 many configuration orders (HyperDrive 7.2.2) predict each prefix once, the way
 HyperDrive's node agents compute a prediction once per evaluation boundary
@@ -22,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-__all__ = ["CurveForecast", "Forecaster", "default_forecaster", "Memoized"]
+__all__ = ["CurveForecast", "Forecaster", "default_forecaster", "forecast_trial", "Memoized"]
 
 
 class CurveForecast(Protocol):
@@ -45,6 +51,29 @@ def default_forecaster() -> Forecaster:
     return forecast
 
 
+def forecast_trial(forecaster: Forecaster, trial: Any, trials: Any, max_epoch: int,
+                   learn_prior: bool) -> CurveForecast:
+    """The forecast of `trial`'s metric curve (epochs 1..n); with `learn_prior`,
+    under the `TrialPrior` of the other `trials` (a mapping id -> trial) that
+    were observed longer than n epochs. A forecaster that takes no ``prior``
+    is called without one until the prior has learned something."""
+    n = trial.iteration
+    metrics = list(trial.metrics)
+    if not learn_prior:
+        return forecaster(list(range(1, n + 1)), metrics, max_epoch, seed=0)
+    from thrifty.perfmodels.learning_curve import TrialPrior
+
+    t0 = time.perf_counter()
+    longer = [t.metrics for tid, t in trials.items() if tid != trial.trial_id and len(t.metrics) > n]
+    learned = TrialPrior.of(longer, max_epoch)
+    prior = learned.for_curve(metrics)
+    if isinstance(forecaster, Memoized):  # learning the prior is prediction time too
+        forecaster.seconds += time.perf_counter() - t0
+    if prior is learned.base:  # too few longer trials yet: the forecaster's own default
+        return forecaster(list(range(1, n + 1)), metrics, max_epoch, seed=0)
+    return forecaster(list(range(1, n + 1)), metrics, max_epoch, seed=0, prior=prior)
+
+
 class Memoized:
     """A forecaster that remembers its forecasts per (curve, max_epoch) and their answers per
     (y, epoch), and accounts the time spent predicting (`seconds`)."""
@@ -57,14 +86,15 @@ class Memoized:
         self.seconds = 0.0
 
     def __call__(self, epochs: Sequence[int], values: Sequence[float], max_epoch: int, *,
-                 seed: int | None = 0) -> CurveForecast:
-        key = (tuple(epochs), tuple(values), max_epoch, seed)
+                 seed: int | None = 0, prior: Any = None) -> CurveForecast:
+        key = (tuple(epochs), tuple(values), max_epoch, seed, prior)
         self.calls += 1
         found = self._cache.get(key)
         if found is None:
             self.misses += 1
             t0 = time.perf_counter()
-            found = _RememberedForecast(self._forecaster(epochs, values, max_epoch, seed=seed), self)
+            more = {} if prior is None else {"prior": prior}
+            found = _RememberedForecast(self._forecaster(epochs, values, max_epoch, seed=seed, **more), self)
             self.seconds += time.perf_counter() - t0
             self._cache[key] = found
         return found

@@ -58,7 +58,7 @@ from collections.abc import Sequence
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning.base import Decision, Scheduler, Start, check_atoms_per_trial, check_positive
-from thrifty.runtime.tuning.forecasting import Forecaster, default_forecaster
+from thrifty.runtime.tuning.forecasting import Forecaster, default_forecaster, forecast_trial
 from thrifty.runtime.tuning.trial import Report, Trial, TrialState
 
 __all__ = ["POP", "confidence_and_ert", "promising_slots"]
@@ -111,7 +111,7 @@ class POP(Scheduler):
 
     def __init__(self, target: float, *, max_time: float | None = None, boundary: int = 10,
                  kill_threshold: float | None = None, min_confidence: float = 0.05, atoms_per_trial: int = 1,
-                 forecaster: Forecaster | None = None):
+                 forecaster: Forecaster | None = None, learn_prior: bool = True):
         super().__init__()
         if not isinstance(target, (int, float)) or not math.isfinite(target):
             raise ProblemError(f"`target` is {target!r}, but must be a finite number", path="target")
@@ -129,6 +129,7 @@ class POP(Scheduler):
         self.min_confidence = min_confidence
         self.atoms_per_trial = atoms_per_trial
         self.forecaster = forecaster if forecaster is not None else default_forecaster()
+        self.learn_prior = learn_prior
         self.confidence: dict[int, float] = {}      # active jobs' latest p
         self.ert_s: dict[int, float] = {}
         self.promising: dict[int, float] = {}       # promising jobs -> priority label p
@@ -201,7 +202,8 @@ class POP(Scheduler):
         horizon = min(math.floor(time_left / epoch_s), self.experiment.max_iterations - n) if time_left > 0 else 0
         if horizon <= 0:
             return 0.0, max(time_left, 0.0)
-        fc = self.forecaster(list(range(1, n + 1)), list(trial.metrics), self.experiment.max_iterations, seed=0)
+        fc = forecast_trial(self.forecaster, trial, self.experiment.trials, self.experiment.max_iterations,
+                            self.learn_prior)
         reached_by = getattr(fc, "prob_reached_by", None)
         if reached_by is not None:  # first passage of the observed metric
             reach = [float(p) for p in reached_by(self.target, n + 1, n + horizon)]
