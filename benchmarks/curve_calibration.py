@@ -14,6 +14,10 @@ predicts the validation accuracy at the last epoch. Printed per prefix:
 - the wall time of one ``forecast`` call (median, p95; target <= 50 ms) and of
   one ``prob_at_least`` query on a fresh forecast.
 
+The same table is printed again under the `TrialPrior` learned from the
+other half of the set (as if those trials had run to the end): what an
+experiment's forecasts look like once some of its trials have run longer.
+
 A second table checks the quantity POP reads, the first-passage probability
 that some later epoch reaches a target accuracy (`prob_reached_by` up to the
 last epoch), from the 8% and 16% prefixes (POP's first boundaries, epochs 4
@@ -85,12 +89,12 @@ class Outcome:
         return (self.hi - self.lo) + 2.0 / ALPHA * miss
 
 
-def predict_final(trace: Trace, fraction: float, prior: CurvePrior) -> Outcome:
+def predict_final(trace: Trace, fraction: float, prior: CurvePrior, learned: TrialPrior | None = None) -> Outcome:
     epochs = trace.epochs
     n = max(1, int(round(fraction * epochs)))
     seen = trace.accuracy[:n]
     start = time.perf_counter()
-    dist = forecast(np.arange(1, n + 1), seen, epochs, prior=prior)
+    dist = forecast(np.arange(1, n + 1), seen, epochs, prior=prior if learned is None else learned.for_curve(seen))
     forecast_s = time.perf_counter() - start
     start = time.perf_counter()
     dist.prob_at_least(float(seen.max()), epochs)
@@ -106,8 +110,8 @@ def predict_final(trace: Trace, fraction: float, prior: CurvePrior) -> Outcome:
     )
 
 
-def evaluate(traces: list[Trace], prior: CurvePrior) -> dict[float, list[Outcome]]:
-    return {f: [predict_final(t, f, prior) for t in traces] for f in PREFIXES}
+def evaluate(traces: list[Trace], prior: CurvePrior, learned: TrialPrior | None = None) -> dict[float, list[Outcome]]:
+    return {f: [predict_final(t, f, prior, learned) for t in traces] for f in PREFIXES}
 
 
 def mean_interval_score(results: dict[float, list[Outcome]]) -> float:
@@ -235,11 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         print_table(HEADER, summary_rows(results, epochs))
         if references is part:  # the trial prior never learns from the curve it forecasts
             evens, odds = part[0::2], part[1::2]
-            rows = reach_rows(odds, prior, targets, evens)
+            forecast_part, references = odds, evens
             note = "odd-index traces, trial prior from the even-index ones"
         else:
-            rows = reach_rows(part, prior, targets, references)
+            forecast_part = part
             note = "trial prior from the other half"
+        learned = TrialPrior.of([t.accuracy for t in references], epochs, base=prior)
+        results = evaluate(forecast_part, prior, learned)
+        print(f"\n{title}: the same under the trial prior ({note}); mean 90% interval score "
+              f"{mean_interval_score(results):.4f}")
+        print_table(HEADER, summary_rows(results, epochs))
+        rows = reach_rows(forecast_part, prior, targets, references)
         print(f"\n{title}: does a later epoch reach the target? (first passage, what POP reads; {note})")
         print_table(REACH_HEADER, rows)
     med, p95 = long_curve_timing()
