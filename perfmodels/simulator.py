@@ -379,15 +379,23 @@ class IterationSimulator:
     def _buffer_broadcast_s(self, types: tuple[InstanceType, ...], cm: ComputeModel, world: int,
                             instances: int) -> float:
         """DDP's broadcast of the model's buffers from rank 0 before every
-        forward pass (``broadcast_buffers=True``, its default), estimated as a
-        lone allreduce of the buffer bytes: for the small buffers models have
-        (BatchNorm statistics) both are latency-bound."""
+        forward pass (``broadcast_buffers=True``, its default): half a lone
+        allreduce of the buffer bytes. A ring allreduce is two passes around
+        the ring (reduce-scatter, then all-gather: 2 (n-1) steps, 2 s (n-1)/n
+        bytes per link); a pipelined broadcast is one pass (n-1 steps, s bytes
+        per link), so half of both the latency and (up to n / (n-1)) the
+        bandwidth term. For the small buffers models have (BatchNorm
+        statistics) the latency is all of it. (Until 2026-11-25 this was a
+        whole allreduce: small-cnn's 1.7 kB came to 3.1 ms on this host, where
+        DDP's forward pass at 16+16 measured 1.6-2.0 ms over a buffer-less
+        model's.)"""
         key = (tuple(t.name for t in types), world, instances, cm.buffer_bytes)
         cached = self._broadcast_cache.get(key)
         if cached is None:
             size = np.array([float(cm.buffer_bytes)])
             bus = min(float(self.bandwidth.bus_bandwidth(t, size, world, instances)[0]) for t in types)
-            cached = self._broadcast_cache[key] = float(allreduce_time(cm.buffer_bytes, world, max(bus, 1.0)))
+            allreduce = float(allreduce_time(cm.buffer_bytes, world, max(bus, 1.0)))
+            cached = self._broadcast_cache[key] = 0.5 * allreduce
         return cached
 
     def _levels(self, itype: InstanceType) -> int:
