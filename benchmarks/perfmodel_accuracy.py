@@ -25,7 +25,11 @@ Each configuration is measured in 3 interleaved rounds (the VM's speed drifts
 by 10-30% over minutes); the table gives the spread of the rounds. The
 simulator's speed, a CPU-bound yardstick, is measured before and after: when
 it moved by more than 20%, the host changed speed during the run (one such run
-here measured everything 10-20% slower) and the run says so.
+here measured everything 10-20% slower) and the run says so. A second
+yardstick, the host's memory bandwidth (a numpy copy of 64 MB, best of 5), is
+printed beside it: the CPU yardstick runs in cache and misses a neighbour that
+saturates memory, which slows the memory-bound models (mlp's 10 MB of weights,
+embedding-bag's 4.9 MB table) and not the others.
 
 Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quick]``.
 """
@@ -33,6 +37,7 @@ Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quic
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -173,6 +178,20 @@ def simulator_speed(seconds: float = 3.0) -> dict[str, float]:
     return out
 
 
+def memory_bandwidth(megabytes: int = 64, repeats: int = 5) -> float:
+    """Bytes per second moved by a numpy copy of `megabytes` MB (read + write), best of `repeats`."""
+    import numpy as np
+
+    src = np.ones(megabytes * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30, help="timed iterations per run")
@@ -183,6 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     head = HEADLINE[::4] if args.quick else HEADLINE
     before = simulator_speed()  # a CPU-bound yardstick: did the host's speed move while measuring?
+    memory_before = memory_bandwidth()
     iters = 10 if args.quick else args.iters
     rounds = 1 if args.quick else args.rounds
     mape_t, mape_a = accuracy_table(head, args.warmup, iters, rounds,
@@ -197,11 +217,13 @@ def main() -> None:
                                 "3 and 4 processes on 2 cores (oversubscribed; reported separately)")
         print(f"larger worlds MAPE: thrifty {mt:.1%}  APM {ma:.1%}")
     speed = simulator_speed()
+    memory_after = memory_bandwidth()
     print(f"simulator speed, 50-layer model, one core: {speed['layer']:,.0f} configurations/s per-layer "
           f"transfers, {speed['ddp']:,.0f}/s DDP buckets (target >= 5,000/s)")
     moved = speed["ddp"] / before["ddp"] - 1
     print(f"host speed (the simulator's DDP rate as a yardstick): {before['ddp']:,.0f}/s before the measurements, "
-          f"{speed['ddp']:,.0f}/s after ({moved:+.0%})")
+          f"{speed['ddp']:,.0f}/s after ({moved:+.0%}); memory bandwidth {memory_before / 1e9:.1f} GB/s before, "
+          f"{memory_after / 1e9:.1f} GB/s after")
     if abs(moved) > HOST_DRIFT:
         print(f"WARNING: the host's CPU speed moved by {moved:+.0%} during the run (a shared VM); the profiles were "
               f"measured at another speed, so this run's errors say more about the host than about the model")
