@@ -156,12 +156,11 @@ def auc(score: np.ndarray, positive: np.ndarray) -> float:
 
 
 def reach_rows(traces: list[Trace], prior: CurvePrior, targets: tuple[float, ...],
-               references: list[Trace]) -> list[list[str]]:
+               learned: TrialPrior) -> list[list[str]]:
     """Calibration and ranking of first-passage probabilities (see the module
-    docstring); `references`: the finished trials the trial prior learns from."""
+    docstring); `learned`: the trial prior from the other traces."""
     rows = []
     epochs = traces[0].epochs
-    learned = TrialPrior.of([t.accuracy for t in references], epochs, base=prior)
     models = {"warped": lambda seen: prior, "warped + trial prior": learned.for_curve,
               "unwarped": lambda seen: UNWARPED}
     for name, prior_for in models.items():
@@ -228,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(chosen on the even half of {TUNING_SET})")
     other = load_traces("noisy-digits-cnn")
     parts = [(f"{TUNING_SET}, held-out half (odd index)", held_out, tuning, TARGETS[TUNING_SET]),
-             ("noisy-digits-cnn, every trace (never tuned on)", other, other, TARGETS["noisy-digits-cnn"])]
+             ("noisy-digits-cnn, every trace (not the tuning set)", other, other, TARGETS["noisy-digits-cnn"])]
     if args.all:
         parts.append((f"{TUNING_SET}, tuning half (even index)", tuning, held_out, TARGETS[TUNING_SET]))
     for title, part, references, targets in parts:
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{title}: the same under the trial prior ({note}); mean 90% interval score "
               f"{mean_interval_score(results):.4f}")
         print_table(HEADER, summary_rows(results, epochs))
-        rows = reach_rows(forecast_part, prior, targets, references)
+        rows = reach_rows(forecast_part, prior, targets, learned)
         print(f"\n{title}: does a later epoch reach the target? (first passage, what POP reads; {note})")
         print_table(REACH_HEADER, rows)
     med, p95 = long_curve_timing()

@@ -241,10 +241,12 @@ class TrialPrior:
         return cls(tuple(tuple(float(v) for v in c) for c in curves if len(c) > 0), int(max_epoch),
                    base or CurvePrior(), lower, upper)
 
-    def _space(self, values: np.ndarray) -> np.ndarray:
+    def _to_space(self) -> Callable[[np.ndarray], float]:
+        """The mean of some values in the fitted space (log headroom when `base` warps)."""
         if self.base.warp == "log-headroom" and self.upper is not None:
-            return np.asarray(_Warp.of(self.lower, self.upper).inner(values))
-        return values
+            warp = _Warp.of(self.lower, self.upper)
+            return lambda values: float(np.mean(warp.inner(values)))
+        return lambda values: float(np.mean(values))
 
     def for_curve(self, values: Sequence[float]) -> CurvePrior:
         """The `CurvePrior` for a curve observed at epochs 1..len(values)."""
@@ -254,9 +256,10 @@ class TrialPrior:
         if n < 1 or len(refs) < MIN_REFERENCES:
             return self.base
         lo = max(n - LEVEL_EPOCHS, 0)
-        x = np.array([self._space(c[lo:n]).mean() for c in refs])
-        t = np.array([self._space(c[-PLATEAU_EPOCHS:]).mean() for c in refs])
-        x0 = float(self._space(np.asarray(values[lo:n], dtype=float)).mean())
+        level = self._to_space()
+        x = np.array([level(c[lo:n]) for c in refs])
+        t = np.array([level(c[-PLATEAU_EPOCHS:]) for c in refs])
+        x0 = level(np.asarray(values[lo:n], dtype=float))
         m = len(refs)
         sxx = float(((x - x.mean()) ** 2).sum())
         slope = float(((x - x.mean()) * (t - t.mean())).sum() / sxx) if sxx > 1e-12 else 0.0
@@ -550,11 +553,15 @@ class CurveForecast:
         """A metric value in the fitted space (the warp's, or itself)."""
         return y if self._warp is None else float(self._warp.inner(y))
 
+    def _beyond_bound(self, y: float) -> bool:
+        """Whether `y` lies past the warped metric's bound (where no observation can reach)."""
+        return self._warp is not None and y > self._warp.upper
+
     def prob_at_least(self, y: float, epoch: int) -> float:
         """P(y(epoch) >= y): the probability that the metric observed at `epoch` is at least `y`."""
         y = _finite("y", y)
-        if self._warp is not None and y > self._warp.upper:
-            self._components(epoch)  # checks the epoch
+        if self._beyond_bound(y):
+            self._check_epoch(epoch)
             return 0.0
         return float(np.clip(1.0 - self._cdf(self._inner(y), epoch), 0.0, 1.0))
 
@@ -580,12 +587,12 @@ class CurveForecast:
         """
         y = _finite("y", y)
         first, last = int(first_epoch), int(last_epoch)
-        if self._warp is not None:
-            if y > self._warp.upper:
-                return np.zeros(max(last - first + 1, 0))
-            y = float(self._warp.inner(y))
         if not 0 < first <= last:
             raise ValueError(f"epochs {first_epoch}..{last_epoch} must satisfy 0 < first <= last")
+        if self._beyond_bound(y):
+            self._check_epoch(last)
+            return np.zeros(last - first + 1)
+        y = self._inner(y)
         comps = [self._components(e, keep=False) for e in range(first, last + 1)]  # a window: not kept
         positions = (np.arange(curves) + 0.5) / curves
         pick = np.minimum(np.searchsorted(np.cumsum(self._weight), positions), len(self._weight) - 1)
@@ -637,13 +644,17 @@ class CurveForecast:
         """P(y(epoch) < y) under the mixture of Gaussians truncated to the bounds (fitted space)."""
         return float(self._weight @ _truncated_cdf(y, self._components(epoch), *self._bounds))
 
+    def _check_epoch(self, epoch: float) -> float:
+        epoch = _finite("epoch", epoch)
+        if not 0 < epoch <= self.max_epoch:
+            raise ValueError(f"epoch is {epoch:g}, but must be in (0, max_epoch={self.max_epoch:g}]")
+        return epoch
+
     def _components(self, epoch: float, keep: bool = True) -> _Components:
         """The mixture at `epoch`; kept for later queries unless `keep` is
         false (a first-passage window touches every epoch once, and a
         forecast that kept them all would hold megabytes)."""
-        epoch = _finite("epoch", epoch)
-        if not 0 < epoch <= self.max_epoch:
-            raise ValueError(f"epoch is {epoch:g}, but must be in (0, max_epoch={self.max_epoch:g}]")
+        epoch = self._check_epoch(epoch)
         found = self._cache.get(epoch)
         if found is None:
             with _one_blas_thread():
