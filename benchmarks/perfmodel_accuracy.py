@@ -27,11 +27,14 @@ simulator's speed, a CPU-bound yardstick, is measured before and after: when
 it moved by more than 20%, the host changed speed during the run (one such run
 here measured everything 10-20% slower) and the run says so. A second
 yardstick, the host's memory bandwidth (a numpy copy of 64 MB, best of 5), is
-printed beside it: the CPU yardstick runs in cache, and the families the
-benchmark under-predicts, by amounts that move from run to run, are the
-memory-bound ones (mlp's 10 MB of weights, embedding-bag's 4.9 MB table). A
-best-of-5 copy reads the peak, not the contention while measuring: on
-2026-11-25 it read the same in two runs whose mlp times differed by 16%.
+printed beside it: the CPU yardstick runs in cache, and memory-bound models
+(mlp's 10 MB of weights, embedding-bag's 4.9 MB table) move with the memory
+system. A best-of-5 copy reads the peak, not the contention while measuring:
+on 2026-11-25 it read the same in two runs whose mlp times differed by 16%.
+(Those two families were under-predicted in every run until the co-located
+profile began to exchange gradients between backward and the step, as a run
+does: a step after a communication wait is up to half slower than one after
+more compute; see `thrifty.perfmodels.measure.colocated`.)
 
 Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quick]``.
 """

@@ -112,6 +112,9 @@ class LayerGrad(_Frozen):
 class ColocatedPoints(_Frozen):
     workers: Annotated[int, Field(ge=2)]
     host_cores: Annotated[int, Field(ge=1)] | None = None  # the host's logical CPUs
+    # whether the workers exchanged their gradients in every iteration, as a run
+    # does (`thrifty.perfmodels.measure.colocated`); profiles before 2026-11-26 did not
+    exchange: bool = False
     step_s: NonNegativeSeconds = 0.0
     points: Annotated[list[ProfilePoint], Field(min_length=2)]
 

@@ -52,8 +52,10 @@ Choices beyond the paper, documented here and selectable:
   processes on this machine, counted together) run at the profile's
   co-located points when at least that many workers share the host
   (`host_model`): co-located passes contend for memory bandwidth and
-  caches, so they are slower than alone (the profile measures by how
-  much). With more such workers than the host has cores (the
+  caches, so they are slower than alone, and a pass that follows a
+  gradient exchange is slower than one that follows more compute (the
+  profile measures both: its co-located workers exchange gradients in
+  every iteration, `thrifty.perfmodels.measure.colocated`). With more such workers than the host has cores (the
   co-located points' ``host_cores``), each pass takes ``workers / cores``
   times as long: the cores are time-shared.
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient

@@ -240,7 +240,7 @@ def test_colocated_workers_measure_the_same_sweep_together():
         device="cpu", progress=False, colocated=2, factory="thrifty.perfmodels.measure.zoo:mlp",
     )
     shared = profile.colocated
-    assert shared is not None and shared.workers == 2
+    assert shared is not None and shared.workers == 2 and shared.exchange  # they exchanged gradients as DDP does
     assert [p.batch for p in shared.points] == [2, 8]
     assert all(p.repeats == 4 and p.forward_s > 0 and p.backward_s > 0 for p in shared.points)  # 2 workers x 2
     assert profile.buffer_bytes == 0  # the MLP has no buffers

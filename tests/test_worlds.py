@@ -109,3 +109,12 @@ def test_closing_kills_and_reaps_every_rank(tmp_path):
     assert all(code is not None and code < 0 for code in world.exit_codes())
     assert not any(_alive(pid) for pid in pids)
     assert os.getpid() not in pids
+
+
+def test_the_colocated_gradient_exchange_averages_every_bucket(tmp_path):
+    # the co-located profiler exchanges gradients as DDP does: buckets of DDP's sizes, one dtype each
+    world = World(2, "world_entries:exchange_gradients", logs=lambda r: tmp_path / f"r{r}.log", timeout_s=60)
+    results = world.run(stall_timeout_s=60)
+    for result in results:
+        assert len(result["errors"]) == 5 and max(result["errors"]) < 1e-5
+        assert result["none_left"]

@@ -60,3 +60,33 @@ def no_result(argv: list[str]) -> None:
 
 def wait_for_go(argv: list[str]) -> None:
     serve_rank(lambda channel: channel.finish(channel.wait_command("go", 30.0)))
+
+
+def exchange_gradients(argv: list[str]) -> None:
+    """The co-located profiler's gradient exchange on a model whose gradients
+    span several DDP buckets and two dtypes: every rank sets gradient
+    ``(rank + 1) * pattern`` (one parameter left without a gradient) and
+    reports the largest distance of the exchanged gradients from the average,
+    ``1.5 * pattern`` on two ranks."""
+    def body(channel: RankChannel) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from thrifty.perfmodels.measure.colocated import gradient_exchange
+
+        join_world(channel, "gloo", 30.0)
+        model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.Linear(600, 20), torch.nn.Linear(20, 3))
+        model[1].double()
+        patterns = {}
+        for i, p in enumerate(model.parameters()):
+            if i == 5:  # the last bias: no gradient this iteration
+                continue
+            patterns[i] = torch.arange(p.numel(), dtype=p.dtype).reshape(p.shape) / p.numel() + i
+            p.grad = (channel.rank + 1) * patterns[i]
+        gradient_exchange(torch, model)()
+        errors = [float((p.grad - 1.5 * patterns[i]).abs().max()) for i, p in enumerate(model.parameters())
+                  if i in patterns]
+        channel.finish({"errors": errors, "none_left": list(model.parameters())[5].grad is None})
+        dist.destroy_process_group()
+
+    serve_rank(body)

@@ -24,7 +24,9 @@ Two kinds of repeats, because hooks cost time:
 Co-located workers (CPU): with ``colocated=k`` the latency sweep is measured
 a second time in ``k`` fresh processes at once (spawned, each loading the
 workload from its factory spec, one barrier before every batch so that all
-of them run the same batch together) and kept as the profile's
+of them run the same batch together, and a real gradient exchange between
+backward and the step of every iteration, untimed, as DDP's; see
+`thrifty.perfmodels.measure.colocated`) and kept as the profile's
 ``colocated`` points: what one of ``k`` worker processes sharing the host's
 cores sees. The pooled samples of all ``k`` give each point.
 

@@ -154,9 +154,9 @@ def _train(plan: _RankPlan, channel: RankChannel) -> None:
         first_started = time.time()
         for i in range(plan.warmup + plan.iterations):
             world_barrier(device)
-            t0, _t1, _t2, t3 = trainer.iteration(inputs, targets)
+            m = trainer.iteration(inputs, targets)
             if i >= plan.warmup:
-                times.append(trainer.clock.seconds(t0, t3))
+                times.append(trainer.clock.seconds(m.start, m.end))
             if channel.rank == 0:
                 channel.progress(i + 1)
         return times, first_started

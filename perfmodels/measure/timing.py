@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.perfmodels.profile import ProfilePoint
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from thrifty.perfmodels.measure.zoo import Workload
 
 __all__ = ["make_trainer", "timed_without_gc", "measure_sweep", "measure_readiness", "Samples", "point",
-           "DEFAULT_LR", "DEFAULT_MOMENTUM"]
+           "Marks", "DEFAULT_LR", "DEFAULT_MOMENTUM"]
 
 
 DEFAULT_LR, DEFAULT_MOMENTUM = 1e-3, 0.9  # small: profiling must not make the weights blow up
@@ -58,9 +58,30 @@ class _CudaClock:
         return start.elapsed_time(end) / 1e3
 
 
+class Marks(NamedTuple):
+    """Clock marks of one timed iteration: forward is ``start`` to
+    ``forward_end``, backward to ``backward_end``, the step (with gradient
+    zeroing) ``step_start`` to ``end``. Between ``backward_end`` and
+    ``step_start`` the trainer's gradient exchange ran, if it has one
+    (untimed)."""
+
+    start: Any
+    forward_end: Any
+    backward_end: Any
+    step_start: Any
+    end: Any
+
+
 @dataclass
 class TimedTrainer:
-    """The copied model, loss and optimizer on the profiling device."""
+    """The copied model, loss and optimizer on the profiling device.
+
+    `exchange`, when given, runs between backward and the optimizer step of
+    every iteration, untimed, where DDP exchanges gradients: the co-located
+    sweep (`thrifty.perfmodels.measure.colocated`) exchanges them for real, so
+    that its forward, backward and step are timed in the state a training
+    iteration with communication leaves the host in (caches, a core that
+    waited)."""
 
     torch: Any
     model: Any
@@ -69,6 +90,7 @@ class TimedTrainer:
     make_batch: Callable[[int], Any]
     device: str
     clock: Any
+    exchange: Callable[[], None] | None = None
 
     def batch(self, size: int) -> tuple[Any, Any]:
         try:
@@ -77,16 +99,18 @@ class TimedTrainer:
             raise ProblemError(f"make_batch({size}) raised {type(e).__name__}: {e}") from e
         return _to_device(inputs, self.device), _to_device(targets, self.device)
 
-    def iteration(self, inputs: Any, targets: Any) -> tuple[Any, Any, Any, Any]:
-        """One training iteration; returns the clock marks before forward,
-        before backward, after backward and after the optimizer step."""
+    def iteration(self, inputs: Any, targets: Any) -> Marks:
+        """One training iteration; returns its clock marks."""
         clock = self.clock
         clock.sync()
         t0 = clock.mark()
         loss = self.loss_fn(self.model(inputs), targets)
         t1 = clock.mark()
         loss.backward()
-        t2 = clock.mark()
+        t2 = t2_step = clock.mark()
+        if self.exchange is not None:
+            self.exchange()
+            t2_step = clock.mark()
         self.optimizer.step()
         # As thrifty's worker loop (and PyTorch's default): the gradients are freed
         # and the next backward allocates them again. Under the allocator policy
@@ -96,7 +120,7 @@ class TimedTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         t3 = clock.mark()
         clock.sync()
-        return t0, t1, t2, t3
+        return Marks(t0, t1, t2, t2_step, t3)
 
 
 def _to_device(value: Any, device: str) -> Any:
@@ -125,11 +149,11 @@ def _measure_latency(trainer: TimedTrainer, batch: int, warmup: int, repeats: in
     inputs, targets = trainer.batch(batch)
     forward, backward, step = [], [], []
     for i in range(warmup + repeats):
-        t0, t1, t2, t3 = trainer.iteration(inputs, targets)
+        m = trainer.iteration(inputs, targets)
         if i >= warmup:
-            forward.append(trainer.clock.seconds(t0, t1))
-            backward.append(trainer.clock.seconds(t1, t2))
-            step.append(trainer.clock.seconds(t2, t3))
+            forward.append(trainer.clock.seconds(m.start, m.forward_end))
+            backward.append(trainer.clock.seconds(m.forward_end, m.backward_end))
+            step.append(trainer.clock.seconds(m.step_start, m.end))
         tick()
     return Samples(forward, backward, step)
 
@@ -159,7 +183,8 @@ def measure_readiness(
     try:
         for i in range(1 + repeats):  # one warm-up run with the hooks in place
             stamps.clear()
-            _t0, t1, t2, _t3 = trainer.iteration(inputs, targets)
+            m = trainer.iteration(inputs, targets)
+            t1, t2 = m.forward_end, m.backward_end
             if i == 0:
                 tick()
                 continue
