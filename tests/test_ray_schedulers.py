@@ -127,3 +127,13 @@ def test_bad_settings_are_named():
         POPScheduler(0.9, metric="score", max_iterations=5)
     with pytest.raises(ProblemError, match="resources_per_atom"):
         TuneScheduler(ASHA(), metric="score", mode="max", max_iterations=5, resources_per_atom={"CPU": 0})
+
+
+def test_pop_for_ray_tune_takes_the_metric_range_in_the_metric_s_units():
+    loss = POPScheduler(0.3, metric="loss", mode="min", max_iterations=5, deadline_s=60)
+    assert loss.scheduler.target == -0.3 and loss.scheduler.metric_range == (None, 0.0)  # -loss <= 0
+    reward = POPScheduler(150.0, metric="reward", mode="max", max_iterations=5, deadline_s=60,
+                          metric_range=(-200.0, None))
+    assert reward.scheduler.metric_range == (-200.0, None)
+    with pytest.raises(ProblemError, match="target"):
+        POPScheduler(150.0, metric="reward", mode="max", max_iterations=5, deadline_s=60)  # beyond [0, 1]

@@ -207,6 +207,10 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"resources": {"atoms": 0}}, "resources.atoms"),
     ({"max_iterations": -1}, "max_iterations"),
     ({"colour": "blue"}, "colour"),
+    ({"metric_range": [1, 0]}, "metric_range"),
+    ({"metric_range": [0, 1, 2]}, "metric_range"),
+    ({"metric_range": ["low", 1]}, "metric_range[0]"),
+    ({"scheduler": {"name": "pop", "target": 5}}, "scheduler.target"),
 ])
 def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, field):
     spec = {**experiment(SCHEDULERS["asha"]), **change}
@@ -253,3 +257,17 @@ def test_pop_learns_its_prior_from_the_trials_unless_told_not_to():
         spec = parse_experiment(experiment({"name": "pop", "target": 0.9, "learn_prior": flag}))
         assert build_scheduler(spec).learn_prior is flag
     assert build_scheduler(parse_experiment(experiment({"name": "pop", "target": 0.9}))).learn_prior is True
+
+
+def test_the_metric_range_reaches_pop_and_earlyterm_as_they_see_the_metric():
+    from thrifty.runtime.tuning.experiment_file import build_scheduler
+
+    def built(scheduler, **changes):
+        return build_scheduler(parse_experiment(experiment(scheduler, **changes))).metric_range
+
+    pop = {"name": "pop", "target": 0.9}
+    assert built(pop) == (0.0, 1.0)                                      # max: an accuracy by default
+    assert built({"name": "pop", "target": 0.3}, mode="min") == (None, 0.0)  # min: a loss >= 0, seen as -loss
+    assert built({"name": "pop", "target": 2.0}, mode="min", metric_range=[1, None]) == (None, -1.0)
+    assert built({"name": "earlyterm"}, metric_range=[None, None]) == (None, None)
+    assert built({"name": "earlyterm"}, metric_range=[-5, 200]) == (-5.0, 200.0)

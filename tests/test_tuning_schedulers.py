@@ -688,3 +688,79 @@ def test_memoized_forecaster_keys_on_the_prior():
     b = memo([1, 2], [0.1, 0.2], 10, prior=CurvePrior(asymptote=(2.0, 0.5)))
     c = memo([1, 2], [0.1, 0.2], 10, prior=CurvePrior(asymptote=(2.5, 0.5)))
     assert a is b and a is not c and memo.misses == 2
+
+
+# --- the metric's range (a loss, a reward: not every metric is an accuracy in [0, 1]) -------
+
+class DecayingLoss:
+    """Config {"q": q} reports the score -(0.2 + q / k) at iteration k: a loss that falls towards 0.2."""
+
+    def metric(self, config, iteration):
+        return -(0.2 + config["q"] / iteration)
+
+    def iteration_s(self, config, iteration, atoms):
+        return 1.0 / atoms
+
+
+@pytest.mark.parametrize("make", [
+    lambda: POP(0.9, max_time=100, boundary=2),
+    lambda: EarlyTerm(boundary=2),
+])
+def test_a_metric_outside_the_forecasters_range_is_a_clear_error_at_its_first_report(make):
+    # the real forecaster fits within [0, 1] by default; a loss seen as -loss is outside it
+    executor = SimulatedExecutor(DecayingLoss())
+    with pytest.raises(ProblemError, match=r"trial 0 reported -1\.2 .* at iteration 1, outside the metric's "
+                                           r"range \[0, 1\] .* metric_range") as info:
+        run_experiment(make(), executor, configs(1.0, 0.5), total_atoms=1, max_iterations=12)
+    assert info.value.path == "metric_range"
+
+
+def test_pop_and_earlyterm_forecast_a_loss_within_its_range():
+    # as the schedulers see a loss: -loss, bounded above by 0 (the real forecaster warps by that headroom)
+    qs = (3.0, 2.0, 1.5, 0.6, 0.4)
+    pop = POP(-0.25, max_time=80, boundary=4, metric_range=(None, 0.0))
+    result = run_experiment(pop, SimulatedExecutor(DecayingLoss()), configs(*qs), total_atoms=2, max_iterations=16,
+                            target=-0.25)
+    winner = result.trials[4]
+    assert winner.metrics[-1] >= -0.25 and winner.iteration == 8  # q = 0.4: a loss of 0.25 at iteration 8
+    paused = pop.confidence  # the slow three, suspended at epoch 4: the slower, the less confident
+    assert set(paused) == {0, 1, 2} and paused[0] < paused[1] < paused[2] < 0.5
+    early = EarlyTerm(boundary=4, metric_range=(None, 0.0))
+    result = run_experiment(early, SimulatedExecutor(DecayingLoss()), configs(*qs), total_atoms=2, max_iterations=12)
+    assert all(t.state in (TrialState.COMPLETED, TrialState.TERMINATED) for t in result.trials)
+
+
+def test_the_forecaster_hears_of_the_range_only_when_it_is_not_the_default():
+    from types import SimpleNamespace
+
+    from thrifty.runtime.tuning.forecasting import forecast_trial
+
+    seen = []
+
+    def recording(epochs, values, max_epoch, *, seed=0, **bounds):
+        seen.append(bounds)
+        return FakeForecast(list(epochs), list(values))
+
+    trial = SimpleNamespace(trial_id=0, iteration=2, metrics=(-3.0, -2.0))
+    forecast_trial(recording, trial, {0: trial}, 10, learn_prior=False, metric_range=(None, 0.0))
+    forecast_trial(recording, trial, {0: trial}, 10, learn_prior=True, metric_range=(None, None))
+    forecast_trial(recording, trial, {0: trial}, 10, learn_prior=False)
+    assert seen == [{"lower": None, "upper": 0.0}, {"lower": None, "upper": None}, {}]
+    memo = Memoized(recording)
+    assert memo([1], [-2.0], 5, upper=0.0, lower=None) is not memo([1], [-2.0], 5)
+
+
+@pytest.mark.parametrize("bad, path", [
+    ((1.0, 0.0), "metric_range"), ((0.0, 0.0), "metric_range"), ((float("nan"), 1.0), r"metric_range\[0\]"),
+    ((0.0, "1"), r"metric_range\[1\]"), ((0.0,), "metric_range"), ("0-1", "metric_range"),
+])
+def test_bad_metric_ranges(bad, path):
+    for make in (lambda: POP(0.5, metric_range=bad), lambda: EarlyTerm(metric_range=bad)):
+        with pytest.raises(ProblemError, match=path):
+            make()
+
+
+def test_a_pop_target_outside_the_metric_range_cannot_be_reached():
+    with pytest.raises(ProblemError, match=r"`target` is 5\.0, outside metric_range \[0, 1\]"):
+        POP(5.0)
+    assert POP(5.0, metric_range=(None, None)).target == 5.0

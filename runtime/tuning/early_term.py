@@ -7,7 +7,7 @@ performance seen, and terminates the job if pval < delta = 0.05. Here y_hat is
 the best reported by any *other* trial: a trial that holds the global best is
 not compared with itself (Domhan compares a run with the best of the others;
 an interpretation, the paper does not say). The predictor is injected
-(`forecasting`), the real one by default.
+(`forecasting`), the real one by default; `metric_range` as in `POP`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import math
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning.base import Decision, check_positive
 from thrifty.runtime.tuning.fifo import FIFO
-from thrifty.runtime.tuning.forecasting import Forecaster, default_forecaster
+from thrifty.runtime.tuning.forecasting import (DEFAULT_RANGE, Forecaster, MetricRange, check_in_range,
+                                                check_metric_range, default_forecaster, range_keywords)
 from thrifty.runtime.tuning.trial import Report, Trial
 
 __all__ = ["EarlyTerm"]
@@ -27,13 +28,14 @@ class EarlyTerm(FIFO):
     name = "earlyterm"
 
     def __init__(self, boundary: int = 30, delta: float = 0.05, atoms_per_trial: int = 1,
-                 forecaster: Forecaster | None = None):
+                 forecaster: Forecaster | None = None, metric_range: MetricRange = DEFAULT_RANGE):
         super().__init__(atoms_per_trial)
         check_positive("boundary", boundary, integer=True)
         if not 0 < delta < 1:
             raise ProblemError(f"`delta` is {delta!r}, but must be in (0, 1)", path="delta")
         self.boundary = boundary
         self.delta = delta
+        self.metric_range = check_metric_range(metric_range)
         self.forecaster = forecaster if forecaster is not None else default_forecaster()
         self._best: list[tuple[float, int]] = []   # the two best (metric, trial id), distinct trials
 
@@ -49,6 +51,7 @@ class EarlyTerm(FIFO):
         self._best = sorted(((m, tid) for tid, m in entries.items()), reverse=True)[:2]
 
     def on_result(self, trial: Trial, report: Report) -> Decision:
+        check_in_range(trial, [report.metric], self.metric_range, "EarlyTerm", report.iteration)
         self._update_best(trial.trial_id, report.metric)
         if report.iteration % self.boundary:
             return Decision.CONTINUE
@@ -56,5 +59,6 @@ class EarlyTerm(FIFO):
         if y_hat == -math.inf:
             return Decision.CONTINUE
         max_epoch = self.experiment.max_iterations
-        fc = self.forecaster(list(range(1, trial.iteration + 1)), list(trial.metrics), max_epoch, seed=0)
+        fc = self.forecaster(list(range(1, trial.iteration + 1)), list(trial.metrics), max_epoch, seed=0,
+                             **range_keywords(self.metric_range))
         return Decision.STOP if fc.prob_at_least(y_hat, max_epoch) < self.delta else Decision.CONTINUE

@@ -11,6 +11,10 @@ Fields (``thrifty schema experiment`` prints the JSON Schema):
   drawn by random search with ``seed``, ``samples`` configurations in all;
 - ``metric`` (its name, for the table and the results) and ``mode``
   (``max`` or ``min``: a loss is minimised; schedulers see ``-value``);
+  ``metric_range`` (``[lower, upper]`` in the metric's own units, ``null``
+  for an open side; default ``[0, 1]`` for ``max``, an accuracy, and
+  ``[0, null]`` for ``min``, a loss): the range ``pop`` and ``earlyterm``
+  forecast learning curves within;
 - ``max_iterations`` (R: a trial that reaches it is complete);
 - ``scheduler``: a name, or an object with ``name`` and that scheduler's
   parameters: ``hypersched`` (HyperSched 4-5), ``asha`` (HyperSched 3.3),
@@ -36,13 +40,14 @@ from __future__ import annotations
 import importlib
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document
 from thrifty.datasets.validation import FieldPathError, json_path, validate_model
+from thrifty.runtime.tuning.forecasting import MetricRange, in_range, range_or_default, score_range, shown_range
 
 __all__ = ["ExperimentFile", "SCHEDULER_NAMES", "load_experiment", "parse_experiment", "experiment_json_schema",
            "build_search_space", "build_scheduler", "resolve_trainer"]
@@ -145,6 +150,10 @@ class ExperimentFile(_Spec):
     seed: int = 0
     metric: str = "accuracy"
     mode: Literal["max", "min"] = "max"
+    metric_range: Annotated[list[Annotated[float, Field(allow_inf_nan=False)] | None],
+                            Field(min_length=2, max_length=2)] | None = Field(
+        None, description="[lower, upper] of the metric, null for an open side (default [0, 1] for max, "
+                          "[0, null] for min)")
     max_iterations: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)]
     scheduler: SchedulerSpec
     deadline_s: PositiveFloat | None = None
@@ -171,6 +180,10 @@ class ExperimentFile(_Spec):
     def _rules(self) -> ExperimentFile:
         for name, value in self.search_space.items():
             _check_domain(name, value)
+        lower, upper = self.metric_range or (None, None)
+        if lower is not None and upper is not None and lower >= upper:
+            raise FieldPathError(("metric_range",), f"is [{lower:g}, {upper:g}], but its lower side must be below "
+                                 "its upper side")
         s = self.scheduler
         if isinstance(s, (HyperSchedSpec, ASHASpec, PlanSpec)) and s.min_iterations > self.max_iterations:
             raise FieldPathError(("scheduler", "min_iterations"),
@@ -181,6 +194,13 @@ class ExperimentFile(_Spec):
         if isinstance(s, POPSpec) and s.target is None and self.target is None:
             raise FieldPathError(("target",), "is required by pop (it classifies trials by their chance to "
                                  "reach it); or give scheduler.target")
+        if isinstance(s, POPSpec) and (s.target if s.target is not None else self.target) is not None:
+            where = ("scheduler", "target") if s.target is not None else ("target",)
+            target = s.target if s.target is not None else self.target
+            own = range_or_default(self.metric_range, self.mode)
+            if not in_range(cast(float, target), own):
+                raise FieldPathError(where, f"is {target:g}, outside metric_range {shown_range(own)}: no trial "
+                                     "could reach it (give the metric's range as metric_range)")
         if isinstance(s, POPSpec) and self.deadline_s is None and self.budget_usd is None:
             raise FieldPathError(("deadline_s",), "is required by pop (T_max, the experiment's time)")
         if isinstance(s, PlanSpec):
@@ -206,6 +226,11 @@ class ExperimentFile(_Spec):
     def score(self, value: float) -> float:
         """The metric as the schedulers see it (higher is better)."""
         return value if self.mode == "max" else -value
+
+    @property
+    def score_range(self) -> MetricRange:
+        """`metric_range` as the schedulers see it (higher is better)."""
+        return score_range(self.metric_range, self.mode)
 
     def value(self, score: float) -> float:
         """A score back in the metric's own units."""
@@ -317,11 +342,13 @@ def build_scheduler(experiment: ExperimentFile):
             assert target is not None  # the file's rules require one
             kill = None if s.kill_threshold is None else experiment.score(s.kill_threshold)
             return POP(experiment.score(target), boundary=s.boundary, kill_threshold=kill,
-                       atoms_per_trial=s.atoms_per_trial, learn_prior=s.learn_prior)
+                       atoms_per_trial=s.atoms_per_trial, learn_prior=s.learn_prior,
+                       metric_range=experiment.score_range)
         if isinstance(s, BanditSpec):
             return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial)
         if isinstance(s, EarlyTermSpec):
-            return EarlyTerm(boundary=s.boundary, delta=s.delta, atoms_per_trial=s.atoms_per_trial)
+            return EarlyTerm(boundary=s.boundary, delta=s.delta, atoms_per_trial=s.atoms_per_trial,
+                             metric_range=experiment.score_range)
         if isinstance(s, FIFOSpec):
             return FIFO(atoms_per_trial=s.atoms_per_trial)
     except ProblemError as e:

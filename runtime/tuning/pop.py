@@ -48,6 +48,13 @@ other jobs' confidences are those computed at their own last
 boundary, as in 5.3 ("the tail distribution across all currently active
 job's p values"). The predictor is injected (`forecasting`), the project's own
 (perfmodels.learning_curve) by default.
+
+`metric_range` (default ``[0, 1]``, accuracy) is the range of the metric as
+POP sees it (higher is better), which the forecaster fits within; a value
+reported outside it is bad input (a ProblemError naming ``metric_range``),
+checked at every result so that a run stops at the first one (a result below
+the kill threshold is not: that trial is killed, never forecast) and before
+every forecast.
 """
 
 from __future__ import annotations
@@ -58,7 +65,9 @@ from collections.abc import Sequence
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning.base import Decision, Scheduler, Start, check_atoms_per_trial, check_positive
-from thrifty.runtime.tuning.forecasting import Forecaster, default_forecaster, forecast_trial
+from thrifty.runtime.tuning.forecasting import (DEFAULT_RANGE, Forecaster, MetricRange, check_in_range,
+                                                check_metric_range, default_forecaster, forecast_trial, in_range,
+                                                shown_range)
 from thrifty.runtime.tuning.trial import Report, Trial, TrialState
 
 __all__ = ["POP", "confidence_and_ert", "promising_slots"]
@@ -111,7 +120,8 @@ class POP(Scheduler):
 
     def __init__(self, target: float, *, max_time: float | None = None, boundary: int = 10,
                  kill_threshold: float | None = None, min_confidence: float = 0.05, atoms_per_trial: int = 1,
-                 forecaster: Forecaster | None = None, learn_prior: bool = True):
+                 forecaster: Forecaster | None = None, learn_prior: bool = True,
+                 metric_range: MetricRange = DEFAULT_RANGE):
         super().__init__()
         if not isinstance(target, (int, float)) or not math.isfinite(target):
             raise ProblemError(f"`target` is {target!r}, but must be a finite number", path="target")
@@ -122,6 +132,10 @@ class POP(Scheduler):
             raise ProblemError(f"`min_confidence` is {min_confidence!r}, but must be in [0, 1)",
                                path="min_confidence")
         check_positive("atoms_per_trial", atoms_per_trial, integer=True)
+        self.metric_range = check_metric_range(metric_range)
+        if not in_range(target, self.metric_range):
+            raise ProblemError(f"`target` is {target!r}, outside metric_range {shown_range(self.metric_range)}: "
+                               "no trial could reach it", path="target")
         self.target = float(target)
         self._max_time = max_time
         self.boundary = boundary
@@ -180,6 +194,8 @@ class POP(Scheduler):
         n = report.iteration
         tid = trial.trial_id
         max_epoch = self.experiment.max_iterations
+        if self.kill_threshold is None or report.metric >= self.kill_threshold:  # below it: killed, not forecast
+            check_in_range(trial, [report.metric], self.metric_range, "POP", report.iteration)
         if n % self.boundary or n >= max_epoch:
             return Decision.CONTINUE
         if self.kill_threshold is not None and report.metric < self.kill_threshold:
@@ -202,8 +218,9 @@ class POP(Scheduler):
         horizon = min(math.floor(time_left / epoch_s), self.experiment.max_iterations - n) if time_left > 0 else 0
         if horizon <= 0:
             return 0.0, max(time_left, 0.0)
+        check_in_range(trial, trial.metrics, self.metric_range, "POP")
         fc = forecast_trial(self.forecaster, trial, self.experiment.trials, self.experiment.max_iterations,
-                            self.learn_prior)
+                            self.learn_prior, self.metric_range)
         reached_by = getattr(fc, "prob_reached_by", None)
         if reached_by is not None:  # first passage of the observed metric
             reach = [float(p) for p in reached_by(self.target, n + 1, n + horizon)]

@@ -67,6 +67,7 @@ from thrifty.datasets.optional import require
 from thrifty.runtime.tuning.base import Decision, ExperimentState, Scheduler, check_positive
 from thrifty.runtime.tuning.clock import RealClock
 from thrifty.runtime.tuning.executor_plan import record_result
+from thrifty.runtime.tuning.forecasting import score_range
 from thrifty.runtime.tuning.hypersched import HyperSched
 from thrifty.runtime.tuning.loop import SchedulerError
 from thrifty.runtime.tuning.pop import POP
@@ -372,15 +373,20 @@ class POPScheduler(TuneScheduler):
     """`POP` (promising / opportunistic / poor, with learning-curve confidence) for Ray Tune.
 
     `target` is the metric to reach (in the metric's own units: for
-    ``mode="min"`` a loss to get below); other keywords of `POP` (boundary,
+    ``mode="min"`` a loss to get below); `metric_range` the metric's
+    ``(lower, upper)`` in its own units, ``None`` for an open side (default
+    ``(0, 1)`` for ``mode="max"``, an accuracy, ``(0, None)`` for
+    ``mode="min"``, a loss); other keywords of `POP` (boundary,
     kill_threshold, max_time, ...) pass through."""
 
     def __init__(self, target: float, *, metric: str | None = None, mode: str | None = None,
                  total_atoms: int | None = None, max_iterations: int, deadline_s: float | None = None,
-                 resources_per_atom: Mapping[str, float] | None = None, **pop: Any):
+                 resources_per_atom: Mapping[str, float] | None = None,
+                 metric_range: tuple[float | None, float | None] | None = None, **pop: Any):
         if mode not in ("min", "max"):
             raise ProblemError(f"`mode` is {mode!r}, but POPScheduler needs 'min' or 'max' to read `target`",
                                path="mode")
+        pop["metric_range"] = score_range(metric_range, mode)
         if mode == "min":
             target = -target
             if pop.get("kill_threshold") is not None:
