@@ -38,7 +38,11 @@ decision overhead, and Ray Tune's own ASHA, one table each.
     under the prior learned from the experiment's longer-running trials. The
     forecaster's settings were chosen on digits-mlp only
     (benchmarks/curve_calibration.py --tune); noisy-digits-cnn was never looked
-    at while choosing. A diagnostic row runs POP with an oracle that knows
+    at while choosing. POP resumes a suspended trial more confident than a
+    new configuration can expect before starting one (``resume="confidence"``,
+    thrifty's; chosen on digits-mlp); the row "HyperDrive's job order" is POP
+    with every new configuration first (``resume="fifo"``, the paper's 4.2).
+    A diagnostic row runs POP with an oracle that knows
     each curve's future, to separate the policy from the predictor. Target:
     POP's median >= 1.5x faster than Bandit's at each headline target, not
     slower at any target, with a smaller spread (max - min).
@@ -195,6 +199,7 @@ def oracle_forecaster(traces):
 
 BANDIT = "Bandit (eps 0.5, b 4)"
 POP_NAME = "POP (b 4)"
+POP_FIFO = "POP (b 4), HyperDrive's job order"
 
 
 def replay_policies(target, t_max, forecaster, oracle):
@@ -203,6 +208,8 @@ def replay_policies(target, t_max, forecaster, oracle):
         BANDIT: lambda: Bandit(boundary=4, epsilon=0.5),
         "EarlyTerm (delta 0.05, b 12)": lambda: EarlyTerm(boundary=12, delta=0.05, forecaster=forecaster),
         POP_NAME: lambda: POP(target, max_time=t_max, boundary=4, kill_threshold=KILL, forecaster=forecaster),
+        POP_FIFO: lambda: POP(target, max_time=t_max, boundary=4, kill_threshold=KILL, forecaster=forecaster,
+                              resume="fifo"),
         "POP, oracle curves (diagnostic)": lambda: POP(target, max_time=t_max, boundary=4, kill_threshold=KILL,
                                                        forecaster=oracle),
     }

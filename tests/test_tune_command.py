@@ -211,6 +211,7 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"metric_range": [0, 1, 2]}, "metric_range"),
     ({"metric_range": ["low", 1]}, "metric_range[0]"),
     ({"scheduler": {"name": "pop", "target": 5}}, "scheduler.target"),
+    ({"scheduler": {"name": "pop", "target": 0.9, "resume": "lifo"}}, "scheduler.resume"),
 ])
 def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, field):
     spec = {**experiment(SCHEDULERS["asha"]), **change}

@@ -433,14 +433,40 @@ def test_pop_classifies_promising_opportunistic_and_poor():
 
 def test_pop_suspends_opportunistic_jobs_and_starts_new_ones():
     # one slot: S_deserved = 1 * p < 1 slot unless p = 1, so no job is promising and each is suspended at its
-    # boundary (p ~ 0.89 >= 0.05: not poor)
-    pop = POP(0.75, max_time=100, boundary=2, forecaster=fake_forecaster)
+    # boundary (p ~ 0.89 >= 0.05: not poor); HyperDrive's job order (4.2)
+    pop = POP(0.75, max_time=100, boundary=2, forecaster=fake_forecaster, resume="fifo")
     wl = TraceWorkload([Curve((0.5, 0.6, 0.7, 0.8), (1.0,) * 4)] * 3)
     result = run_experiment(pop, SimulatedExecutor(wl), wl.configs(range(3)), total_atoms=1, max_iterations=4)
     # new jobs first (0, 1, 2 for b epochs each), then the suspended ones round robin in suspension order
     assert report_order(result) == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2),
                                     (0, 3), (0, 4), (1, 3), (1, 4), (2, 3), (2, 4)]
     assert all(t.state == TrialState.COMPLETED and t.launches == 2 for t in result.trials)
+
+
+def test_pop_resumes_a_suspended_job_more_confident_than_a_new_configuration_can_expect():
+    # one slot, no job promising (1 * p < 1): trial 0 climbs (p high at epoch 2), trials 1-3 are flat at 0.5
+    # (p small but >= 0.05), so the mean first-boundary confidence is well below trial 0's
+    climbing = Curve((0.5, 0.6, 0.7, 0.8, 0.9, 0.95), (1.0,) * 6)
+    flat = Curve((0.5, 0.5, 0.5, 0.5, 0.5, 0.5), (1.0,) * 6)
+    wl = TraceWorkload([flat, climbing, flat, flat])
+
+    def run(resume):
+        pop = POP(0.75, max_time=100, boundary=2, forecaster=fake_forecaster, min_confidence=0.0, resume=resume)
+        result = run_experiment(pop, SimulatedExecutor(wl), wl.configs(range(4)), total_atoms=1, max_iterations=6,
+                                target=0.75)
+        return pop, result
+
+    pop, result = run("confidence")
+    # 0 (flat) then 1 (climbing) to their boundary; 1 is the most confident suspended job and beats the mean
+    # first-boundary confidence, so it resumes before 2 and 3 start, and reaches 0.8 at its epoch 4
+    assert report_order(result) == [(0, 1), (0, 2), (1, 1), (1, 2), (1, 3), (1, 4)]
+    assert result.end_reason == "target" and result.time_to_target == 6.0
+    assert pop.confidence[0] < pop.fresh_confidence() < 1.0 and len(pop.first_confidences) == 2
+    _, fifo = run("fifo")  # HyperDrive's order: every new configuration first
+    assert report_order(fifo)[:8] == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)]
+    assert fifo.time_to_target == 12.0  # after 0, 1, 2, 3 to epoch 2 and 0 to epoch 4
+    with pytest.raises(ProblemError, match="`resume` is 'lifo'"):
+        POP(0.75, resume="lifo")
 
 
 def test_bandit_action_elimination():
@@ -718,7 +744,7 @@ def test_a_metric_outside_the_forecasters_range_is_a_clear_error_at_its_first_re
 def test_pop_and_earlyterm_forecast_a_loss_within_its_range():
     # as the schedulers see a loss: -loss, bounded above by 0 (the real forecaster warps by that headroom)
     qs = (3.0, 2.0, 1.5, 0.6, 0.4)
-    pop = POP(-0.25, max_time=80, boundary=4, metric_range=(None, 0.0))
+    pop = POP(-0.25, max_time=80, boundary=4, metric_range=(None, 0.0), resume="fifo")
     result = run_experiment(pop, SimulatedExecutor(DecayingLoss()), configs(*qs), total_atoms=2, max_iterations=16,
                             target=-0.25)
     winner = result.trials[4]

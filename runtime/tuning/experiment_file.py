@@ -91,6 +91,9 @@ class POPSpec(_Spec):
     kill_threshold: float | None = Field(None, allow_inf_nan=False)
     atoms_per_trial: PositiveInt = 1
     learn_prior: bool = Field(True, description="forecast under a prior learned from the longer-running trials")
+    resume: Literal["confidence", "fifo"] = Field(
+        "confidence", description="which waits less: a suspended trial more confident than a new configuration "
+                                  "can expect (confidence), or every new configuration first (fifo, HyperDrive's)")
 
 
 class BanditSpec(_Spec):
@@ -343,7 +346,7 @@ def build_scheduler(experiment: ExperimentFile):
             kill = None if s.kill_threshold is None else experiment.score(s.kill_threshold)
             return POP(experiment.score(target), boundary=s.boundary, kill_threshold=kill,
                        atoms_per_trial=s.atoms_per_trial, learn_prior=s.learn_prior,
-                       metric_range=experiment.score_range)
+                       metric_range=experiment.score_range, resume=s.resume)
         if isinstance(s, BanditSpec):
             return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial)
         if isinstance(s, EarlyTermSpec):
