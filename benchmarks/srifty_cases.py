@@ -144,8 +144,7 @@ def plan_text(space: CaseSpace) -> tuple[str, str, float]:
     plan = solve(space.problem, space=space.space)
     wall = time.perf_counter() - t0
     if not plan.feasible:
-        needs = [r for r in plan.infeasibility.relaxations if "fields" in r]
-        need = needs[-1]["needed"] if needs else {}
+        need = plan.infeasibility.limits_needed()
         text = (f"fastest needs {need['limits.time_s']:.0f} s, ${need['limits.cost_usd']:.2f}"
                 if "limits.time_s" in need and "limits.cost_usd" in need else "-")
         return "infeasible", text, wall

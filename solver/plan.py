@@ -160,6 +160,14 @@ class Infeasibility(PlanRecord):
     reason: str = ""
     relaxations: list[dict[str, Any]]
 
+    def limits_needed(self, which: str = "fastest") -> dict[str, Any]:
+        """``needed`` of the joint relaxation of the time and cost limits that
+        admits the fastest (or, ``which="cheapest"``, the cheapest) plan within
+        the quotas: ``{"limits.time_s": ..., "limits.cost_usd": ...}``; empty
+        when there is none (a quota, not a limit, is what binds)."""
+        note = f"the {which} plan within the quotas"
+        return next((dict(r["needed"]) for r in self.relaxations if r.get("note") == note), {})
+
 
 class Plan(PlanRecord):
     """A training plan (module docstring). `solver` is None for a plan written

@@ -84,9 +84,9 @@ def row(path: Path, study: "CaseStudy") -> str:
     else:
         assert plan.infeasibility is not None  # solve() explains a problem without a plan
         config = "infeasible (" + ", ".join(plan.infeasibility.conflicts) + ")"
-        needs = [r for r in plan.infeasibility.relaxations if "fields" in r]
-        predicted = ("fastest plan needs " + f"{needs[-1]['needed']['limits.time_s']:.0f} s and "
-                     f"${needs[-1]['needed']['limits.cost_usd']:.2f}") if needs else "-"
+        need = plan.infeasibility.limits_needed()
+        predicted = (f"fastest plan needs {need['limits.time_s']:.0f} s and ${need['limits.cost_usd']:.2f}"
+                     if need else "-")
     return (f"| {path.stem} | {plan.objective} | {paper} | {measured} | {for_it} | {config} | {predicted} | "
             f"{plan.solver.wall_s:.2f} s |")
 
