@@ -40,7 +40,8 @@ Choices beyond the paper, documented here and selectable:
   ready. ``transfer="layer"`` is the paper's per-layer queue.
 - With DDP buckets, the forward pass also waits for DDP's broadcast of the
   model's buffers (``buffer_bytes`` in the profile; BatchNorm statistics),
-  priced as a lone allreduce of those bytes.
+  priced at half a lone allreduce of those bytes (one pass around the
+  ring, not two; `_buffer_broadcast_s`).
 - With DDP buckets, DDP's own per-iteration work besides the allreduce
   (``ddp_overhead_s`` in the profile: gradient copies into the buckets and
   back, hooks, collective launches; measured as DDP on a world of one
@@ -55,9 +56,10 @@ Choices beyond the paper, documented here and selectable:
   caches, so they are slower than alone, and a pass that follows a
   gradient exchange is slower than one that follows more compute (the
   profile measures both: its co-located workers exchange gradients in
-  every iteration, `thrifty.perfmodels.measure.colocated`). With more such workers than the host has cores (the
-  co-located points' ``host_cores``), each pass takes ``workers / cores``
-  times as long: the cores are time-shared.
+  every iteration, `thrifty.perfmodels.measure.colocated`). With more such
+  workers than the host has cores (the co-located points'
+  ``host_cores``), each pass takes ``workers / cores`` times as long: the
+  cores are time-shared.
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient
   zeroing), which the paper's formula leaves out; it is zero in profiles that
   do not measure it.

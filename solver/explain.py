@@ -94,7 +94,7 @@ import time
 from typing import Any
 
 import numpy as np
-from thrifty.solver.plan import Infeasibility
+from thrifty.solver.plan import Infeasibility, limits_note
 from thrifty.solver.problem import MAX_GLOBAL_BATCH
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Evaluation, TrainingSpace, group_sums
@@ -394,8 +394,7 @@ class _Analysis:
         assert best is not None  # order names at least one field, so the loop found a plan
         note = None
         if set(order) == set(LIMITS):
-            note = ("the cheapest plan within the quotas" if order[0] == "limits.cost_usd"
-                    else "the fastest plan within the quotas")
+            note = limits_note("cheapest" if order[0] == "limits.cost_usd" else "fastest")
         out = {"fields": list(order), "current": {n: self.current(n) for n in order}, "needed": dict(fixed),
                "changes": dict(fixed), **_consequence(self.space, best)}
         if note:

@@ -137,6 +137,12 @@ class SolverInfo(PlanRecord):
     details: dict[str, Any] = Field(default_factory=dict)  # the method's own figures, any keys
 
 
+def limits_note(which: str) -> str:
+    """The ``note`` of the relaxation of both limits that admits the
+    ``which`` ("fastest" or "cheapest") plan within the quotas."""
+    return f"the {which} plan within the quotas"
+
+
 class Infeasibility(PlanRecord):
     """Why no plan exists.
 
@@ -165,7 +171,7 @@ class Infeasibility(PlanRecord):
         admits the fastest (or, ``which="cheapest"``, the cheapest) plan within
         the quotas: ``{"limits.time_s": ..., "limits.cost_usd": ...}``; empty
         when there is none (a quota, not a limit, is what binds)."""
-        note = f"the {which} plan within the quotas"
+        note = limits_note(which)
         return next((dict(r["needed"]) for r in self.relaxations if r.get("note") == note), {})
 
 

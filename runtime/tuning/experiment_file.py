@@ -197,9 +197,8 @@ class ExperimentFile(_Spec):
         if isinstance(s, POPSpec) and s.target is None and self.target is None:
             raise FieldPathError(("target",), "is required by pop (it classifies trials by their chance to "
                                  "reach it); or give scheduler.target")
-        if isinstance(s, POPSpec) and (s.target if s.target is not None else self.target) is not None:
-            where = ("scheduler", "target") if s.target is not None else ("target",)
-            target = s.target if s.target is not None else self.target
+        if isinstance(s, POPSpec):
+            where, target = (("scheduler", "target"), s.target) if s.target is not None else (("target",), self.target)
             own = range_or_default(self.metric_range, self.mode)
             if not in_range(cast(float, target), own):
                 raise FieldPathError(where, f"is {target:g}, outside metric_range {shown_range(own)}: no trial "

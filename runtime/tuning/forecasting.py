@@ -104,8 +104,8 @@ def check_in_range(trial: Any, values: Sequence[float], metric_range: MetricRang
         raise ProblemError(
             f"trial {trial.trial_id} reported {values[outside]:g} (as {who} sees the metric, higher is better) at "
             f"iteration {first + outside}, outside the metric's range {shown_range(metric_range)} that {who} forecasts "
-            "within; give the "
-            "metric's range as metric_range ([lower, upper] in the metric's own units, null for an open side)",
+            "within; give the metric's range as metric_range ([lower, upper] in the metric's own units, null for "
+            "an open side)",
             path="metric_range")
 
 

@@ -158,6 +158,7 @@ class POP(Scheduler):
                                path="resume")
         self.resume = resume
         self.first_confidences: list[float] = []   # every trial's confidence at its first boundary
+        self._first_total = 0.0                     # their sum (choose reads the mean at every free slot)
         self.metric_range = check_metric_range(metric_range)
         if not in_range(target, self.metric_range):
             raise ProblemError(f"`target` is {target!r}, outside metric_range {shown_range(self.metric_range)}: "
@@ -215,7 +216,11 @@ class POP(Scheduler):
 
     def fresh_confidence(self) -> float:
         """What a configuration not yet started can expect: the mean first-boundary confidence (1 before any)."""
-        return sum(self.first_confidences) / len(self.first_confidences) if self.first_confidences else 1.0
+        return self._first_total / len(self.first_confidences) if self.first_confidences else 1.0
+
+    def _first_boundary(self, p: float) -> None:
+        self.first_confidences.append(p)
+        self._first_total += p
 
     def _most_confident_suspended(self) -> int | None:
         trials = self.experiment.trials
@@ -240,11 +245,11 @@ class POP(Scheduler):
             return Decision.CONTINUE
         if self.kill_threshold is not None and report.metric < self.kill_threshold:
             if n == self.boundary:
-                self.first_confidences.append(0.0)
+                self._first_boundary(0.0)
             return self._terminate(tid, f"below the kill threshold at epoch {n}")
         p, ert = self._confidence(trial)
         if n == self.boundary:
-            self.first_confidences.append(p)
+            self._first_boundary(p)
         if p < self.min_confidence:
             return self._terminate(tid, f"confidence {p:.3f} < {self.min_confidence} at epoch {n}")
         self.confidence[tid] = p
