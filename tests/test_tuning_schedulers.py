@@ -14,13 +14,15 @@ import pytest
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning import (ASHA, FIFO, POP, Bandit, CallableSearch, Choice, ConfigList, Decision,
                                     EarlyTerm, Exponential, GridSearch, HyperSched, IntUniform, LogUniform, Memoized,
-                                    RandomSearch, RealClock, SchedulerError, SimulatedExecutor, Start,
+                                    RandomSearch, RealClock, Report, SchedulerError, SimulatedExecutor, Start, Trial,
                                     SyntheticWorkload, TraceWorkload, TrialFailedError, TrialState, Uniform,
                                     configuration_orders, rung_milestones, run_experiment, synthetic_score,
                                     synthetic_search_space)
 from thrifty.runtime.tuning.bandit import action_elimination_continues
+from thrifty.runtime.tuning.executor_plan import record_result
 from thrifty.runtime.tuning.base import RunningMedian
 from thrifty.runtime.tuning.hypersched import should_enter, uniform_share, worth_resizing
+from thrifty.runtime.tuning.loop import Resumed
 from thrifty.runtime.tuning.pop import confidence_and_ert, promising_slots
 
 
@@ -467,6 +469,85 @@ def test_pop_resumes_a_suspended_job_more_confident_than_a_new_configuration_can
     assert fifo.time_to_target == 12.0  # after 0, 1, 2, 3 to epoch 2 and 0 to epoch 4
     with pytest.raises(ProblemError, match="`resume` is 'lifo'"):
         POP(0.75, resume="lifo")
+
+
+def resumed_from(result):
+    """What `thrifty tune --resume` reads back from a run's record: its trials (each with its whole history)
+    and every result in arrival order."""
+    trials, reports = [], []
+    for t in result.trials:
+        copy = Trial(t.trial_id, dict(t.config), state=t.state, created_at=t.created_at, ended_at=t.ended_at,
+                     checkpoint=t.checkpoint)
+        for i, metric in enumerate(t.metrics):
+            report = Report(t.trial_id, i + 1, metric, t.iteration_s[i], t.iteration_atoms[i], t.reported_at[i])
+            record_result(copy, report)
+            reports.append(report)
+        trials.append(copy)
+    reports.sort(key=lambda r: (r.at, r.trial_id, r.iteration))
+    return Resumed(trials, reports, result.ended_at)
+
+
+class Witness(FIFO):
+    """FIFO that notes, at every result, the reporting trial's iterations, every trial's iterations and the
+    experiment's clock."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_result(self, trial, report):
+        others = {t.trial_id: t.iteration for t in self.experiment.trials.values() if t.iteration}
+        self.seen.append((trial.trial_id, report.iteration, trial.iteration, others, self.experiment.now()))
+        return super().on_result(trial, report)
+
+
+def test_a_resumed_experiment_replays_each_result_as_the_scheduler_saw_it_then():
+    # the scheduler that replays a record sees every trial's history up to that result, at that result's time,
+    # not the histories the record ends with at the time of the restart
+    wl = curves_workload()
+    first = Witness()
+    before = run_experiment(first, SimulatedExecutor(wl), wl.configs([5, 1, 2]), total_atoms=2, max_iterations=4,
+                            deadline=5.5)
+    assert before.end_reason == "deadline" and before.results == len(first.seen)
+    again = Witness()
+    after = run_experiment(again, SimulatedExecutor(wl), wl.configs([5, 1, 2]), total_atoms=2, max_iterations=4,
+                           deadline=5.5, resume=resumed_from(before))
+    assert after.results == before.results
+    offset = -before.ended_at  # the resumed experiment started that long before its clock's zero
+    assert [s[:4] for s in again.seen] == [s[:4] for s in first.seen]
+    assert [s[1] for s in again.seen] == [s[2] for s in again.seen]  # the trial as it stood at that result
+    assert again.seen[-1][4] - again.seen[0][4] == pytest.approx(first.seen[-1][4] - first.seen[0][4])
+    assert again.seen[0][4] == pytest.approx(first.seen[0][4] + offset)
+
+
+def test_pop_resumed_keeps_the_confidences_it_had():
+    # a driver restarted with --resume rebuilds POP by replaying the record: the first-boundary confidences (what
+    # a new configuration can expect) and the suspended jobs' confidences are those of the run, forecast from the
+    # curves as they stood at each boundary, with the time that was left then (max_time 7: the horizon shrinks)
+    climbing = Curve((0.5, 0.6, 0.7, 0.8, 0.9, 0.95), (1.0,) * 6)
+    flat = Curve((0.5, 0.5, 0.5, 0.5, 0.5, 0.5), (1.0,) * 6)
+    wl = TraceWorkload([flat, climbing, flat, flat])
+    seen = []
+
+    def forecaster(epochs, values, max_epoch, *, seed=0):
+        seen.append(len(values))
+        return fake_forecaster(epochs, values, max_epoch, seed=seed)
+
+    def pop():
+        return POP(0.99, max_time=7, boundary=2, forecaster=forecaster, min_confidence=0.0)
+
+    first = pop()
+    before = run_experiment(first, SimulatedExecutor(wl), wl.configs(range(4)), total_atoms=1, max_iterations=6,
+                            deadline=5.5)
+    assert before.end_reason == "deadline" and len(first.first_confidences) >= 2
+    during, seen[:] = list(seen), []
+    again = pop()
+    run_experiment(again, SimulatedExecutor(wl), wl.configs(range(4)), total_atoms=1, max_iterations=6,
+                   deadline=5.5, resume=resumed_from(before))
+    assert seen == during  # the same prefixes forecast, in the same order
+    assert again.first_confidences == pytest.approx(first.first_confidences)
+    assert again.confidence == pytest.approx(first.confidence)
+    assert again.fresh_confidence() == pytest.approx(first.fresh_confidence())
 
 
 def test_bandit_action_elimination():

@@ -42,8 +42,11 @@ trials resume from their checkpoints when the scheduler promotes them;
 trials that were running without a checkpoint start again as new
 configurations (before any fresh draw). The scheduler is rebuilt by
 replaying the recorded results through ``on_result`` (its answers are
-ignored: what happened is recorded), then ``on_restored()`` lets it make
-its queues agree with the trials' states. Time already spent counts against
+ignored: what happened is recorded), each shown as the scheduler saw it in
+the run: every trial's history up to that result and the clock at its
+arrival (a forecast from a trial's whole curve would not be the one that
+was made), with ``on_trial_end`` after an ended trial's last result; then
+``on_restored()`` lets it make its queues agree with the trials' states. Time already spent counts against
 the deadline.
 """
 
@@ -59,7 +62,7 @@ from thrifty.datasets.errors import ProblemError, ThriftyError
 from thrifty.runtime.tuning.base import Decision, ExperimentState, Scheduler, Start, check_positive
 from thrifty.runtime.tuning.clock import Clock
 from thrifty.runtime.tuning.search_space import SearchSpace
-from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
+from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 
 __all__ = ["Executor", "Experiment", "ExperimentResult", "Resumed", "TrialFailedError", "SchedulerError",
            "run_experiment"]
@@ -196,15 +199,34 @@ class Experiment(ExperimentState):
             self.trial_list.append(trial)
 
     def _replay(self, resume: Resumed) -> None:
-        """The recorded results, through the freshly bound scheduler (answers ignored)."""
-        for report in resume.results:
-            report = Report(report.trial_id, report.iteration, report.metric, report.iteration_s, report.atoms,
-                            self.started_at + report.at, report.overhead_s)
-            trial = self.trial_list[report.trial_id]
-            self.scheduler.on_result(trial, report)
-            if report.overhead_s > 0:  # the first result after a launch
-                self.overheads.add(report.overhead_s)
-            self._count(report)
+        """The recorded results, through the freshly bound scheduler (answers ignored), each as the
+        scheduler saw it in the run: every trial's history up to that result, and the clock at its arrival
+        (a forecast from a trial's whole curve, or with the time left at the restart, is not what was decided);
+        a trial that ended is ended (`on_trial_end`) after its last result."""
+        whole = {trial.trial_id: _History.of(trial) for trial in self.trial_list}
+        for trial in self.trial_list:
+            whole[trial.trial_id].show(trial, 0)
+        live, self.clock = self.clock, _AtResult()
+        try:
+            for report in resume.results:
+                report = Report(report.trial_id, report.iteration, report.metric, report.iteration_s, report.atoms,
+                                self.started_at + report.at, report.overhead_s)
+                trial = self.trial_list[report.trial_id]
+                whole[trial.trial_id].show(trial, report.iteration)
+                self.clock.at = report.at
+                self.scheduler.on_result(trial, report)
+                if report.overhead_s > 0:  # the first result after a launch
+                    self.overheads.add(report.overhead_s)
+                self._count(report)
+                if trial.state in ENDED and report.iteration == len(whole[trial.trial_id].metrics):
+                    self.scheduler.on_trial_end(trial)  # as the run ended it, at (or after) its last result
+            for trial in self.trial_list:
+                if trial.state in ENDED and not whole[trial.trial_id].metrics:
+                    self.scheduler.on_trial_end(trial)
+        finally:
+            self.clock = live
+            for trial in self.trial_list:
+                whole[trial.trial_id].show(trial, None)
         self.scheduler.on_restored()
 
     # --- the loop -------------------------------------------------------------------
@@ -364,6 +386,40 @@ class Experiment(ExperimentState):
             trials=list(self.trial_list), ended_at=self.clock.now() - self.started_at, end_reason=reason,
             best_trial_id=best_id, best_metric=best_metric, time_to_target=self._time_to_target,
             results=self._results, decision_s=self._decision_s, failed=dict(self._failed))
+
+
+@dataclass(frozen=True)
+class _History:
+    """A resumed trial's recorded per-iteration history, shown up to an iteration while it is replayed."""
+
+    metrics: list[float]
+    iteration_s: list[float]
+    iteration_atoms: list[int]
+    reported_at: list[float]
+
+    @classmethod
+    def of(cls, trial: Trial) -> _History:
+        return cls(list(trial.metrics), list(trial.iteration_s), list(trial.iteration_atoms), list(trial.reported_at))
+
+    def show(self, trial: Trial, iterations: int | None) -> None:
+        """`trial` as it stood after `iterations` (None: all of them)."""
+        trial.metrics = self.metrics[:iterations]
+        trial.iteration_s = self.iteration_s[:iterations]
+        trial.iteration_atoms = self.iteration_atoms[:iterations]
+        trial.reported_at = self.reported_at[:iterations]
+        trial.train_s = float(sum(trial.iteration_s))
+
+
+class _AtResult:
+    """The clock a replay shows: the arrival time of the result being replayed (it never waits)."""
+
+    at = 0.0
+
+    def now(self) -> float:
+        return self.at
+
+    def sleep_until(self, t: float) -> None:
+        raise RuntimeError("a replay does not wait")
 
 
 def run_experiment(scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,

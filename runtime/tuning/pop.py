@@ -50,8 +50,10 @@ POP with oracle confidences only for the promising classification matched
 POP with oracle curves (1.75x Bandit), while oracle kills alone gave 1.29x,
 so the forecaster's confidence was lost in the job order, not in the kills.
 The rule was chosen on digits-mlp and is reported on noisy-digits-cnn too.
-A driver restarted with ``--resume`` forgets the first-boundary confidences
-and starts new configurations first until trials are evaluated again.
+A driver restarted with ``--resume`` rebuilds the first-boundary confidences
+and the suspended jobs' confidences by replaying the record, each result
+forecast from the curve as it stood then, with the time that was left then
+(the loop's replay; see `thrifty.runtime.tuning.loop`).
 
 Deviations, stated: HyperDrive reads ``P(y(n + m) >= y_target)`` as the
 probability of having reached the target by epoch n + m, which holds for a

@@ -71,7 +71,7 @@ from thrifty.runtime.tuning.forecasting import score_range
 from thrifty.runtime.tuning.hypersched import HyperSched
 from thrifty.runtime.tuning.loop import SchedulerError
 from thrifty.runtime.tuning.pop import POP
-from thrifty.runtime.tuning.trial import Report, Trial, TrialState
+from thrifty.runtime.tuning.trial import ENDED, Report, Trial, TrialState
 
 require("ray.tune", "ray")  # this module is the Ray integration: loaded only when asked for
 from ray.tune.execution.placement_groups import PlacementGroupFactory  # noqa: E402
@@ -242,7 +242,7 @@ class TuneScheduler(TrialScheduler):
     def on_trial_result(self, tune_controller: Any, trial: RayTrial, result: dict) -> str:
         view = self.experiment
         mine = self._mirror.get(trial.trial_id)
-        if mine is None or mine.state in (TrialState.TERMINATED, TrialState.COMPLETED, TrialState.FAILED):
+        if mine is None or mine.state in ENDED:
             return TrialScheduler.STOP  # not one of ours, or already ended
         if mine.state == TrialState.PAUSED or mine.trial_id in self._resizing:
             return TrialScheduler.PAUSE

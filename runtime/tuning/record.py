@@ -40,7 +40,7 @@ from typing import Any
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning.executor_plan import record_result
 from thrifty.runtime.tuning.loop import Executor, Resumed
-from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
+from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 
 __all__ = ["EventLog", "RecordingExecutor", "read_events", "read_history", "EVENTS"]
 
@@ -218,7 +218,7 @@ def read_history(events: list[dict[str, Any]], max_iterations: int,
             trial.state, trial.error = TrialState.FAILED, r.error
         else:
             trial.state = TrialState.COMPLETED if len(results) >= max_iterations else TrialState.TERMINATED
-        if trial.state in (TrialState.COMPLETED, TrialState.TERMINATED, TrialState.FAILED):
+        if trial.state in ENDED:
             trial.ended_at = r.ended_at
         trial.checkpoint = r.checkpoint if trial.state != TrialState.PENDING else None
         _fill(trial, results, r.launches, score)

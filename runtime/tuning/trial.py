@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["TrialState", "Trial", "Report", "Crash"]
+__all__ = ["TrialState", "Trial", "Report", "Crash", "ENDED"]
 
 
 class TrialState(str, Enum):
@@ -36,6 +36,8 @@ class TrialState(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
 
+
+ENDED = frozenset({TrialState.COMPLETED, TrialState.TERMINATED, TrialState.FAILED})  # final states
 
 
 @dataclass(frozen=True)
