@@ -269,15 +269,18 @@ class POP(Scheduler):
         horizon = min(math.floor(time_left / epoch_s), self.experiment.max_iterations - n) if time_left > 0 else 0
         if horizon <= 0:
             return 0.0, max(time_left, 0.0)
+        return confidence_and_ert(self._reach(trial, horizon), epoch_s, time_left)
+
+    def _reach(self, trial: Trial, horizon: int) -> list[float]:
+        """``P(y(n + m) >= y_target)`` for m = 1..`horizon` from the forecast of `trial`'s curve (epochs 1..n)."""
+        n = trial.iteration
         check_in_range(trial, trial.metrics, self.metric_range, "POP")
         fc = forecast_trial(self.forecaster, trial, self.experiment.trials, self.experiment.max_iterations,
                             self.learn_prior, self.metric_range)
         reached_by = getattr(fc, "prob_reached_by", None)
         if reached_by is not None:  # first passage of the observed metric
-            reach = [float(p) for p in reached_by(self.target, n + 1, n + horizon)]
-        else:
-            reach = [fc.prob_at_least(self.target, n + m) for m in range(1, horizon + 1)]
-        return confidence_and_ert(reach, epoch_s, time_left)
+            return [float(p) for p in reached_by(self.target, n + 1, n + horizon)]
+        return [fc.prob_at_least(self.target, n + m) for m in range(1, horizon + 1)]
 
     def _classify(self) -> None:
         slots = self.experiment.total_atoms
