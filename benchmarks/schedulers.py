@@ -52,8 +52,12 @@ decision overhead, and Ray Tune's own ASHA, one table each.
 (4) With ray installed: Ray Tune's own ASHAScheduler (stop-based) driven
     through the same loop on the synthetic workload, next to ours.
 
+Table (2)'s headline targets are also drawn as box plots, one panel per
+trace set (HyperDrive's Fig. 12c), to ``--plot`` (default
+``out/schedulers-time-to-target.png``).
+
 Run: ``python benchmarks/schedulers.py [--only 1,2,3,4] [--seeds 5] [--orders 25] [--jobs 2]
-[--synthetic-configs 200] [--sets digits-mlp,noisy-digits-cnn]``.
+[--synthetic-configs 200] [--sets digits-mlp,noisy-digits-cnn] [--plot PATH]``.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -227,11 +232,13 @@ def time_to_target(policies, workload, orders, target, startup_s):
     return out
 
 
-def table_2(n_orders: int, sets: list[str]) -> None:
-    """One table per trace set: every policy at the set's three targets."""
+def table_2(n_orders: int, sets: list[str], plot: Path | None = None) -> None:
+    """One table per trace set: every policy at the set's three targets;
+    with `plot`, box plots of the headline targets' times (HyperDrive Fig. 12c)."""
     from thrifty.perfmodels.learning_curve import forecast
 
     verdicts = []
+    headline: dict[str, tuple[float, dict[str, np.ndarray]]] = {}
     for name in sets:
         traces, workload, t_max, startup_s = load_replay(name)
         orders = configuration_orders(len(traces), n_orders, seed=0)
@@ -245,6 +252,8 @@ def table_2(n_orders: int, sets: list[str]) -> None:
             t.add_column(col, justify="left" if col == "policy" else "right")
         for k, target in enumerate(REPLAY_SETS[name]):
             times = time_to_target(replay_policies(target, t_max, memo, oracle), workload, orders, target, startup_s)
+            if k == 0:
+                headline[name] = (target, times)
             reach = sum(float(tr.accuracy.max()) >= target for tr in traces)
             bandit = np.median(times[BANDIT])
             for policy, ts in times.items():
@@ -266,6 +275,51 @@ def table_2(n_orders: int, sets: list[str]) -> None:
                       f"{time.perf_counter() - t0:.1f} s", markup=False)
     for line in verdicts:
         console.print(line, markup=False)
+    if plot is not None and headline:
+        plot_headline(headline, n_orders, plot)
+        console.print(f"figure: {plot}", markup=False)
+
+
+def _sideways() -> dict:
+    """boxplot's keyword for horizontal boxes: `orientation` from matplotlib 3.10 (`vert` is deprecated in 3.11)."""
+    import matplotlib
+
+    major, minor = (int(x) for x in matplotlib.__version__.split(".")[:2])
+    return {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
+
+
+def plot_headline(headline: dict[str, tuple[float, dict[str, np.ndarray]]], n_orders: int, path: Path) -> None:
+    """One panel per trace set: the distribution over configuration orders of
+    each policy's time to the headline target (box: quartiles, whiskers: min
+    and max, a dot per order), the median written beside each box."""
+    from matplotlib import ticker
+
+    from thrifty.runtime.plots import pyplot, save_png, wrap_title
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(headline), figsize=(8 * len(headline), 4.8), squeeze=False)
+    for ax, (name, (target, times)) in zip(axes[0], headline.items()):
+        policies = list(times)
+        data = [times[p][np.isfinite(times[p])] for p in policies]
+        ax.boxplot(data, whis=(0, 100), widths=0.6, medianprops={"color": "black"}, **_sideways())
+        rng = np.random.default_rng(0)  # jitter only: the dots of one policy apart
+        bandit = np.median(times[BANDIT])
+        for i, (policy, d) in enumerate(zip(policies, data), start=1):
+            ax.plot(d, i + rng.uniform(-0.18, 0.18, len(d)), ".", color="tab:blue", alpha=0.45, markersize=4)
+            ratio = "" if policy == BANDIT else f" ({bandit / np.median(times[policy]):.2f}x Bandit)"
+            ax.annotate(f"median {np.median(times[policy]):.2f}{ratio}", (1.02, i),
+                        xycoords=("axes fraction", "data"), va="center", fontsize=8)
+        ax.set_yticks(range(1, len(policies) + 1), policies, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlabel("time to target (replayed seconds, log scale)")
+        ax.set_title(wrap_title(f"{name}: target {target:g}, {n_orders} configuration orders, {MACHINES} machines",
+                                5.5, 10), fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    save_png(plt, fig, path)
 
 
 # --- (3) decision overhead -------------------------------------------------------------------
@@ -364,6 +418,8 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=25)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--sets", default=",".join(REPLAY_SETS), help="trace sets of table (2)")
+    parser.add_argument("--plot", type=Path, default=Path("out/schedulers-time-to-target.png"),
+                        help="box plots of table (2)'s headline targets")
     parser.add_argument("--synthetic-configs", type=int, default=SYNTHETIC_CONFIGS,
                         help="configurations per seed in tables (1) and (4); 0 = unbounded")
     args = parser.parse_args()
@@ -372,7 +428,7 @@ def main() -> None:
     if "1" in only:
         table_1(args.seeds, args.jobs)
     if "2" in only:
-        table_2(args.orders, args.sets.split(","))
+        table_2(args.orders, args.sets.split(","), args.plot)
     if "3" in only:
         table_3()
     if "4" in only:
