@@ -46,8 +46,8 @@ ignored: what happened is recorded), each shown as the scheduler saw it in
 the run: every trial's history up to that result and the clock at its
 arrival (a forecast from a trial's whole curve would not be the one that
 was made), with ``on_trial_end`` after an ended trial's last result; then
-``on_restored()`` lets it make its queues agree with the trials' states. Time already spent counts against
-the deadline.
+``on_restored()`` lets it make its queues agree with the trials' states.
+Time already spent counts against the deadline.
 """
 
 from __future__ import annotations
