@@ -77,6 +77,7 @@ class Informed(POP):
         super().__init__(target, **kwargs)
         self.accuracy = accuracy
         self.reaches = accuracy.max(axis=1) >= target
+        self.headroom = -np.log1p(1e-3 - accuracy)  # log headroom, -log(1 + 1e-3 - y): the nearest-prefix distance
         self.kill_at, self.promote, self.later_scale, self.nearest = kill_at, promote, later_scale, nearest
 
     def on_result(self, trial: Trial, report: Report) -> Decision:
@@ -98,7 +99,7 @@ class Informed(POP):
         if self.nearest is None:
             return super()._reach(trial, horizon)
         k, epochs = self.nearest
-        z = -np.log1p(1e-3 - self.accuracy)  # log headroom, as the forecaster warps
+        z = self.headroom
         lo = max(n - epochs, 0)
         distance = ((z[:, lo:n] - z[i, lo:n]) ** 2).mean(axis=1)
         distance[i] = np.inf
