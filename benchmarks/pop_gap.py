@@ -29,8 +29,20 @@ Rows, all at evaluation boundary b = 4 unless said:
   forecaster expects about twice the curves that do reach the target
   (``benchmarks/curve_calibration.py``); this corrects that crudely, on the
   right side.
-- ``b 2``: Bandit, POP and POP on oracle curves with the boundary at 2 epochs
-  (4% of 50, below HyperDrive's 5-10%), both policies alike.
+- ``b 2``: Bandit, POP, POP on oracle curves and POP with oracle promotion
+  with the boundary at 2 epochs (4% of 50, below HyperDrive's 5-10%), both
+  policies alike.
+
+Beside every POP row, ``winners stopped``: of the evaluations of a
+configuration that would reach the target (one per boundary it got to), how
+many ended it (the kill threshold, or confidence < 0.05), summed over the
+orders. A second table says what the prefixes hold, without any forecaster:
+at epochs 1, 2, 4 and 8, the AUC of the observed value for "reaches the
+target" over the set's configurations, and the winners' percentile ranks by
+that value (the share of configurations below each). A winner at the 60th
+percentile at the first boundary cannot be told from the losers around it
+by its curve, and POP can only give it the chance of a configuration like
+it.
 
 Every variant but the shipped rows and ``b 2`` uses knowledge of the traces
 and is a diagnostic, not a policy. Nothing here was chosen by looking at
@@ -127,11 +139,38 @@ def variants(target: float, t_max: float, accuracy: np.ndarray, forecaster, orac
         "Bandit (eps 0.5, b 2)": lambda: Bandit(boundary=2, epsilon=0.5),
         "POP (b 2)": pop(boundary=2),
         "POP (b 2), oracle curves": pop(boundary=2, predictor=oracle),
+        "POP (b 2), oracle promotion": pop(boundary=2, promote=True),
     }
 
 
-def run_set(job: tuple[str, int, list[str] | None]) -> tuple[str, float, dict[str, np.ndarray], float]:
-    """Times to the set's headline target under every variant (or the named ones)."""
+def winners_stopped(schedulers: list, reaches: np.ndarray) -> tuple[int, int]:
+    """(stopped, evaluated): a winning configuration's evaluations at a POP boundary, and those that ended it."""
+    stopped = evaluated = 0
+    for pop in schedulers:
+        for tid, trial in pop.experiment.trials.items():
+            if reaches[trial.config["trace"]]:
+                evaluated += trial.iteration // pop.boundary
+                stopped += tid in pop.killed
+    return stopped, evaluated
+
+
+def prefix_information(accuracy: np.ndarray, target: float, epochs=(1, 2, 4, 8)) -> list[tuple[int, float, list]]:
+    """(epoch, AUC of the value at that epoch for reaching `target`, winners' percentile ranks by it)."""
+    reaches = accuracy.max(axis=1) >= target
+    out = []
+    for e in epochs:
+        value = accuracy[:, e - 1]
+        below = [float((value < v).mean()) for v in value[reaches]]
+        losers = value[~reaches]
+        # Mann-Whitney: the share of (winner, loser) pairs ordered right, a tie counting half
+        auc = sum(float((losers < v).sum() + (losers == v).sum() / 2) for v in value[reaches]) / (
+            reaches.sum() * len(losers))
+        out.append((e, auc, sorted(below)))
+    return out
+
+
+def run_set(job: tuple[str, int, list[str] | None]) -> tuple[str, float, dict[str, np.ndarray], float, dict]:
+    """Times to the set's headline target under every variant (or the named ones), and POP's winner stops."""
     from thrifty.perfmodels.learning_curve import forecast
 
     name, n_orders, only = job
@@ -140,9 +179,19 @@ def run_set(job: tuple[str, int, list[str] | None]) -> tuple[str, float, dict[st
     accuracy = np.array([t.accuracy for t in traces])
     orders = configuration_orders(len(traces), n_orders, seed=0)
     every = variants(target, t_max, accuracy, Memoized(forecast), oracle_forecaster(traces))
-    chosen = {k: v for k, v in every.items() if only is None or k in only}
+    made: dict[str, list] = {k: [] for k in every if only is None or k in only}
+
+    def kept(key):
+        def make():
+            made[key].append(every[key]())
+            return made[key][-1]
+        return make
+
     t0 = time.perf_counter()
-    return name, target, time_to_target(chosen, workload, orders, target, startup_s), time.perf_counter() - t0
+    times = time_to_target({k: kept(k) for k in made}, workload, orders, target, startup_s)
+    reaches = accuracy.max(axis=1) >= target
+    stops = {k: winners_stopped(v, reaches) for k, v in made.items() if isinstance(v[0], POP)}
+    return name, target, times, time.perf_counter() - t0, stops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,19 +211,30 @@ def main(argv: list[str] | None = None) -> int:
         parts = [r for r in results if r[0] == name]
         target = parts[0][1]
         times = {k: v for part in parts for k, v in part[2].items()}
+        stops = {k: v for part in parts for k, v in part[4].items()}
         t = Table(title=f"{name} at {target:g} (headline): median time to target over {args.orders} orders, "
                         f"{MACHINES} machines (replayed seconds); ratio = Bandit (b 4) median / median",
                   title_justify="left")
-        for col in ("variant", "median", "p25", "p75", "spread", "reached", "x Bandit (b 4)"):
+        for col in ("variant", "median", "p25", "p75", "spread", "reached", "x Bandit (b 4)", "winners stopped"):
             t.add_column(col, justify="left" if col == "variant" else "right")
         bandit = float(np.median(times["Bandit (eps 0.5, b 4)"]))
         for variant in names:
             ts = times[variant]
             t.add_row(variant, f"{np.median(ts):.2f}", f"{np.quantile(ts, 0.25):.2f}", f"{np.quantile(ts, 0.75):.2f}",
                       f"{np.ptp(ts):.2f}", f"{int(np.isfinite(ts).sum())}/{len(ts)}",
-                      f"{bandit / np.median(ts):.2f}x")
+                      f"{bandit / np.median(ts):.2f}x",
+                      f"{stops[variant][0]}/{stops[variant][1]}" if variant in stops else "-")
         console.print(t)
         console.print(f"({sum(p[3] for p in parts):.0f} s of replay)", markup=False)
+        accuracy = np.array([trace.accuracy for trace in load_replay(name)[0]])
+        info = Table(title=f"{name}: what the prefixes hold about reaching {target:g} "
+                           f"({int((accuracy.max(axis=1) >= target).sum())} of {len(accuracy)} configurations do)",
+                     title_justify="left")
+        for col in ("epoch", "AUC of the value", "winners' percentile ranks by the value"):
+            info.add_column(col, justify="left" if col.startswith("winners") else "right")
+        for epoch, auc, ranks in prefix_information(accuracy, target):
+            info.add_row(str(epoch), f"{auc:.3f}", ", ".join(f"{r:.2f}" for r in ranks))
+        console.print(info)
     return 0
 
 
