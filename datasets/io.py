@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,21 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to `path` so that a reader sees the old file or the new one,
     never half of it: a temporary file in the same folder, fsync, rename. A new
     file gets ``0o666 & ~umask``, like any file the user creates; a replaced
-    file keeps its mode."""
+    file keeps its mode. A path that cannot hold a file (a folder there, a
+    file where its folder should be, no permission) is a `ProblemError`
+    naming it."""
     path = Path(path)
+    try:
+        _write_replacing(path, data)
+    except _UNWRITABLE as e:  # the place named cannot hold the file: bad input, not a crash
+        raise ProblemError(f"cannot be written: {e.strerror or e}", source=str(path)) from None
+
+
+# where a file cannot go: a folder in its place, a file in its folder's place, no permission
+_UNWRITABLE = (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError)
+
+
+def _write_replacing(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode: int | None = os.stat(path).st_mode & 0o7777
@@ -96,13 +110,38 @@ def _parse(path: Path, kind: str, loads: Any, syntax: type[Exception], where: An
         raise ProblemError(f"not valid {kind}: {where(e)}", source=str(path)) from None
     except RecursionError:
         raise ProblemError(f"not usable {kind}: nested too deeply", source=str(path)) from None
+    except _DuplicateKey as e:
+        raise ProblemError(f"not usable {kind}: {e}", source=str(path)) from None
     except ValueError as e:
+        if "int_max_str_digits" in str(e) or "Exceeds the limit" in str(e):
+            raise ProblemError(f"not usable {kind}: a number has more than {sys.get_int_max_str_digits():,} digits",
+                               source=str(path)) from None
         raise ProblemError(f"not usable {kind}: {e}", source=str(path)) from None
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: with a key twice, JSON readers keep one of the values
+    silently (Python's the last), so a file's author cannot know which one counts."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(f"the key {json.dumps(key)} is given twice in one object; give it once")
+        obj[key] = value
+    return obj
+
+
+def _loads_json(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Load a JSON file; a missing or malformed file is a `ProblemError` naming it."""
-    return _parse(Path(path), "JSON", json.loads, json.JSONDecodeError,
+    """Load a JSON file; a missing or malformed file, or an object with a key given twice, is a
+    `ProblemError` naming it."""
+    return _parse(Path(path), "JSON", _loads_json, json.JSONDecodeError,
                   lambda e: f"{e.msg} at line {e.lineno} column {e.colno}")
 
 

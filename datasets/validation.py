@@ -155,12 +155,18 @@ def _first_error(errors: list[ErrorDetails]) -> ErrorDetails:
 
 
 def validate_model(model: type[M], data: Any, source: str | None = None,
-                   path_of: Callable[[tuple[Any, ...]], str] = json_path) -> M:
+                   path_of: Callable[[tuple[Any, ...]], str] = json_path, *, strict: bool = True) -> M:
     """`model.model_validate(data)`, with a `ProblemError` naming the JSON path;
     `path_of` names the location of a field instead (``('seconds',)`` ->
-    ``row 3 (line 4), field 'seconds'`` for a row of a CSV file)."""
+    ``row 3 (line 4), field 'seconds'`` for a row of a CSV file).
+
+    `strict` (pydantic's strict mode, the default): a value must have its
+    field's JSON type, so ``true`` or ``"1024"`` given for a number, or ``1``
+    for a flag, is refused rather than read as 1, 1024 or true (an integer is
+    still a number). A CSV row, whose fields are all text, is read with
+    ``strict=False``."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except pydantic.ValidationError as e:
         errors = e.errors(include_url=False)
         first = _first_error(errors)

@@ -14,8 +14,12 @@ from dataclasses import dataclass
 
 from thrifty.datasets.catalog import Catalog, InstanceType
 from thrifty.datasets.errors import ProblemError
+from thrifty.datasets.validation import short_value
 
 __all__ = ["MachineGroup", "parse_cluster", "format_cluster", "world_size", "instance_count"]
+
+MAX_MACHINES = 10_000  # machines of one type: above any cloud account's quota (a problem's quota bound too)
+MAX_BATCH = 2**20      # samples per machine: 16x the largest published data-parallel batch
 
 _PART = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([A-Za-z0-9][A-Za-z0-9.\-_]*)\s*@\s*(\d+)\s*$")
 
@@ -27,10 +31,11 @@ class MachineGroup:
     batch: int  # per machine, split evenly over its GPUs
 
     def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ProblemError(f"count is {self.count}, but must be at least 1")
-        if self.batch < 1:
-            raise ProblemError(f"batch is {self.batch}, but must be at least 1")
+        for name, value, most in (("count", self.count, MAX_MACHINES), ("batch", self.batch, MAX_BATCH)):
+            if value < 1:
+                raise ProblemError(f"{name} is {value}, but must be at least 1")
+            if value > most:
+                raise ProblemError(f"{name} is {short_value(value)}, but must be at most {most:,}")
 
     @property
     def devices(self) -> int:

@@ -27,7 +27,9 @@ batches cannot add up even with no quota, ``[global_batch]`` is the one set.
 Past `MUS_MAX_CONSTRAINTS` constraints, `MUS_BUDGET_S` seconds or a test
 CP-SAT cannot decide in `CPSAT_TEST_S` (spaces above `EXHAUSTIVE_TEST_LIMIT`
 candidates), the sets found so far are returned and marked incomplete (z3's
-unsat core when none was found).
+unsat core when none was found, said to be not shown minimal; none when z3
+cannot decide in its time either). A search stopped by its time limit
+without a plan is not analysed: the problem may have one.
 
 Relaxations
 -----------
@@ -119,7 +121,18 @@ Values = dict[str, Any]
 
 
 def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasibility:
-    """The conflict sets and relaxations of `space`'s problem (module docstring)."""
+    """The conflict sets and relaxations of `space`'s problem (module docstring).
+
+    `proven` false: the search stopped at its time limit without a plan, so
+    the problem may well have one; nothing is analysed (the analysis would
+    claim conflicts the search never established, and take longer than the
+    limit the user gave) and the answer says so: no conflict sets, marked
+    incomplete, no relaxations."""
+    if not proven:
+        reason = ("no feasible plan was found within the time limit (not proven infeasible: the search stopped "
+                  "before it could finish); give the solver more time")
+        return Infeasibility(conflicts=[], relaxations=[], reason=reason, conflict_sets=[],
+                             conflict_sets_complete=False, conflict_reasons=[])
     analysis = _Analysis(space)
     sets, complete = analysis.conflict_sets()
     members = analysis.names + ["global_batch"]
@@ -132,8 +145,10 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
         reason = f"{len(sets)} separate conflicts: " + "; ".join(reasons)
     else:
         reason = "no plan meets the limits"
-    if not proven:
-        reason = "no feasible plan was found within the time limit (not proven infeasible); " + reason
+    if analysis.from_core:  # one set: its reason is the answer's
+        caveat = (" (z3's unsat core: these conflict together, but there were more constraints than the analysis "
+                  "could check in its time, so the set is not shown minimal: relaxing one member may not be enough)")
+        reason, reasons = reason + caveat, [r + caveat for r in reasons]
     return Infeasibility(conflicts=conflicts, relaxations=relaxations, reason=reason, conflict_sets=sets,
                          conflict_sets_complete=complete, conflict_reasons=reasons)
 
@@ -204,6 +219,7 @@ class _Analysis:
         self.unbounded = {f"instances[{c.index}].quota": max(c.quota, problem.global_batch // c.batches[0])
                           if c.batches else c.quota for c in space.choices}
         self.pool: dict[tuple, Evaluation] = {e.candidate: e for e in space.history}
+        self.from_core = False  # the conflict set is z3's unsat core, not shown minimal
 
     # -- variants -------------------------------------------------------------------
     def current(self, name: str) -> Any:
@@ -274,8 +290,9 @@ class _Analysis:
             from thrifty.solver.smt import unsat_core
 
             core = unsat_core(self.space, deadline_s=CORE_TIME_S)
-            found = [set(core or self.limits)]
-            complete = False
+            if not core:  # z3 could not decide in its time either: no conflict is known
+                return [], False
+            found, complete, self.from_core = [set(core)], False, True
         sets = []
         for members in found:
             names = _ordered(list(members))

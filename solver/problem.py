@@ -35,6 +35,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document
 from thrifty.datasets.validation import FieldPathError, short_value, validate_model
+from thrifty.perfmodels.cluster import MAX_MACHINES
 
 __all__ = [
     "Limits",
@@ -59,7 +60,7 @@ DAY_S = 86_400.0
 MAX_GLOBAL_BATCH = 2**20          # 1M samples: 16x the largest published data-parallel batch (64K); the
                                   # batch DP and the explanation of an infeasible answer stay within seconds
 MAX_ITERATIONS = 10**9            # 32 years at 1 s per iteration; N x iteration time fits the ILP's int64 us
-MAX_QUOTA = 10_000                # machines of one type in one market: above any cloud account's quota
+MAX_QUOTA = MAX_MACHINES          # machines of one type in one market: above any cloud account's quota
 MAX_INSTANCE_CHOICES = 256        # (type, market) pairs: every type of a large catalog, in both markets
 MAX_BATCH_LIST = 64               # explicit per-machine batches: more than every power of two up to 2^24
 MAX_DP_CELLS = 2**26              # global_batch x instance choices: the batch DP's arrays (64 MB of flags)

@@ -114,6 +114,33 @@ def test_run_dry_run_prints_the_machines_and_prediction_and_starts_nothing(capsy
     assert "2 x local-a (spot), batch 32 per machine" in text and "nothing was started" in text
 
 
+def test_run_dry_run_refuses_the_plan_a_run_would_refuse(capsys, tmp_path, monkeypatch):
+    """A dry run checks the plan against the problem as a run does (a review found it printed a plan whose
+    batches did not add up, and a trainer that does not import, and exited 0)."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    problem = str(Path(__file__).resolve().parents[1] / DEMO_SRIFTY54)
+    assert main(["solve", problem, "--out", "plan.json"]) == 0
+    plan = json.loads(Path("plan.json").read_text())
+    for change, where in (({"batch_per_instance": 7}, "allocation: places"), ({"count": 50}, "allocation[0].count"),
+                          ({"instance_type": "g9.huge"}, "allocation[0]: g9.huge")):
+        Path("bad.json").write_text(json.dumps({**plan, "allocation": [{**plan["allocation"][0], **change}]}))
+        assert main(["run", "bad.json", "--problem", problem, "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert f"bad.json: {where}" in err and "Traceback" not in err, err
+    capsys.readouterr()
+    assert main(["run", "plan.json", "--problem", problem, "--dry-run", "--trainer", "no_such_module_xyz:f"]) == 2
+    assert "no_such_module_xyz" in capsys.readouterr().err
+    assert main(["run", "plan.json", "--problem", problem, "--dry-run"]) == 0
+
+
+def test_simulate_refuses_a_machine_count_no_account_has(capsys):
+    assert main(["simulate", "--model", "resnet50", "--config", "99999999999xg5.12xlarge@8"]) == 2
+    assert "count is" in capsys.readouterr().err
+
+
 def test_run_with_a_cluster_it_does_not_know_is_bad_input(capsys):
     from pathlib import Path
 

@@ -275,3 +275,31 @@ def test_tuning_deadline_relaxation_is_tight() -> None:
     assert solve({**doc, "deadline_s": r["needed"]}).feasible
     assert solve({**doc, "deadline_s": float(limit_text(r["needed"]).replace(",", ""))}).feasible
     assert not solve({**doc, "deadline_s": r["needed"] * 0.99}).feasible
+
+
+def test_a_search_stopped_by_its_time_limit_claims_no_conflict() -> None:
+    """No plan found in time is not a proof: nothing is analysed (no conflict sets, no relaxations), and the
+    reason says the problem was not proven infeasible (a review found a time limit blamed for a plan the
+    search had no time to find)."""
+    from thrifty.solver.explain import explain_infeasibility
+
+    space = space_of(parse_problem(VGG))
+    why = explain_infeasibility(space, proven=False)
+    assert why.conflict_sets == [] and why.relaxations == [] and not why.conflict_sets_complete
+    assert "not proven infeasible" in why.reason
+
+
+def test_an_undecided_unsat_core_is_no_conflict(monkeypatch) -> None:
+    """Past the constraints MARCO enumerates, z3's core names the conflict; when z3 cannot decide in its
+    time either, no conflict is known, and none is claimed (before, the limits were named)."""
+    import thrifty.solver.explain as explain
+    import thrifty.solver.smt as smt
+
+    monkeypatch.setattr(smt, "unsat_core", lambda space, deadline_s: None)
+    types = ["g4dn.xlarge", "g4dn.2xlarge", "g4dn.4xlarge", "g4dn.8xlarge", "g4dn.12xlarge", "p3.2xlarge"]
+    choices = [{"instance_type": t, "market": m, "quota": 1} for t in types for m in ("spot", "on_demand")]
+    assert len(choices) + 1 > explain.MUS_MAX_CONSTRAINTS
+    plan = solve({"kind": "training", "model": "resnet50", "global_batch": 256, "iterations": 1000,
+                  "instances": choices, "limits": {"time_s": 1}})
+    assert plan.status == "infeasible" and plan.solver.details["proven"] and plan.infeasibility.conflict_sets == []
+    assert not plan.infeasibility.conflict_sets_complete

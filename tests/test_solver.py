@@ -188,6 +188,12 @@ BASE = problem_dict([("a1", "on_demand", 4)], 256, 100, "min_cost")
     (("limits", "cost_usd"), -1.0, r"limits\.cost_usd: .*greater than 0"),
     (("objective",), "max_fun", r"objective"),
     (("instances",), [], r"instances: .*at least 1"),
+    # another JSON type is refused, not converted (true is not 1, "1024" is not 1024, 1 is not true)
+    (("global_batch",), True, r"global_batch: .*valid integer \(given True\)"),
+    (("global_batch",), "256", r"global_batch: .*valid integer \(given '256'\)"),
+    (("limits", "time_s"), True, r"limits\.time_s: .*valid number"),
+    (("limits", "time_s"), "100", r"limits\.time_s: .*valid number"),
+    (("instances", 0, "quota"), True, r"instances\[0\]\.quota: .*valid integer"),
 ])
 def test_bad_field_names_json_path(path, value, match):
     data = json.loads(json.dumps(BASE))
@@ -234,6 +240,48 @@ def test_cli_bad_problem_exits_2_without_traceback(tmp_path, capsys):
     assert main(["solve", str(path)]) == 2
     err = capsys.readouterr().err
     assert "iterations" in err and "Traceback" not in err
+
+
+def test_a_number_where_a_float_goes_is_still_a_number():
+    assert parse_problem({**BASE, "limits": {"time_s": 100}}).limits.time_s == 100.0
+
+
+@pytest.mark.parametrize("where", ["a-file/plan.json", "a-folder"])
+def test_cli_an_output_that_cannot_be_written_exits_2_before_solving(tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(BASE))
+    for flag in ("--out", "--plot"):
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error: nothing was solved or written
+            main(["solve", str(path), flag, str(tmp_path / where)])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and flag in err and "Traceback" not in err, err
+
+
+def test_an_atomic_write_where_no_file_can_be_is_a_problem_error(tmp_path):
+    from thrifty.datasets.io import atomic_write_text
+
+    (tmp_path / "a-file").write_text("x")
+    for where in (tmp_path, tmp_path / "a-file" / "plan.json"):
+        with pytest.raises(ProblemError, match="cannot be written"):
+            atomic_write_text(where, "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no temporary file left
+
+
+def test_cli_a_key_given_twice_is_refused_not_silently_the_last(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(BASE)[:-1] + ', "global_batch": 512}')
+    assert main(["solve", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and 'the key "global_batch" is given twice' in err and "Traceback" not in err, err
+
+
+def test_cli_an_error_found_past_the_schema_names_the_file(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**BASE, "model": "resnet9000"}))
+    assert main(["solve", str(path)]) == 2
+    assert f"{path}: instances[0].instance_type: unknown instance type 'a1'" in capsys.readouterr().err
 
 
 def test_cli_malformed_json_exits_2(tmp_path, capsys):

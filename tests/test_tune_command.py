@@ -212,6 +212,30 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"metric_range": ["low", 1]}, "metric_range[0]"),
     ({"scheduler": {"name": "pop", "target": 5}}, "scheduler.target"),
     ({"scheduler": {"name": "pop", "target": 0.9, "resume": "lifo"}}, "scheduler.resume"),
+    # a value of another JSON type is refused, not converted
+    ({"samples": True}, "samples"),
+    ({"samples": "4"}, "samples"),
+    ({"deadline_s": "120"}, "deadline_s"),
+    ({"resources": {"atoms": True}}, "resources.atoms"),
+    ({"scheduler": {"name": "asha", "eta": "3"}}, "scheduler.eta"),
+    # numbers no run could use
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**70}, "seed"),
+    ({"threads": 10**9}, "threads"),
+    ({"deadline_s": 1e300}, "deadline_s"),
+    ({"budget_usd": 1e300, "resources": {"atoms": 2, "usd_per_atom_hour": 1}}, "budget_usd"),
+    ({"iteration_timeout_s": 1e300}, "iteration_timeout_s"),
+    ({"target": 5}, "target"),
+    # the name is the results folder's
+    ({"name": "../../escaped"}, "name"),
+    ({"name": ".hidden"}, "name"),
+    ({"name": "\ud800"}, "name"),
+    ({"name": "\x1b[31mred"}, "name"),
+    # what the trainer takes, and where the trials run
+    ({"trainer_args": {"no_such_kw": 1}}, "trainer_args.no_such_kw"),
+    ({"search_space": {"depth": {"choice": [1, 2]}}}, "search_space.depth"),
+    ({"trainer_args": {"hidden": 8}}, "trainer_args.hidden"),
+    ({"cluster": "nonsense"}, "cluster"),
 ])
 def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, field):
     spec = {**experiment(SCHEDULERS["asha"]), **change}
@@ -221,6 +245,47 @@ def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, 
     assert main(["tune", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{field}:" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"trainer": "no_such_module_xyz:make"}, "trainer"),
+    ({"trainer": "thrifty.runtime.tuning.examples:no_such_factory"}, "trainer"),
+    ({"trainer_args": {"no_such_kw": 1}}, "trainer_args.no_such_kw"),
+    ({"cluster": "nonsense"}, "cluster"),
+])
+def test_a_dry_run_checks_what_a_run_would_before_it_starts(tmp_path, capsys, change, field):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**experiment(SCHEDULERS["asha"]), **change}))
+    assert main(["tune", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}:" in err and "Traceback" not in err, err
+
+
+def test_a_trainer_that_needs_an_argument_nobody_gives_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    module = tmp_path / "needs_width.py"
+    module.write_text("def make(width, lr=0.1):\n    raise AssertionError('never called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(experiment(SCHEDULERS["asha"], trainer="needs_width:make",
+                                          search_space={"lr": {"uniform": [0.1, 0.2]}})))
+    assert main(["tune", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "trainer:" in err and "'width'" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["a-file/out", "a-file"])
+def test_an_output_that_cannot_be_written_exits_2_before_the_run(tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("x")
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(experiment(SCHEDULERS["asha"])))
+    for argv, flag in ((["--out", str(tmp_path / where)], "--out"),
+                       (["--out", str(tmp_path / "out"), "--plot", str(tmp_path)], "--plot")):
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error
+            main(["tune", str(path), *argv])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and flag in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
 
 

@@ -506,7 +506,7 @@ class LearnedAllreduce:
             "submodels": submodels,
         }
         what = f"the allreduce model of {', '.join(sorted(self.coverage)) or 'no instance type'}"
-        return validate_model(AllreduceModelFile, data, source=what)
+        return validate_model(AllreduceModelFile, data, source=what, strict=False)  # built here: tuples
 
     def to_json(self) -> dict[str, Any]:
         """The saved form as JSON data; boosters in xgboost JSON."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["int_at_least", "positive_float", "non_negative_float"]
+__all__ = ["int_at_least", "positive_float", "non_negative_float", "output_file", "output_folder"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -47,3 +49,50 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} must be zero or a positive number")
     return value
+
+
+def _writable_from(folder: Path, text: str) -> None:
+    """The first folder of `folder` and its parents that exists must be a folder we can write in (the rest is
+    made on writing)."""
+    try:
+        while not folder.exists():
+            folder = folder.parent
+    except ValueError:  # a NUL byte
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name: it contains a NUL byte") from None
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: '{folder}' is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: no permission to write in '{folder}'")
+
+
+def output_file(text: str) -> str:
+    """A file a command will write, checked before the command does any work (so that nothing is computed, or
+    half written, for an output that cannot be): not a folder, under a folder that exists or can be made, in
+    which we may write."""
+    if not text or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"'{text}' names a folder; give a file name")
+    path = Path(text)
+    try:
+        is_dir = path.is_dir()
+    except ValueError:
+        is_dir = False  # a NUL byte: `_writable_from` says so
+    if is_dir:
+        raise argparse.ArgumentTypeError(f"'{text}' is a folder; give a file name")
+    _writable_from(path.parent, text)
+    return text
+
+
+def output_folder(text: str) -> str:
+    """A folder a command will write its results in: not an existing file, creatable and writable (as
+    `output_file`)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the folder name is empty")
+    path = Path(text)
+    try:
+        is_file = path.exists() and not path.is_dir()
+    except ValueError:
+        is_file = False
+    if is_file:
+        raise argparse.ArgumentTypeError(f"'{text}' is a file, not a folder")
+    _writable_from(path, text)
+    return text

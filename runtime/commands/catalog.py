@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_OK
+from thrifty.runtime.commands._args import output_file
 
 HELP = "refresh the instance catalog's prices from the AWS APIs (Price List, spot price history)"
 
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "Price List API, spot from the spot price history; hardware facts from a base catalog. "
                     "Name the file in a problem's \"catalog\" field for the solver to use it.")
     refresh.add_argument("--region", help="AWS region to price (default: the profile's or AWS_DEFAULT_REGION)")
-    refresh.add_argument("--out", metavar="FILE", help="where to write it (default: aws-REGION-DATE.json here)")
+    refresh.add_argument("--out", type=output_file, metavar="FILE",
+                         help="where to write it (default: aws-REGION-DATE.json here)")
     refresh.add_argument("--base", metavar="CATALOG.json",
                          help="hardware facts and the types to price (default: the shipped catalog)")
     refresh.add_argument("--types", metavar="T1,T2", help="price only these types (default: all in the base)")

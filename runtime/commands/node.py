@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from thrifty.datasets.errors import ProblemError, ProviderError
-from thrifty.runtime.commands._args import int_at_least, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
 
 JOIN_DESCRIPTION = (
     "Start this machine's Ray worker node and join the cluster whose head is at --address. What is not given comes "
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="default: spot when the metadata service's instance-life-cycle is spot, else on_demand")
     join.add_argument("--num-cpus", type=int_at_least(0), help="CPUs Ray may use (default: Ray's detection)")
     join.add_argument("--num-gpus", type=int_at_least(0), help="GPUs Ray may use (default: Ray's detection)")
-    join.add_argument("--log", type=Path, metavar="FILE",
+    join.add_argument("--log", type=lambda text: Path(output_file(text)), metavar="FILE",
                       help="where ray start's output goes (default: thrifty-node-<machine id>.log in the temporary "
                            "directory)")
     join.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",

@@ -32,7 +32,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, non_negative_float, positive_float
+from thrifty.runtime.commands._args import int_at_least, non_negative_float, output_file, positive_float
 
 HELP = "measure allreduce bus bandwidth on this host over a grid of world sizes, buffer sizes and concurrency"
 
@@ -72,7 +72,8 @@ def _byte_size(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", required=True, metavar="2,3,4", help="world sizes to probe")
-    parser.add_argument("--out", required=True, metavar="PROBES.csv", help="where to write the probe rows")
+    parser.add_argument("--out", required=True, type=output_file, metavar="PROBES.csv",
+                        help="where to write the probe rows")
     parser.add_argument(
         "--max-bytes", type=_byte_size, metavar="SIZE",
         help="largest buffer (e.g. 64MiB; default 64MiB on CPU, 512MiB on GPUs)",

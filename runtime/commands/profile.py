@@ -13,7 +13,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
 
 HELP = "measure a model's compute profile (forward/backward latency per batch, gradient-ready times) here"
 
@@ -35,7 +35,8 @@ def parse_batches(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("factory", metavar="MODULE:FACTORY",
                         help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
-    parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile")
+    parser.add_argument("--out", required=True, type=output_file, metavar="PROFILE.json",
+                        help="where to write the profile")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
     sweep = parser.add_mutually_exclusive_group()
     sweep.add_argument("--batches", metavar="1,2,4,...", help="the batch sizes to time")

@@ -15,7 +15,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
 
 HELP = "measure how one trial's iteration latency scales with its workers (a RubberBand scaling profile) here"
 
@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
     parser.add_argument("--batch", required=True, type=int, metavar="N",
                         help="the trial's batch, split evenly over the workers")
-    parser.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the scaling profile")
+    parser.add_argument("--out", required=True, type=output_file, metavar="PROFILE.json",
+                        help="where to write the scaling profile")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
     parser.add_argument("--instance-type", default="local",
                         help="the instance type the profile describes (default local)")
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     document = measure(None) if args.no_progress else _with_bar(measure)
-    profile = validate_model(ScalingProfileFile, document, source=args.out)  # never write a file that does not load
+    # never write a file that does not load (built here: lax about tuples)
+    profile = validate_model(ScalingProfileFile, document, source=args.out, strict=False)
     write_json(args.out, profile.to_json())
     _print_summary(document, args.out)
     return 0

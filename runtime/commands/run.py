@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
-from thrifty.runtime.commands._args import int_at_least, non_negative_float, positive_float
+from thrifty.runtime.commands._args import int_at_least, non_negative_float, output_file, positive_float
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the plan, the machines it would ask for, the predicted time and cost, and exit")
     parser.add_argument("--launch-delay", type=non_negative_float, default=0.0, metavar="SECONDS",
                         help="local provider: seconds a machine takes to 'boot' (default 0)")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw progress and cost against the plans")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="draw progress and cost against the plans")
     parser.add_argument("--json", action="store_true", help="print only the result as JSON")
 
 
@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.runtime.cluster.spec import cluster_kind
 
     kind = cluster_kind(args.cluster)
-    if args.dry_run:  # no trainer needed: nothing runs
+    if args.dry_run:  # nothing runs, but what a run would refuse is refused here too
+        _check_for_dry_run(args, plan, problem)
         return _dry_run(plan, problem, args.cluster or "local", kind, args.json)
     trainer = args.trainer or (record.trainer if record is not None else None)
     if trainer is None:
@@ -273,6 +274,24 @@ def _stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, fd)
         os.close(saved)
+
+
+def _check_for_dry_run(args: argparse.Namespace, plan: Any, problem: Any) -> None:
+    """What `train` checks before it starts anything: the plan against the problem (its machines offered,
+    within the quotas, its batches adding up to the global batch; errors name the plan file) and, when given,
+    that the trainer imports."""
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.datasets.errors import ProblemError
+    from thrifty.runtime.training.plans import check_plan
+
+    try:
+        check_plan(plan, problem, load_catalog(problem.catalog))
+    except ProblemError as e:
+        raise ProblemError(e.message, path=e.path, source=e.source or args.plan) from None
+    if args.trainer is not None:
+        from thrifty.perfmodels.measure.worlds import resolve_factory
+
+        resolve_factory(args.trainer, returns="a Trainer")
 
 
 def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) -> int:

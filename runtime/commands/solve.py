@@ -4,10 +4,13 @@ RubberBand) from a JSON problem file."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
+from thrifty.runtime.commands._args import output_file, positive_float
 
 HELP = ("choose machines and batches for a training job, or per-stage allocations for a tuning job "
         "(JSON problem file), under time, cost and quota limits")
@@ -18,10 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a problem file (see `thrifty schema training` and `thrifty schema tuning`)")
     parser.add_argument("--method", choices=("auto", "exhaustive", "ilp", "smt"), default="auto",
                         help="auto (default): exhaustive for small spaces, else ilp")
-    parser.add_argument("--time-limit", type=float, metavar="SECONDS", help="stop searching after this long")
+    parser.add_argument("--time-limit", type=positive_float, metavar="SECONDS",
+                        help="stop searching after this long")
     parser.add_argument("--json", action="store_true", help="print only the plan as JSON")
-    parser.add_argument("--out", metavar="PLAN.json", help="also write the plan to this file (atomically)")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw the simulated candidates, limits and plan")
+    parser.add_argument("--out", type=output_file, metavar="PLAN.json",
+                        help="also write the plan to this file (atomically)")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+                        help="draw the simulated candidates, limits and plan")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,10 +36,11 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.solver.training import TrainingSpace
 
     problem = load_problem(args.problem)
-    if problem.kind == "tuning":
-        return _run_tuning(args, problem)
-    space = TrainingSpace(problem)
-    plan = solve(problem, method=args.method, time_limit_s=args.time_limit, space=space)
+    with _named(args.problem):  # a field found bad past the file's own schema (a model without a profile)
+        if problem.kind == "tuning":
+            return _run_tuning(args, problem)
+        space = TrainingSpace(problem)
+        plan = solve(problem, method=args.method, time_limit_s=args.time_limit, space=space)
 
     def plot(path: str) -> None:
         from thrifty.runtime.plots import plot_training_plan
@@ -41,6 +48,19 @@ def run(args: argparse.Namespace) -> int:
         plot_training_plan(space, plan, path)
 
     return _emit(args, problem, plan, plot, _print_human)
+
+
+@contextlib.contextmanager
+def _named(source: str) -> Iterator[None]:
+    """A `ProblemError` that names no file names `source`, the problem file its field is in."""
+    from thrifty.datasets.errors import ProblemError
+
+    try:
+        yield
+    except ProblemError as e:
+        if e.source is not None:
+            raise
+        raise ProblemError(e.message, path=e.path, source=source) from None
 
 
 def _emit(args: argparse.Namespace, problem, plan, plot, print_human) -> int:
@@ -105,9 +125,12 @@ def infeasibility_lines(why) -> list[str]:
         reasons = [why["reason"]] * len(sets)
     if not any(sets):
         lines = [f"[bold red]infeasible[/bold red]: {why['reason']}"]
-    elif len(sets) == 1:
+        if not why.get("conflict_sets_complete", True) and not why["relaxations"]:
+            return lines  # nothing was analysed (a search stopped by its time limit): the reason says so
+    elif len(sets) == 1:  # "relax one" holds when the enumeration was complete: then it is the only conflict
+        complete = why.get("conflict_sets_complete", True)
         lines = [f"[bold red]infeasible[/bold red]: {reasons[0]}",
-                 "conflict: " + ", ".join(sets[0]) + " (relax one of them)"]
+                 "conflict: " + ", ".join(sets[0]) + (" (relax one of them)" if complete else "")]
     else:
         lines = [f"[bold red]infeasible[/bold red]: {len(sets)} separate conflicts (relax one member of each)"]
         lines += [f"  {k}. " + ", ".join(s) + f": {r}" for k, (s, r) in enumerate(zip(sets, reasons), 1)]

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
+from thrifty.runtime.commands._args import output_file, output_folder
 
 HELP = "run a hyperparameter tuning experiment from one file (a scheduler or a RubberBand plan), results on disk"
 
@@ -41,9 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ray://HOST:PORT or a cluster config YAML (as thrifty run --cluster)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan or the scheduler's settings with the predicted time and cost, and stop")
-    parser.add_argument("--out", metavar="DIR", help="the results folder (default thrifty-tune/NAME-TIME)")
+    parser.add_argument("--out", type=output_folder, metavar="DIR",
+                        help="the results folder (default thrifty-tune/NAME-TIME)")
     parser.add_argument("--resume", metavar="DIR", help="go on with the killed or interrupted run in DIR")
-    parser.add_argument("--plot", metavar="FILE.png", help="where the plot goes (default DIR/tuning.png)")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+                        help="where the plot goes (default DIR/tuning.png)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON at the end (no live table)")
 
 
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from thrifty.datasets.errors import ProblemError
-    from thrifty.runtime.tuning.driver import EXPERIMENT_COPY, GoalInfeasible, preview, tune
+    from thrifty.runtime.tuning.driver import EXPERIMENT_COPY, GoalInfeasible, check_startable, preview, tune
     from thrifty.runtime.tuning.experiment_file import load_experiment
 
     if args.experiment is None and args.resume is None:
@@ -155,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     e = load_experiment(args.experiment or f"{args.resume}/{EXPERIMENT_COPY}")
     if args.dry_run:
+        check_startable(e, args.cluster or e.cluster)
         try:
             shown = preview(e, args.cluster)
         except GoalInfeasible as err:

@@ -45,7 +45,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least
+from thrifty.runtime.commands._args import int_at_least, output_file
 
 HELP = "check thrifty's iteration prediction for a model here: real DDP iterations against the prediction"
 
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="PROFILE.json",
                         help="the model's compute profile (thrifty profile); default: the shipped one of this "
                              "factory, else the factory is profiled here first")
-    parser.add_argument("--save-profile", metavar="PROFILE.json",
+    parser.add_argument("--save-profile", type=output_file, metavar="PROFILE.json",
                         help="where to keep the profile measured here (for --profile next time)")
     parser.add_argument("--allreduce", metavar="MODEL.json",
                         help="a learned allreduce model (thrifty fit-allreduce); default: the shipped local "
@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu (gloo) or cuda (NCCL, one GPU per rank); default auto")
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--json", action="store_true", help="print only the results, as JSON")
-    parser.add_argument("--out", metavar="RESULTS.json", help="also write the results (JSON) to this file")
+    parser.add_argument("--out", type=output_file, metavar="RESULTS.json",
+                        help="also write the results (JSON) to this file")
     parser.add_argument("--no-progress", action="store_true", help="print nothing while measuring")
 
 

@@ -42,7 +42,7 @@ from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history
 from thrifty.runtime.tuning.trial import Trial, TrialState
 
-__all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "EXPERIMENT_COPY", "SUMMARY"]
+__all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable", "EXPERIMENT_COPY", "SUMMARY"]
 
 EXPERIMENT_COPY = "experiment.json"
 SUMMARY = "summary.json"
@@ -141,6 +141,22 @@ def tuning_problem(e: ExperimentFile) -> dict[str, Any]:
     return problem
 
 
+def check_startable(e: ExperimentFile, cluster: str) -> None:
+    """What can be checked before a run starts, so that bad input fails before a results folder, a worker or a
+    machine exists: the trainer imports and takes the trials' arguments, the search space and the scheduler
+    build, and `cluster` names a cluster (a cluster config file loads)."""
+    from thrifty.runtime.cluster.spec import cluster_kind
+
+    resolve_trainer(e)
+    build_search_space(e)
+    if not isinstance(e.scheduler, PlanSpec):
+        build_scheduler(e)
+    if cluster_kind(cluster) == "config":
+        from thrifty.runtime.providers.config import load_cluster_config
+
+        load_cluster_config(cluster)
+
+
 def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
     """The plan or the scheduler's settings, with the predicted time and cost."""
     cluster = cluster or e.cluster
@@ -236,12 +252,12 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
             raise ProblemError("give an experiment, or resume= a results folder", path="experiment")
         experiment = Path(resume) / EXPERIMENT_COPY
     e = _experiment(experiment)
-    resolve_trainer(e)
+    cluster = cluster or e.cluster
+    check_startable(e, cluster)
     folder = _results_folder(e, out, resume)
     if resume is not None and isinstance(e.scheduler, PlanSpec):
         raise ProblemError("a `plan` run cannot be resumed: its stages were solved for a fresh start; "
                            "start it again with a shorter deadline_s", path="scheduler.name")
-    cluster = cluster or e.cluster
     if cluster != "local":
         e = e.model_copy(update={"cluster": cluster})
     shown = preview(e, cluster)

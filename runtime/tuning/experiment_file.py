@@ -38,9 +38,10 @@ Every error names the JSON path of the bad field (`ProblemError`).
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -48,6 +49,7 @@ from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_document
 from thrifty.datasets.validation import FieldPathError, json_path, validate_model
 from thrifty.runtime.tuning.forecasting import MetricRange, in_range, range_or_default, score_range, shown_range
+from thrifty.solver.problem import MAX_COST_USD, MAX_TIME_S
 
 __all__ = ["ExperimentFile", "SCHEDULER_NAMES", "load_experiment", "parse_experiment", "experiment_json_schema",
            "build_search_space", "build_scheduler", "resolve_trainer"]
@@ -59,6 +61,9 @@ MAX_ITERATIONS = 1_000_000
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+MAX_SEED = 2**32 - 1  # numpy, torch and Python seed alike
+MAX_THREADS = 1024
 Eta = Annotated[float, Field(gt=1, le=64, allow_inf_nan=False, description="reduction factor, > 1")]
 
 
@@ -145,12 +150,13 @@ class Resources(_Spec):
 
 class ExperimentFile(_Spec):
     """A tuning experiment (see the module docstring)."""
-    name: str | None = None
+    name: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
+        None, description="names the results folder: no path separators or control characters, no leading dot")
     trainer: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="MODULE:FACTORY")
     trainer_args: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments")
     search_space: dict[str, Any] = Field(min_length=1)
     samples: Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     metric: str = "accuracy"
     mode: Literal["max", "min"] = "max"
     metric_range: Annotated[list[Annotated[float, Field(allow_inf_nan=False)] | None],
@@ -159,13 +165,13 @@ class ExperimentFile(_Spec):
                           "[0, null] for min)")
     max_iterations: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)]
     scheduler: SchedulerSpec
-    deadline_s: PositiveFloat | None = None
+    deadline_s: Seconds | None = None
     target: float | None = Field(None, allow_inf_nan=False)
-    budget_usd: PositiveFloat | None = None
+    budget_usd: Annotated[float, Field(gt=0, le=MAX_COST_USD, allow_inf_nan=False)] | None = None
     resources: Resources = Field(default_factory=Resources)
     cluster: str = "local"
-    threads: PositiveInt = Field(1, description="torch threads per worker")
-    iteration_timeout_s: PositiveFloat = 600.0
+    threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] = Field(1, description="torch threads per worker")
+    iteration_timeout_s: Seconds = 600.0
 
     @model_validator(mode="before")
     @classmethod
@@ -181,6 +187,8 @@ class ExperimentFile(_Spec):
 
     @model_validator(mode="after")
     def _rules(self) -> ExperimentFile:
+        if self.name is not None:
+            _check_name(self.name)
         for name, value in self.search_space.items():
             _check_domain(name, value)
         lower, upper = self.metric_range or (None, None)
@@ -197,12 +205,15 @@ class ExperimentFile(_Spec):
         if isinstance(s, POPSpec) and s.target is None and self.target is None:
             raise FieldPathError(("target",), "is required by pop (it classifies trials by their chance to "
                                  "reach it); or give scheduler.target")
-        if isinstance(s, POPSpec):
-            where, target = (("scheduler", "target"), s.target) if s.target is not None else (("target",), self.target)
-            own = range_or_default(self.metric_range, self.mode)
-            if not in_range(cast(float, target), own):
+        own = range_or_default(self.metric_range, self.mode)
+        for where, target in ((("target",), self.target), (("scheduler", "target"), getattr(s, "target", None))):
+            if target is not None and not in_range(target, own):
                 raise FieldPathError(where, f"is {target:g}, outside metric_range {shown_range(own)}: no trial "
                                      "could reach it (give the metric's range as metric_range)")
+        both = sorted(set(self.trainer_args) & set(self.search_space))
+        if both:
+            raise FieldPathError(("trainer_args", both[0]), "is also in search_space: give each trainer argument "
+                                 "once, fixed in trainer_args or searched in search_space")
         if isinstance(s, POPSpec) and self.deadline_s is None and self.budget_usd is None:
             raise FieldPathError(("deadline_s",), "is required by pop (T_max, the experiment's time)")
         if isinstance(s, PlanSpec):
@@ -249,6 +260,18 @@ class ExperimentFile(_Spec):
 
     def usd(self, seconds: float) -> float:
         return self.resources.usd_per_atom_hour * self.atoms * seconds / 3600.0
+
+
+def _check_name(name: str) -> None:
+    """The experiment's name becomes its results folder's (``thrifty-tune/NAME-TIME``): a plain name."""
+    try:
+        name.encode("utf-8")
+        plain = name.isprintable() and not name.startswith(".") and not any(c in name for c in "/\\")
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800") names no file
+        plain = False
+    if not plain:
+        raise FieldPathError(("name",), f"is {name!r}, but names the results folder: use no '/', '\\', control "
+                             "or unprintable characters, and do not start with '.'")
 
 
 def _check_domain(name: str, value: Any) -> None:
@@ -366,6 +389,30 @@ def resolve_trainer(experiment: ExperimentFile) -> None:
     except Exception as e:  # an ImportError, or the module's own error at import
         raise ProblemError(f"'{experiment.trainer}': module '{module_name}' does not import "
                            f"({type(e).__name__}: {e})", path="trainer") from None
-    if not callable(getattr(module, attr, None)):
+    factory = getattr(module, attr, None)
+    if not callable(factory):
         raise ProblemError(f"'{experiment.trainer}': module '{module_name}' has no function '{attr}'",
                            path="trainer")
+    _check_arguments(experiment, factory)
+
+
+def _check_arguments(experiment: ExperimentFile, factory: Any) -> None:
+    """Every trial calls the factory with `trainer_args` and a configuration of `search_space`: each of their
+    names must be a parameter it takes (unless it takes ``**kwargs``), and each parameter it needs must be one."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): the first trial tells
+        return
+    given = {**{k: ("trainer_args", k) for k in experiment.trainer_args},
+             **{k: ("search_space", k) for k in experiment.search_space}}
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes = ", ".join(sorted(named)) or "none"
+    if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+        for name, where in given.items():
+            if name not in named:
+                raise ProblemError(f"the trainer '{experiment.trainer}' takes no argument {name!r} (it takes "
+                                   f"{takes})", path=json_path(where))
+    for p in parameters:
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given:
+            raise ProblemError(f"the trainer '{experiment.trainer}' needs the argument {p.name!r}: give it in "
+                               "trainer_args or search_space", path="trainer")
