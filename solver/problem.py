@@ -96,6 +96,9 @@ def _whole_float_to_int(value: Any) -> Any:
 def _valid_text(value: str) -> str:
     if "\x00" in value:
         raise ValueError("contains a NUL character")
+    control = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+    if control is not None:  # printed, an escape sequence would drive the user's terminal
+        raise ValueError(f"contains the control character U+{ord(control):04X}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -268,6 +271,9 @@ class Experiment(_Frozen):
             raise FieldPathError(("eta",), f"is {self.eta:g}, but must be greater than 1")
         if self.algorithm == "sha" and self.trials is None:
             raise FieldPathError(("trials",), "is required for algorithm 'sha'")
+        if self.algorithm == "hyperband" and self.trials is not None:
+            raise FieldPathError(("trials",), "is not used by algorithm 'hyperband' (its brackets set the trials "
+                                 "from min_iters, max_iters and eta); leave it out")
         return self
 
 
@@ -346,6 +352,10 @@ class TuningProblem(_Frozen):
             raise FieldPathError(("experiment",), "give exactly one of 'experiment' and 'stages'")
         if isinstance(self.instance_type, list) and len(set(self.instance_type)) != len(self.instance_type):
             raise FieldPathError(("instance_type",), "lists an instance type twice")
+        for i, (before, stage) in enumerate(zip(self.stages or [], (self.stages or [])[1:]), start=1):
+            if stage.trials > before.trials:
+                raise FieldPathError(("stages", i, "trials"), f"is {stage.trials}, more than the {before.trials} "
+                                     f"of stages[{i - 1}]: a stage runs the trials the one before it promotes")
         _check_job_size(self)
         return self
 

@@ -147,9 +147,14 @@ BASE = {"kind": "tuning", "experiment": {"algorithm": "sha", "trials": 32, "min_
     ({"cloud": {"scale_latency_s": -1}}, "cloud.scale_latency_s"),
     ({"cloud": {"data_usd_per_gb": -0.1}}, "cloud.data_usd_per_gb"),
     ({"instance_type": "p3.8xlrage"}, "instance_type"),
+    ({"experiment": {"algorithm": "hyperband", "trials": 32, "min_iters": 1, "max_iters": 27, "eta": 3}},
+     "experiment.trials"),
+    ({"experiment": None, "stages": [{"trials": 2, "iters": 3}, {"trials": 8, "iters": 9}]}, "stages[1].trials"),
+    ({"name": "\x1b[31mred"}, "name"),
 ])
 def test_cli_bad_input_exits_2_naming_the_field(tmp_path, capsys, patch, path):
-    assert main(["solve", _write(tmp_path, {**BASE, **patch})]) == 2
+    data = {k: v for k, v in {**BASE, **patch}.items() if v is not None}
+    assert main(["solve", _write(tmp_path, data)]) == 2
     err = capsys.readouterr().err
     assert path in err and "Traceback" not in err
 
