@@ -3,6 +3,7 @@ YAML documents with errors that name the file (and the line)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -151,11 +152,40 @@ def _yaml_where(e: Exception) -> str:
     return " ".join(str(getattr(e, "problem", None) or e).split()) + where
 
 
+@functools.cache
+def _unique_key_loader() -> Any:
+    """PyYAML's safe loader, refusing a mapping with a key given twice (as `_unique_keys` for JSON; a merge
+    key ``<<`` may still override what it merges)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    twice = key in seen
+                except TypeError:  # an unhashable key: the safe loader says so itself
+                    break
+                if twice:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice in one mapping; give it once",
+                        key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
 def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Load a YAML file (safe loader: plain data only); errors name the file and line."""
+    """Load a YAML file (safe loader: plain data only, each key of a mapping once); errors name the file
+    and line."""
     import yaml  # only YAML files pay for the import
 
-    return _parse(Path(path), "YAML", yaml.safe_load, yaml.YAMLError, _yaml_where)
+    loader = _unique_key_loader()
+    return _parse(Path(path), "YAML", lambda text: yaml.load(text, Loader=loader), yaml.YAMLError, _yaml_where)
 
 
 def read_document(path: str | os.PathLike[str]) -> Any:

@@ -277,6 +277,17 @@ def test_cli_a_key_given_twice_is_refused_not_silently_the_last(tmp_path, capsys
     assert str(path) in err and 'the key "global_batch" is given twice' in err and "Traceback" not in err, err
 
 
+def test_cli_a_yaml_key_given_twice_is_refused_and_a_merge_still_overrides(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text("kind: training\nmodel: m\nglobal_batch: 256\nglobal_batch: 512\n")
+    assert main(["solve", str(path)]) == 2
+    assert "the key 'global_batch' is given twice in one mapping" in capsys.readouterr().err
+    from thrifty.datasets.io import read_yaml
+
+    path.write_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 5\n")
+    assert read_yaml(path)["other"] == {"x": 1, "y": 5}
+
+
 def test_cli_an_error_found_past_the_schema_names_the_file(tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({**BASE, "model": "resnet9000"}))

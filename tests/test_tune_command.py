@@ -289,6 +289,16 @@ def test_an_output_that_cannot_be_written_exits_2_before_the_run(tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
+def test_a_run_that_ends_before_any_result_did_not_meet_its_goal(tmp_path, capsys):
+    """A deadline too short for one result: nothing was found, so the goal is not met (exit 4), and the
+    summary says so (a review found "met": true)."""
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(experiment(SCHEDULERS["fifo"], deadline_s=0.01)))
+    assert main(["tune", str(path), "--out", str(tmp_path / "out"), "--json"]) == 4
+    assert "the goal was not met: no trial reported a result" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["goal"]["met"] is False
+
+
 def test_a_file_that_is_not_an_experiment_exits_2(tmp_path, capsys):
     path = tmp_path / "list.json"
     path.write_text("[1, 2]")

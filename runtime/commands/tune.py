@@ -197,11 +197,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"best: trial {best['trial']}, {e.metric} {_fmt(best['metric'])}, config {best['config']}")
         print(f"results: {result.out} (summary.json, events.jsonl, best/)" +
               (f"; plot: {result.plot}" if result.plot else ""))
-    if not result.goal_met:
-        print("the goal was not met: " + ("target not reached" if e.target is not None else "over the budget"),
-              file=sys.stderr)
-        return EXIT_OUTSIDE_LIMITS
     if result.trials and all(t.error for t in result.trials):
         print("every trial failed; see the worker logs under " + str(result.out / "trials"), file=sys.stderr)
         return EXIT_FAILURE
+    if not result.goal_met:
+        print(f"the goal was not met: {result.goal_missed}", file=sys.stderr)
+        return EXIT_OUTSIDE_LIMITS
     return EXIT_OK

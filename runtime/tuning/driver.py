@@ -90,12 +90,20 @@ class TuneResult:
 
     @property
     def goal_met(self) -> bool:
+        return self.end_reason != "dry-run" and self.goal_missed is None
+
+    @property
+    def goal_missed(self) -> str | None:
+        """Why the run did not meet its goal, or None: the target not reached, over the budget, or no
+        result at all (a run that ended before any trial reported one found nothing)."""
         e = self.experiment
         if e.target is not None and (self.best_metric is None or e.score(self.best_metric) < e.score(e.target)):
-            return False
+            return "target not reached"
         if e.budget_usd is not None and self.cost_usd > e.budget_usd * 1.0001:
-            return False
-        return self.end_reason != "dry-run"
+            return "over the budget"
+        if self.best_metric is None and self.end_reason != "dry-run":
+            return "no trial reported a result"
+        return None
 
     def summary(self) -> dict[str, Any]:
         e = self.experiment
