@@ -236,6 +236,8 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"search_space": {"depth": {"choice": [1, 2]}}}, "search_space.depth"),
     ({"trainer_args": {"hidden": 8}}, "trainer_args.hidden"),
     ({"cluster": "nonsense"}, "cluster"),
+    ({"resources": {"atoms": 2, "cloud": {"scale_latency_s": 1}}}, "resources.cloud"),
+    ({"resources": {"atoms": 2, "max_instances": 4}}, "resources.max_instances"),
 ])
 def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, field):
     spec = {**experiment(SCHEDULERS["asha"]), **change}

@@ -216,6 +216,11 @@ class ExperimentFile(_Spec):
                                  "once, fixed in trainer_args or searched in search_space")
         if isinstance(s, POPSpec) and self.deadline_s is None and self.budget_usd is None:
             raise FieldPathError(("deadline_s",), "is required by pop (T_max, the experiment's time)")
+        if not isinstance(s, PlanSpec):
+            for key in ("max_instances", "model", "cloud"):
+                if getattr(self.resources, key) is not None:
+                    raise FieldPathError(("resources", key), f"is read by the plan scheduler only (RubberBand's "
+                                         f"planner), not by {s.name}; leave it out")
         if isinstance(s, PlanSpec):
             if self.deadline_s is None:
                 raise FieldPathError(("deadline_s",), "is required by plan (the stage plan is solved for it)")
