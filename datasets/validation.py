@@ -6,6 +6,7 @@ broken and the value given; and the base of the file schemas."""
 from __future__ import annotations
 
 import json
+import numbers
 import re
 import reprlib
 from collections.abc import Callable
@@ -154,6 +155,25 @@ def _first_error(errors: list[ErrorDetails]) -> ErrorDetails:
     return first
 
 
+def _plain(data: Any) -> Any:
+    """`data` as JSON would give it: numbers of other types (numpy's, from Python code that builds a problem)
+    as int or float, tuples and numpy arrays as lists; strict mode refuses anything else. Bools stay bools."""
+    if isinstance(data, dict):
+        return {k: _plain(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_plain(v) for v in data]
+    if isinstance(data, (bool, int, float, str)) or data is None:
+        return data
+    kind = getattr(getattr(data, "dtype", None), "kind", None)
+    if kind in ("b", "i", "u", "f") and hasattr(data, "tolist"):  # a numpy scalar or array: Python's values
+        return data.tolist()
+    if isinstance(data, numbers.Integral):
+        return int(data)
+    if isinstance(data, numbers.Real):
+        return float(data)
+    return data
+
+
 def validate_model(model: type[M], data: Any, source: str | None = None,
                    path_of: Callable[[tuple[Any, ...]], str] = json_path, *, strict: bool = True) -> M:
     """`model.model_validate(data)`, with a `ProblemError` naming the JSON path;
@@ -163,8 +183,13 @@ def validate_model(model: type[M], data: Any, source: str | None = None,
     `strict` (pydantic's strict mode, the default): a value must have its
     field's JSON type, so ``true`` or ``"1024"`` given for a number, or ``1``
     for a flag, is refused rather than read as 1, 1024 or true (an integer is
-    still a number). A CSV row, whose fields are all text, is read with
-    ``strict=False``."""
+    still a number; so is a numpy number, and a tuple is a list). A CSV row,
+    whose fields are all text, is read with ``strict=False``."""
+    if strict:
+        try:
+            data = _plain(data)
+        except RecursionError:
+            raise ProblemError("is nested too deeply", path=path_of(()), source=source) from None
     try:
         return model.model_validate(data, strict=strict)
     except pydantic.ValidationError as e:

@@ -242,6 +242,19 @@ def test_cli_bad_problem_exits_2_without_traceback(tmp_path, capsys):
     assert "iterations" in err and "Traceback" not in err
 
 
+def test_numbers_from_python_code_are_numbers_and_tuples_are_lists():
+    """Strict about JSON types, not about where a number came from: a problem built in Python with numpy
+    values and tuples is what its JSON would be."""
+    import numpy as np
+
+    data = {**BASE, "global_batch": np.int64(256), "iterations": np.int32(100),
+            "limits": {"time_s": np.float32(100.0)}, "respect_threshold": np.bool_(False),
+            "instances": tuple(BASE["instances"])}
+    problem = parse_problem(data)
+    assert (problem.global_batch, problem.iterations, problem.limits.time_s) == (256, 100, 100.0)
+    assert problem.respect_threshold is False and type(problem.global_batch) is int
+
+
 def test_a_number_where_a_float_goes_is_still_a_number():
     assert parse_problem({**BASE, "limits": {"time_s": 100}}).limits.time_s == 100.0
 
