@@ -56,8 +56,9 @@ p95s (conservative). The cost is the simulator's expected cost except for the
 instances waiting for the slowest INIT (both are in the verification).
 Times are integers in ms and costs in micro-USD. Verification: the chosen
 plan is simulated (Monte Carlo over the DAG) and compared with greedy's.
-Since both terms left out only add cost, the model's cost is a lower bound of
-the simulated cost of every plan, and `plan_exact` uses it as one: the plans
+With fixed SCALE and INIT latencies both terms left out only add cost, so the
+model's cost is a lower bound of the simulated cost of every plan, and
+`plan_exact` uses it as one: the plans
 tried are excluded (6: at least one stage's option differs) and the model
 solved again below the cheapest simulated cost so far (7), until no plan is
 left below it. The answer is then the cheapest plan under simulation, and
@@ -564,26 +565,39 @@ class TuningResult:
     planning_s: dict[str, float]
 
 
+MAX_PLANS_TRIED = 64   # plans plan_exact simulates at most
+MAX_MISSES = 4         # plans missing the deadline under simulation before plan_exact gives up on a better one
+
+
+def _cost_is_a_bound(space: TuningSpace) -> bool:
+    """Whether the formulation's cost is at most every plan's simulated cost: with fixed SCALE and INIT
+    latencies, what it leaves out (the billing minimum, new instances waiting for the slowest INIT) only adds
+    cost. With varying ones the simulator's draws can average below the latencies the formulation uses."""
+    return all(c.scale_latency_sd_s == 0 and c.init_latency_sd_s == 0 for c in space.clouds.values())
+
+
 def plan_exact(space: TuningSpace, time_limit_s: float = 10.0) -> tuple[ExactResult, Candidate | None]:
     """The formulation's cheapest plan that meets the deadline under simulation, and optimal there too when
     the search ends within `time_limit_s` (module docstring, "Verification").
 
-    The formulation's cost of a plan is at most its simulated cost (what it leaves out, the billing minimum
-    and new instances waiting for the slowest INIT, only adds cost). So: solve, simulate the plan; while the
-    formulation still has a plan that costs less than the cheapest simulated plan that meets the deadline,
-    leave out the plans tried (6) and solve again below that cost (7). When none is left, no plan costs less
-    under simulation: the plan is ``optimal``. Stopped by the time limit (or a CP-SAT answer not proven
-    optimal) it is ``feasible``, and ``gap`` says how far above the optimum it can be at most: every plan
-    not tried costs at least the last proven optimum of the formulation."""
+    With fixed latencies (`_cost_is_a_bound`) the formulation's cost of a plan is at most its simulated cost.
+    So: solve, simulate the plan; while the formulation still has a plan that costs less than the cheapest
+    simulated plan that meets the deadline, leave out the plans tried (6) and solve again below that cost
+    (7). When none is left, no plan costs less under simulation: the plan is ``optimal``. Stopped by the time
+    limit, `MAX_PLANS_TRIED`, `MAX_MISSES` plans missing the deadline under simulation, or a CP-SAT answer not
+    proven optimal, it is ``feasible`` with ``gap`` the most it can be above the optimum. With varying
+    latencies the formulation's optimum is the answer, as RubberBand's (``optimal`` for the formulation)."""
     start = time.perf_counter()
+    bounded = _cost_is_a_bound(space)
     tried: list[tuple[Option, ...]] = []
+    first: tuple[ExactResult, Candidate] | None = None
     best: tuple[ExactResult, Candidate] | None = None
-    first: ExactResult | None = None
     bound: float | None = None  # the least model cost of the plans not tried (the last proven optimum)
     proven = False
     while True:
         left = start + time_limit_s - time.perf_counter()
-        if first is not None and left <= 0:
+        if first is not None and (left <= 0 or len(tried) >= MAX_PLANS_TRIED
+                                  or (best is None and len(tried) >= MAX_MISSES)):
             break
         try:
             res = solve_cpsat(space, "min_cost", space.deadline, max(left, 0.1), exclude=tried,
@@ -592,28 +606,30 @@ def plan_exact(space: TuningSpace, time_limit_s: float = 10.0) -> tuple[ExactRes
             if first is None:
                 raise
             break  # CP-SAT could not answer in the time left: keep what was found
-        first = first or res
         if res.options is None:  # no plan (cheaper than the best) is left
+            if first is None:
+                return res, None
             proven = res.status == "infeasible"
             break
         tried.append(res.options)
+        sim = space.simulate(tuple(o.alloc for o in res.options))
+        first = first or (res, sim)
         if res.status == "optimal":
             bound = res.model_cost_usd
-        sim = space.simulate(tuple(o.alloc for o in res.options))
         if space.feasible(sim) and (best is None or sim.cost < best[1].cost):
             best = (res, sim)
-        if res.status != "optimal":
-            break  # CP-SAT stopped at its time limit: nothing more is proven
+        if not bounded or res.status != "optimal":
+            break  # the formulation's optimum is the answer, or CP-SAT stopped at its time limit
         if best is not None and bound is not None and bound >= best[1].cost - 1e-9:
             proven = True  # the formulation's least cost reaches the best simulated cost
             break
-    details = {**first.details, "plans_simulated": len(tried)}
     wall = time.perf_counter() - start
-    if best is None:
-        if tried:
-            details["exact_note"] = "every plan of the formulation tried missed the deadline under simulation"
-        return ExactResult(None, None, None, first.status if not tried else "infeasible", wall, details), None
-    res, sim = best
+    res, sim = best or first
+    details = {**res.details, "plans_simulated": len(tried)}
+    if not bounded:  # RubberBand's reading: the formulation's own status
+        return ExactResult(res.options, res.model_jct_s, res.model_cost_usd, res.status, wall, details), sim
+    if best is None:  # every plan tried misses the deadline under simulation: the first, as it is
+        return ExactResult(res.options, res.model_jct_s, res.model_cost_usd, "feasible", wall, details), sim
     low = sim.cost if proven else None if bound is None else min(bound, sim.cost)
     details["gap"] = None if low is None else (sim.cost - low) / sim.cost if sim.cost > 0 else 0.0
     return ExactResult(res.options, res.model_jct_s, res.model_cost_usd, "optimal" if proven else "feasible", wall,

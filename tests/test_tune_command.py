@@ -225,7 +225,8 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"deadline_s": 1e300}, "deadline_s"),
     ({"budget_usd": 1e300, "resources": {"atoms": 2, "usd_per_atom_hour": 1}}, "budget_usd"),
     ({"iteration_timeout_s": 1e300}, "iteration_timeout_s"),
-    ({"target": 5}, "target"),
+    ({"target": 5, "metric_range": [0, 1]}, "target"),
+    ({"samples": 4.0}, "samples"),
     # the name is the results folder's
     ({"name": "../../escaped"}, "name"),
     ({"name": ".hidden"}, "name"),
@@ -248,6 +249,11 @@ def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, 
     err = capsys.readouterr().err
     assert f"{field}:" in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_target_outside_the_default_range_is_fine_where_no_scheduler_assumes_the_range():
+    e = parse_experiment({**experiment(SCHEDULERS["asha"]), "metric": "reward", "target": 200})
+    assert e.target == 200
 
 
 @pytest.mark.parametrize(("change", "field"), [

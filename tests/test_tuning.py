@@ -64,6 +64,17 @@ def test_the_exact_plan_is_the_cheapest_under_simulation_where_the_billing_minim
     assert space.feasible(plan) and plan.cost == pytest.approx(cheapest, rel=1e-12)
 
 
+def test_with_varying_latencies_the_formulation_s_optimum_is_the_answer():
+    """Drawn SCALE and INIT latencies can average below the ones the formulation uses, so its cost bounds
+    no plan's simulated cost: no search past its optimum, and no optimality under simulation is claimed."""
+    space = TuningSpace(problem([(6, 2), (3, 4)], 120, cloud={"scale_latency_s": 15, "init_latency_s": 15,
+                                                             "init_latency_sd_s": 5}))
+    res, plan = plan_exact(space)
+    first = solve_cpsat(space, "min_cost", space.deadline)
+    assert res.details["plans_simulated"] == 1 and "gap" not in res.details
+    assert res.model_cost_usd == pytest.approx(first.model_cost_usd, rel=1e-12)
+
+
 def test_a_later_deadline_never_costs_more():
     """Hyperband on ResNet-50, stages of a minute or less: the billing minimum decides between plans (a
     review found $0.6297 at 130 s and $0.6596 at 150 s, both called optimal)."""

@@ -57,9 +57,12 @@ def _writable_from(folder: Path, text: str) -> None:
     try:
         while not folder.exists():
             folder = folder.parent
+        is_dir = folder.is_dir()
     except ValueError:  # a NUL byte
         raise argparse.ArgumentTypeError(f"{text!r} is not a file name: it contains a NUL byte") from None
-    if not folder.is_dir():
+    except OSError as e:  # a name too long, a folder we may not enter
+        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
+    if not is_dir:
         raise argparse.ArgumentTypeError(f"'{text}' cannot be written: '{folder}' is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"'{text}' cannot be written: no permission to write in '{folder}'")
@@ -76,6 +79,8 @@ def output_file(text: str) -> str:
         is_dir = path.is_dir()
     except ValueError:
         is_dir = False  # a NUL byte: `_writable_from` says so
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
     if is_dir:
         raise argparse.ArgumentTypeError(f"'{text}' is a folder; give a file name")
     _writable_from(path.parent, text)
@@ -92,6 +97,8 @@ def output_folder(text: str) -> str:
         is_file = path.exists() and not path.is_dir()
     except ValueError:
         is_file = False
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
     if is_file:
         raise argparse.ArgumentTypeError(f"'{text}' is a file, not a folder")
     _writable_from(path, text)

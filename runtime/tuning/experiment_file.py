@@ -206,8 +206,10 @@ class ExperimentFile(_Spec):
             raise FieldPathError(("target",), "is required by pop (it classifies trials by their chance to "
                                  "reach it); or give scheduler.target")
         own = range_or_default(self.metric_range, self.mode)
+        # the range is known when given, or assumed by the schedulers that forecast within it
+        known = self.metric_range is not None or isinstance(s, (POPSpec, EarlyTermSpec))
         for where, target in ((("target",), self.target), (("scheduler", "target"), getattr(s, "target", None))):
-            if target is not None and not in_range(target, own):
+            if known and target is not None and not in_range(target, own):
                 raise FieldPathError(where, f"is {target:g}, outside metric_range {shown_range(own)}: no trial "
                                      "could reach it (give the metric's range as metric_range)")
         both = sorted(set(self.trainer_args) & set(self.search_space))
