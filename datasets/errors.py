@@ -9,8 +9,9 @@ failed (`ProviderError`) and a missing optional dependency
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 __all__ = [
     "ThriftyError",
@@ -19,6 +20,7 @@ __all__ = [
     "ProviderError",
     "MissingDependencyError",
     "closest_names",
+    "in_file",
 ]
 
 
@@ -43,6 +45,18 @@ class ProblemError(ThriftyError, ValueError):
             prefix += f"{path}: "
         super().__init__(prefix + message)
         self.message = message
+
+
+@contextlib.contextmanager
+def in_file(source: str) -> Iterator[None]:
+    """A `ProblemError` raised inside that names no file names `source`, the file its field is in (a field
+    found bad past the file's own schema: a model without a profile, a plan the problem cannot run)."""
+    try:
+        yield
+    except ProblemError as e:
+        if e.source is not None:
+            raise
+        raise ProblemError(e.message, path=e.path, source=source) from None
 
 
 class SolverError(ThriftyError, RuntimeError):

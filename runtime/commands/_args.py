@@ -51,18 +51,23 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def _probe(text: str, look: Callable[[], bool]) -> bool:
+    """`look()` at the file system for `text`, its failures as usage errors (a NUL byte, a name too long, a
+    folder we may not enter)."""
+    try:
+        return look()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name: it contains a NUL byte") from None
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
+
+
 def _writable_from(folder: Path, text: str) -> None:
     """The first folder of `folder` and its parents that exists must be a folder we can write in (the rest is
     made on writing)."""
-    try:
-        while not folder.exists():
-            folder = folder.parent
-        is_dir = folder.is_dir()
-    except ValueError:  # a NUL byte
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file name: it contains a NUL byte") from None
-    except OSError as e:  # a name too long, a folder we may not enter
-        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
-    if not is_dir:
+    while not _probe(text, folder.exists):
+        folder = folder.parent
+    if not _probe(text, folder.is_dir):
         raise argparse.ArgumentTypeError(f"'{text}' cannot be written: '{folder}' is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"'{text}' cannot be written: no permission to write in '{folder}'")
@@ -75,13 +80,7 @@ def output_file(text: str) -> str:
     if not text or text.endswith(("/", os.sep)):
         raise argparse.ArgumentTypeError(f"'{text}' names a folder; give a file name")
     path = Path(text)
-    try:
-        is_dir = path.is_dir()
-    except ValueError:
-        is_dir = False  # a NUL byte: `_writable_from` says so
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
-    if is_dir:
+    if _probe(text, path.is_dir):
         raise argparse.ArgumentTypeError(f"'{text}' is a folder; give a file name")
     _writable_from(path.parent, text)
     return text
@@ -93,13 +92,7 @@ def output_folder(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("the folder name is empty")
     path = Path(text)
-    try:
-        is_file = path.exists() and not path.is_dir()
-    except ValueError:
-        is_file = False
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"'{text}' cannot be written: {e.strerror or e}") from None
-    if is_file:
+    if _probe(text, lambda: path.exists() and not path.is_dir()):
         raise argparse.ArgumentTypeError(f"'{text}' is a file, not a folder")
     _writable_from(path, text)
     return text

@@ -281,13 +281,11 @@ def _check_for_dry_run(args: argparse.Namespace, plan: Any, problem: Any) -> Non
     within the quotas, its batches adding up to the global batch; errors name the plan file) and, when given,
     that the trainer imports."""
     from thrifty.datasets.catalog import load_catalog
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.datasets.errors import in_file
     from thrifty.runtime.training.plans import check_plan
 
-    try:
+    with in_file(args.plan):
         check_plan(plan, problem, load_catalog(problem.catalog))
-    except ProblemError as e:
-        raise ProblemError(e.message, path=e.path, source=e.source or args.plan) from None
     if args.trainer is not None:
         from thrifty.perfmodels.measure.worlds import resolve_factory
 

@@ -4,10 +4,8 @@ RubberBand) from a JSON problem file."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-from collections.abc import Iterator
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
 from thrifty.runtime.commands._args import output_file, positive_float
@@ -31,12 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from thrifty.datasets.errors import in_file
     from thrifty.solver.problem import load_problem
     from thrifty.solver.solve import solve
     from thrifty.solver.training import TrainingSpace
 
     problem = load_problem(args.problem)
-    with _named(args.problem):  # a field found bad past the file's own schema (a model without a profile)
+    with in_file(args.problem):
         if problem.kind == "tuning":
             return _run_tuning(args, problem)
         space = TrainingSpace(problem)
@@ -48,19 +47,6 @@ def run(args: argparse.Namespace) -> int:
         plot_training_plan(space, plan, path)
 
     return _emit(args, problem, plan, plot, _print_human)
-
-
-@contextlib.contextmanager
-def _named(source: str) -> Iterator[None]:
-    """A `ProblemError` that names no file names `source`, the problem file its field is in."""
-    from thrifty.datasets.errors import ProblemError
-
-    try:
-        yield
-    except ProblemError as e:
-        if e.source is not None:
-            raise
-        raise ProblemError(e.message, path=e.path, source=source) from None
 
 
 def _emit(args: argparse.Namespace, problem, plan, plot, print_human) -> int:
