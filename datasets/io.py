@@ -127,11 +127,11 @@ class _DuplicateKey(ValueError):
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys are each given once: with a key twice, JSON readers keep one of the values
     silently (Python's the last), so a file's author cannot know which one counts."""
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _DuplicateKey(f"the key {json.dumps(key)} is given twice in one object; give it once")
-        obj[key] = value
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise _DuplicateKey(f"the key {json.dumps(twice)} is given twice in one object; give it once")
     return obj
 
 

@@ -33,7 +33,7 @@ class FileSchema(pydantic.BaseModel):
     left out stays out.
     """
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_unset=True)
@@ -155,13 +155,21 @@ def _first_error(errors: list[ErrorDetails]) -> ErrorDetails:
     return first
 
 
+_JSON_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
 def _plain(data: Any) -> Any:
     """`data` as JSON would give it: numbers of other types (numpy's, from Python code that builds a problem)
-    as int or float, tuples and numpy arrays as lists; strict mode refuses anything else. Bools stay bools."""
+    as int or float, tuples and numpy arrays as lists; strict mode refuses anything else. Bools stay bools.
+    (A container of JSON's own values only is returned as it is: a saved allreduce model holds 70,000.)"""
     if isinstance(data, dict):
-        return {k: _plain(v) for k, v in data.items()}
+        if _JSON_TYPES.issuperset(map(type, data.values())):
+            return data
+        return {k: v if type(v) in _JSON_TYPES else _plain(v) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [_plain(v) for v in data]
+        if type(data) is list and _JSON_TYPES.issuperset(map(type, data)):
+            return data
+        return [v if type(v) in _JSON_TYPES else _plain(v) for v in data]
     if isinstance(data, (bool, int, float, str)) or data is None:
         return data
     kind = getattr(getattr(data, "dtype", None), "kind", None)

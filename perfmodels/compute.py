@@ -229,7 +229,8 @@ def fit_piecewise_linear(
     if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
         raise ValueError("x and y must be 1-d arrays of equal length >= 2")
     w = (1.0 / np.abs(y)) if weights is None else np.asarray(weights, dtype=float)
-    distinct = np.unique(x)
+    ordered = np.sort(x)
+    distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]  # np.unique, without numpy.ma
     candidates = distinct[1:-1]
     n = len(x)
     best: tuple[float, PiecewiseLinear] | None = None

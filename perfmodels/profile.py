@@ -69,7 +69,7 @@ NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Provenance(_Frozen):

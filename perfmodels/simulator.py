@@ -86,7 +86,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
-from scipy.special import ndtri
 
 from thrifty.datasets.catalog import InstanceType
 from thrifty.datasets.errors import ProblemError
@@ -94,6 +93,7 @@ from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, Conc
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary, shipped_library
+from thrifty.perfmodels.normal import normal_quantile
 
 __all__ = [
     "IterationPrediction",
@@ -445,7 +445,7 @@ class IterationSimulator:
         """``e(k)``: the sample mean of the max of `devices` standard normals here."""
         value = self._max_factor.get(devices)
         if value is None:
-            value = self._max_factor[devices] = float(np.mean(ndtri(self._strata ** (1.0 / devices))))
+            value = self._max_factor[devices] = float(np.mean(normal_quantile(self._strata ** (1.0 / devices))))
         return value
 
     def device_stats(self, itype: InstanceType, device_batch: int) -> tuple[float, float, float, float, float]:
@@ -509,7 +509,7 @@ class IterationSimulator:
                 draws = np.full(self.samples, mean)
             else:
                 u = np.exp(self._log_u[row] / devices) if devices > 1 else self._uniform[row]
-                draws = mean + sd * ndtri(u)
+                draws = mean + sd * normal_quantile(u)
             if len(self._draws) > 100_000:
                 self._draws.clear()
             self._draws[key] = draws

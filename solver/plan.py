@@ -54,7 +54,7 @@ class PlanRecord(BaseModel):
     ``start_s``). `with_changes` is a validated copy: the record itself never
     changes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, defer_build=True)
 
     _omit_empty: ClassVar[frozenset[str]] = frozenset()  # JSON keys written only when set
 

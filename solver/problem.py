@@ -131,7 +131,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Limits(_Frozen):

@@ -184,10 +184,12 @@ def test_a_probed_type_without_its_feature_column_is_named_by_its_key(shipped):
     assert "is not one of features.instance_types ['local']" in e.value.message
 
 
-def test_a_booster_xgboost_cannot_read_is_named(shipped):
+def test_a_booster_that_is_not_an_xgboost_tree_model_is_named(shipped):
     with pytest.raises(ProblemError) as e:
         LearnedAllreduce.from_json(_changed(shipped, ("submodels", "small", "booster", "learner"), {}), "m.json")
-    assert e.value.path == "submodels.small.booster" and "xgboost cannot load" in e.value.message
+    assert e.value.path == "submodels.small.booster"
+    assert e.value.message == ("is not an xgboost tree model thrifty can evaluate: "
+                               "learner.learner_model_param is missing")
     # a feature column more than the boosters read: every prediction would fail
     data = _changed(_changed(shipped, ("features", "devices"), ["cpu", "gpu"]), ("features", "columns"), DELETE)
     with pytest.raises(ProblemError) as e:

@@ -3,10 +3,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from thrifty.runtime.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_help_lists_every_command(capsys):
@@ -81,6 +84,23 @@ def test_simulate_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+HEAVY = ("xgboost", "sklearn", "pandas", "scipy.stats", "scipy.special", "torch", "ray", "boto3", "botocore",
+         "matplotlib", "ortools", "z3")
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_solve_of_the_main_job_imports_no_heavy_package(extra):
+    """`thrifty solve` on the README's main job, as the `thrifty` console script runs it: none of the packages
+    that take a second to import (a learned allreduce model is evaluated in numpy, without xgboost)."""
+    code = ("import sys, io, contextlib\n"
+            "from thrifty.runtime.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    code = main(['solve', 'datasets/examples/heterogeneous-resnet50.json', *{extra!r}])\n"
+            f"print(code, sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.strip() == "0 []", proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("kind,field", [

@@ -7,6 +7,7 @@ Needs xgboost (``pip install 'thrifty[all]'``)."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -28,6 +29,7 @@ from thrifty.perfmodels.allreduce.model import (
     _to_target,
 )
 from thrifty.perfmodels.allreduce.table import ProbeTable, parse_probe_rows, pool_repeats
+from thrifty.perfmodels.allreduce.trees import TreeEnsemble
 from thrifty.perfmodels.bandwidth import MTU_BYTES, BandwidthModel
 
 __all__ = ["fit_allreduce", "DEFAULT_GRID", "MAPE_WEIGHTED_GRID", "mape", "mape_floor", "decay_weights",
@@ -138,7 +140,25 @@ def _train(
         dtrain,
         num_boost_round=params.n_estimators,
     )
-    return _Submodel(booster, params.target, offset, scale)
+    return _Submodel(_BoosterTrees(booster), params.target, offset, scale)
+
+
+class _BoosterTrees:
+    """A booster being scored, predicting through xgboost (cross-validation trains many)."""
+
+    def __init__(self, booster: Any):
+        self.booster = booster
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(self.booster.inplace_predict(X))
+
+
+def _kept(sub: _Submodel) -> _Submodel:
+    """A submodel to keep: its booster as the `TreeEnsemble` of its JSON document, the form a saved model
+    is loaded in, so a fitted model predicts what it will predict once saved and loaded."""
+    assert isinstance(sub.trees, _BoosterTrees)  # _train's
+    document = json.loads(bytes(sub.trees.booster.save_raw("json")))
+    return _Submodel(TreeEnsemble.from_json(document), sub.target, sub.offset, sub.scale)
 
 
 def _relative_weights(target: str, X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -224,7 +244,7 @@ def _fit_submodel(
     cells = _group_keys(table, with_concurrency=True)
     heldout_medians = mape(predicted, _cell_medians(cells[test], y[test]), weights[test])
     floor = mape_floor(cells[test], y[test], weights[test])
-    final = _train(X, y, weights, params, seed, nthread)
+    final = _kept(_train(X, y, weights, params, seed, nthread))
     report = SubmodelReport(
         name=name,
         regime=regime,

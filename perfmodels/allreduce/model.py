@@ -16,15 +16,17 @@ schema allreduce-model`` prints it)::
                              "report": {..., "hyperparams": {...}}, "booster": {xgboost's JSON model}},
                    "large": {...}}}
 
-The schema covers all of it but the boosters' insides (xgboost reads those,
-and says what is wrong with one): every field's type and range, the feature
+The schema covers all of it but the boosters' insides (`TreeEnsemble` reads
+those, and says what is wrong with one): every field's type and range, the feature
 columns this thrifty encodes (``features.numeric``), probed buffer sizes and
 world sizes increasing, every probed type and its device a feature column,
 every cap of a probed type. ``training`` and ``provenance`` are records for
 readers and may be left out, as may ``features.columns`` and
 ``min_bus_bandwidth_bytes_per_s``; ``mtu_bytes`` defaults to 9001. Loading
 also checks that each booster reads as many features as the model has
-columns. An error names the JSON path of the
+columns. Predictions evaluate the boosters' trees in numpy
+(`thrifty.perfmodels.allreduce.trees`), exactly as xgboost does, so loading
+and querying a model never imports xgboost; only fitting one does. An error names the JSON path of the
 bad field (``instance_types.local.buffer_bytes[3]``). The schema checks the
 file; `LearnedAllreduce` is the checked model in the form the simulators and
 the solver query: plain dataclasses and numpy, no pydantic on the prediction
@@ -39,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args
 
 import numpy as np
 from pydantic import AfterValidator, Field, model_validator
@@ -50,6 +52,7 @@ from thrifty.datasets.io import atomic_write_text, read_json
 from thrifty.datasets.optional import require
 from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.allreduce.table import ProbeTable
+from thrifty.perfmodels.allreduce.trees import TreeEnsemble, TreeModelError
 from thrifty.perfmodels.bandwidth import MTU_BYTES, AnalyticAllreduce, BandwidthModel
 
 __all__ = [
@@ -210,13 +213,20 @@ class SubmodelReport:
     candidates: int
 
 
+class _Trees(Protocol):
+    """What a submodel predicts with: a `TreeEnsemble` (a loaded or fitted model), or, while fitting,
+    an adapter of the xgboost booster being scored."""
+
+    def predict(self, X: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass
 class _Submodel:
-    """One booster and how its raw output maps back to bytes/s:
+    """One booster's trees and how their raw output maps back to bytes/s:
     ``busbw = raw * scale`` (target ``busbw``), ``exp(raw + offset)``
     (``log_busbw``) or ``2 s (n-1) / (n exp(raw + offset))`` (``log_time``)."""
 
-    booster: Any
+    trees: _Trees
     target: str
     offset: float
     scale: float
@@ -224,7 +234,7 @@ class _Submodel:
     def predict(self, X: np.ndarray) -> np.ndarray:
         if len(X) == 0:
             return np.zeros(0)
-        raw = np.asarray(self.booster.inplace_predict(X), dtype=float)
+        raw = np.asarray(self.trees.predict(X), dtype=float)
         return np.maximum(_from_target(self.target, raw, X, self.offset, self.scale), MIN_BUS_BANDWIDTH)
 
 
@@ -482,7 +492,7 @@ class LearnedAllreduce:
                 "regime": report.regime,
                 "target": {"form": sub.target, "offset": sub.offset, "scale": sub.scale},
                 "report": asdict(report),
-                "booster": json.loads(bytes(sub.booster.save_raw("json"))),
+                "booster": _document(sub.trees),
             }
         data = {
             "format": MODEL_FORMAT,
@@ -529,25 +539,23 @@ class LearnedAllreduce:
     def from_file(
         cls, file: "AllreduceModelFile", source: str = "allreduce model", fallback: BandwidthModel | None = None
     ) -> "LearnedAllreduce":
-        """The model of a checked file: its boosters loaded by xgboost (an error
-        names ``submodels.<name>.booster``)."""
-        xgb = _import_xgboost()
+        """The model of a checked file: its boosters read as numpy tree ensembles (`TreeEnsemble`, which
+        predicts as xgboost does, without importing it); an error names ``submodels.<name>.booster``."""
         encoding = FeatureEncoding(tuple(file.features.devices), tuple(file.features.instance_types))
         submodels: dict[str, _Submodel] = {}
         reports: dict[str, SubmodelReport] = {}
         for name in SUBMODELS:
             entry: SubmodelFile = getattr(file.submodels, name)
-            booster = xgb.Booster()
             try:
-                booster.load_model(bytearray(json.dumps(entry.booster).encode("utf-8")))
-            except xgb.core.XGBoostError as e:
-                raise ProblemError(f"is a booster xgboost cannot load: {e}", path=f"submodels.{name}.booster",
-                                   source=source) from None
-            if booster.num_features() != len(encoding.names):
-                raise ProblemError(f"reads {booster.num_features()} features, but the model's features are "
+                trees = TreeEnsemble.from_json(entry.booster)
+            except TreeModelError as e:
+                raise ProblemError(f"is not an xgboost tree model thrifty can evaluate: {e}",
+                                   path=f"submodels.{name}.booster", source=source) from None
+            if trees.num_features != len(encoding.names):
+                raise ProblemError(f"reads {trees.num_features} features, but the model's features are "
                                    f"{len(encoding.names)} columns (features.numeric, devices and instance_types)",
                                    path=f"submodels.{name}.booster", source=source)
-            submodels[name] = _Submodel(booster, entry.target.form, entry.target.offset, entry.target.scale)
+            submodels[name] = _Submodel(trees, entry.target.form, entry.target.offset, entry.target.scale)
             reports[name] = entry.report.submodel_report()
         return cls(
             submodels,
@@ -581,6 +589,12 @@ def load_allreduce_model(path: str | Path, fallback: BandwidthModel | None = Non
 
 
 # -- helpers ---------------------------------------------------------------------
+
+
+def _document(trees: _Trees) -> dict[str, Any]:
+    if not isinstance(trees, TreeEnsemble):
+        raise TypeError("only a fitted or loaded model (its trees a TreeEnsemble) is saved")
+    return dict(trees.document)
 
 
 def _name(itype: InstanceType | str) -> str:

@@ -85,7 +85,7 @@ class ProbeRow(FileSchema):
 
     # a column the schema does not name cannot be a misspelt one (every column is
     # required), so another benchmark's extra columns are ignored rather than refused
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
     timestamp: Annotated[datetime, Field(description="when the repeat finished: ISO 8601, UTC unless a zone is "
                                                      "given"), BeforeValidator(_iso_time)]
