@@ -21,7 +21,12 @@ GPUs of a machine times a power of two, the default; ``"pow2"``, any power of
 two; or an explicit list), ``respect_threshold`` (skip batches below the
 latency-to-throughput transition, Srifty takeaway 4; default true).
 
-Relative paths inside a problem file are resolved against the file's folder.
+Relative paths inside a problem file (``catalog``, ``allreduce``, and
+``model`` when it names a profile file) are read from the problem file's
+folder, whatever the current folder; a problem built in Python (``solve(dict)``)
+reads them from the current folder. A file that is not there is an error
+naming the problem file and the field (``copy.json: catalog: file not found:
+../catalog/aws-us-east-1.json``).
 """
 
 from __future__ import annotations
@@ -211,19 +216,50 @@ class TrainingProblem(_Frozen):
         return self
 
 
+# the fields of a problem that name a file; `model` names a file only when it ends in .json (else a profile's
+# model name) or a file of that name exists
+FILE_FIELDS = ("catalog", "allreduce", "model")
+
+
+def _names_file(key: str, value: str, base: Path | None) -> bool:
+    if key != "model" or value.endswith(".json"):
+        return True
+    try:
+        return ((base or Path()) / value).is_file()
+    except (OSError, ValueError):  # a name the OS refuses to look at (too long, a NUL byte) names no file
+        return False
+
+
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """`data` with each relative file field read from the folder `base` (the problem file's)."""
     out = dict(data)
-    for key in ("catalog", "allreduce", "model"):
+    for key in FILE_FIELDS:
         value = out.get(key)
-        if isinstance(value, str) and (value.endswith(".json") or "/" in value):
-            candidate = (base / value) if not Path(value).is_absolute() else Path(value)
-            if candidate.exists() or key != "model":
-                out[key] = str(candidate)
+        if isinstance(value, str) and value and "\x00" not in value and _names_file(key, value, base):
+            out[key] = str(base / value)  # an absolute value stays itself
     return out
 
 
+def _check_files(problem: Problem, source: str | None) -> None:
+    """Every file a problem names exists: else the error names the problem file and the field (a copied
+    problem file whose relative ``catalog`` no longer leads anywhere)."""
+    for key in FILE_FIELDS:
+        value = getattr(problem, key, None)
+        if isinstance(value, str) and _names_file(key, value, None):
+            try:
+                found = Path(value).exists()
+            except (OSError, ValueError):  # a name the OS refuses to look at
+                found = False
+            if not found:
+                raise ProblemError(f"file not found: {value}", path=key, source=source)
+
+
 def parse_problem(data: Any, source: str | None = None, base: Path | None = None) -> Problem:
-    """Validate problem data; every error names the JSON path of the bad field."""
+    """Validate problem data; every error names the JSON path of the bad field.
+
+    `base`: the folder relative file fields (`FILE_FIELDS`) are read from, the problem file's; without one
+    (a problem built in Python), the current folder. A named file that does not exist is an error naming
+    the field."""
     if not isinstance(data, dict):
         raise ProblemError(f"a problem must be a JSON object, not {type(data).__name__}", source=source)
     kind = data.get("kind")
@@ -233,13 +269,18 @@ def parse_problem(data: Any, source: str | None = None, base: Path | None = None
         raise ProblemError(f"is {short_value(kind)}, but must be 'training' or 'tuning'", path="kind", source=source)
     if base is not None:
         data = _resolve_paths(data, base)
+    problem: Problem
     if kind == "training":
-        return validate_model(TrainingProblem, data, source=source)
-    return validate_model(TuningProblem, data, source=source)
+        problem = validate_model(TrainingProblem, data, source=source)
+    else:
+        problem = validate_model(TuningProblem, data, source=source)
+    _check_files(problem, source)
+    return problem
 
 
 def load_problem(path: str | Path) -> Problem:
-    """Load a problem file: JSON, or YAML for ``.yaml``/``.yml`` (`read_document`)."""
+    """Load a problem file: JSON, or YAML for ``.yaml``/``.yml`` (`read_document`); its relative file fields
+    are read from the problem file's folder, whatever the current folder."""
     path = Path(path)
     return parse_problem(read_document(path), source=str(path), base=path.parent)
 

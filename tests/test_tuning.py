@@ -135,7 +135,8 @@ def test_solve_returns_the_contract_keys():
         assert set(s) >= {"trials", "iters_per_trial", "gpus", "gpus_per_trial", "instances"}
     assert [s["trials"] for s in d["stages"]] == [32, 10, 3, 1]
     assert d["predicted"]["jct_s"] <= 1200
-    assert d["predicted"]["cost_usd"] <= d["baselines"]["greedy"]["predicted"]["cost_usd"] + 1e-9
+    # (not "cost <= greedy's": the fallback to greedy's plan makes that true of any answer; exact <= greedy
+    # without the fallback is tested in test_tuning_greedy.py)
     assert d["predicted"]["cost_usd"] <= 0.6 * d["baselines"]["static"]["predicted"]["cost_usd"]
 
 
