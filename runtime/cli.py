@@ -5,11 +5,15 @@ Each command lives in its own module ``thrifty.runtime.commands.<name>`` with
 modules import heavy dependencies (torch, xgboost) inside ``run`` so that
 ``thrifty --help`` and ``thrifty solve`` start fast.
 
-Exit codes: 0 success (a plan was found), 1 an internal or backend failure,
-2 bad input, 3 infeasible, 4 a run (``thrifty run``) that finished outside its
-limits; 141 when the reader of the output closed the pipe
-(``thrifty schema training | head``), quietly, as Unix tools do. Errors print one clear line and no traceback unless
-``--debug`` is given or ``THRIFTY_DEBUG=1`` is set.
+Exit codes: one table for every command, `thrifty.runtime.commands._args.EXIT_CODES`
+(0 success, 1 a failure, 2 bad input, 3 infeasible, 4 finished outside its
+limits or goal, 130 interrupted, 141 the reader of the output closed the pipe,
+quietly, as Unix tools do, 143 terminated); each command's ``--help`` lists
+the ones it can return. Errors print one line and no traceback unless
+``--debug`` is given or ``THRIFTY_DEBUG=1`` is set: ``thrifty CMD: error:
+MESSAGE`` for bad input, where an error about a file reads ``FILE: JSON.PATH:
+message`` (`ProblemError`'s text), and ``thrifty CMD: failed: MESSAGE`` for a
+failure.
 """
 
 from __future__ import annotations
@@ -57,10 +61,14 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from thrifty.runtime.commands._args import EXIT_CODES, exit_codes_epilog
+
     parser = argparse.ArgumentParser(
         prog="thrifty",
         description="Plan and run deep-learning training and tuning on rented machines: "
         "the least cost that meets a deadline, or the least time that meets a budget.",
+        epilog=exit_codes_epilog(dict.fromkeys(EXIT_CODES, "")) + "\n(each command's --help lists its own)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"thrifty {_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")

@@ -187,3 +187,35 @@ def test_run_dry_run_with_a_cluster_config_checks_it_and_starts_nothing(capsys, 
     assert main(["run", problem, "--dry-run", "--cluster", str(config)]) == 2
     err = capsys.readouterr().err
     assert "head_ip" in err and "is not an IP address" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", [n for n in COMMANDS if n not in ("run", "tune")])
+def test_every_commands_help_lists_the_exit_codes_it_can_return(name, capsys):
+    """Each from the one table (EXIT_CODES), 2 (bad input) and 130 (Ctrl-C) in every one."""
+    from thrifty.runtime.commands._args import EXIT_CODES
+
+    with pytest.raises(SystemExit) as e:
+        main([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "\nexit codes:\n" in out
+    listed = [line.split()[0] for line in out.split("\nexit codes:\n", 1)[1].splitlines() if line.startswith("  ")]
+    assert {"0", "2", "130"} <= set(listed) and set(listed) <= {str(c) for c in EXIT_CODES}
+    for line in out.split("\nexit codes:\n", 1)[1].splitlines():
+        code = line.split()[0]
+        assert line.strip().startswith(f"{code} ") and EXIT_CODES[int(code)] in line, line
+
+
+def test_solve_help_says_the_problem_file_may_be_yaml(capsys):
+    with pytest.raises(SystemExit):
+        main(["solve", "--help"])
+    out = capsys.readouterr().out
+    assert "JSON or YAML" in out and "JSON problem file" not in out and "PROBLEM.json" not in out
+    assert "3    infeasible" in out
+
+
+def test_an_exit_code_outside_the_table_is_refused():
+    from thrifty.runtime.commands._args import exit_codes_epilog
+
+    with pytest.raises(ValueError, match=r"exit codes \[5\]"):
+        exit_codes_epilog({0: "", 5: "no such code"})

@@ -6,10 +6,24 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["int_at_least", "positive_float", "non_negative_float", "output_file", "output_folder"]
+__all__ = ["int_at_least", "positive_float", "non_negative_float", "output_file", "output_folder", "EXIT_CODES",
+           "COMMON_EXIT_CODES", "exit_codes_epilog", "with_exit_codes"]
+
+# The one table of exit codes of every thrifty command (the README's "Command-line conventions"); a command's
+# --help lists the ones it can return, each with this meaning and what it means for that command.
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "a failure",
+    2: "bad input",
+    3: "infeasible",
+    4: "finished outside its limits or goal",
+    130: "interrupted (SIGINT, Ctrl-C)",
+    141: "the reader of the output went away (thrifty ... | head)",
+    143: "terminated (SIGTERM)",
+}
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -96,3 +110,26 @@ def output_folder(text: str) -> str:
         raise argparse.ArgumentTypeError(f"'{text}' is a file, not a folder")
     _writable_from(path, text)
     return text
+
+
+def exit_codes_epilog(codes: Mapping[int, str]) -> str:
+    """The epilogue of a command's --help: each exit code in `codes` with its meaning in `EXIT_CODES`, then
+    what it means for this command (`codes[code]`, may be empty). A code outside the table is a bug."""
+    unknown = sorted(set(codes) - set(EXIT_CODES))
+    if unknown:
+        raise ValueError(f"exit codes {unknown} are not in the table of exit codes {sorted(EXIT_CODES)}")
+    lines = ["exit codes:"]
+    for code in sorted(codes):
+        detail = codes[code]
+        lines.append(f"  {code:<4} {EXIT_CODES[code]}" + (f": {detail}" if detail else ""))
+    return "\n".join(lines)
+
+
+# what every command can return, whatever it does (thrifty.runtime.cli.main)
+COMMON_EXIT_CODES: dict[int, str] = {2: "a usage error, or a bad file or field", 130: "", 141: ""}
+
+
+def with_exit_codes(parser: argparse.ArgumentParser, codes: Mapping[int, str]) -> None:
+    """Show `codes` and `COMMON_EXIT_CODES` in `parser`'s --help, laid out as written."""
+    parser.epilog = exit_codes_epilog({**COMMON_EXIT_CODES, **codes})
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_OK
-from thrifty.runtime.commands._args import output_file
+from thrifty.runtime.commands._args import output_file, with_exit_codes
 
 HELP = "refresh the instance catalog's prices from the AWS APIs (Price List, spot price history)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "the catalog was written", 1: "an AWS API call failed"})
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     refresh = actions.add_parser(
         "refresh", help="write a catalog with today's on-demand and spot prices",

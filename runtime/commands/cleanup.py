@@ -14,11 +14,13 @@ from datetime import datetime
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_OK
+from thrifty.runtime.commands._args import with_exit_codes
 
 HELP = "terminate the EC2 instances a run left behind (found by its thrifty:run tag)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "nothing left running", 1: "an instance could not be terminated"})
     parser.add_argument("--run", required=True, metavar="ID", help="the run id (the thrifty:run tag)")
     parser.add_argument("--region", help="AWS region (default: the profile's or AWS_DEFAULT_REGION)")
     parser.add_argument("--profile", help="AWS profile to use")

@@ -13,7 +13,7 @@ import argparse
 import shlex
 from datetime import datetime, timezone
 
-from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
 HELP = "fit the learned allreduce (bus bandwidth) model on probe CSVs and save it"
 
@@ -28,6 +28,7 @@ def _fraction(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "the model was written"})
     parser.add_argument("probes", nargs="+", metavar="PROBES.csv", help="probe files from thrifty probe-allreduce")
     parser.add_argument("--out", required=True, type=output_file, metavar="MODEL.json", help="where to write the model")
     parser.add_argument(

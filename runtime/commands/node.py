@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from thrifty.datasets.errors import ProblemError, ProviderError
-from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
 JOIN_DESCRIPTION = (
     "Start this machine's Ray worker node and join the cluster whose head is at --address. What is not given comes "
@@ -35,6 +35,7 @@ def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "", 1: "the node could not join the cluster"})
     from thrifty.runtime.cluster import bootstrap
 
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from thrifty.datasets.errors import ProblemError
-
-from thrifty.runtime.commands._args import int_at_least, non_negative_float, output_file, positive_float
+from thrifty.runtime.commands._args import (int_at_least, non_negative_float, output_file, positive_float,
+                                            with_exit_codes)
 
 HELP = "measure allreduce bus bandwidth on this host over a grid of world sizes, buffer sizes and concurrency"
 
@@ -71,6 +71,7 @@ def _byte_size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "the probes were written", 1: "a worker or the cluster failed"})
     parser.add_argument("--world-sizes", required=True, metavar="2,3,4", help="world sizes to probe")
     parser.add_argument("--out", required=True, type=output_file, metavar="PROBES.csv",
                         help="where to write the probe rows")

@@ -13,7 +13,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
 HELP = "measure a model's compute profile (forward/backward latency per batch, gradient-ready times) here"
 
@@ -33,6 +33,7 @@ def parse_batches(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "the profile was written", 1: "a worker or measurement failed"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
                         help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
     parser.add_argument("--out", required=True, type=output_file, metavar="PROFILE.json",

@@ -15,7 +15,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, output_file, positive_float
+from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
 HELP = "measure how one trial's iteration latency scales with its workers (a RubberBand scaling profile) here"
 
@@ -31,6 +31,7 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "the profile was written", 1: "a worker or measurement failed"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
                         help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")

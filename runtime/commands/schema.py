@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 from typing import TYPE_CHECKING, Any
+from thrifty.runtime.commands._args import with_exit_codes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -35,6 +36,7 @@ KINDS = PROBLEM_KINDS + EXPERIMENT_KINDS + PLAN_KINDS + DATA_FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: ""})
     parser.add_argument("kind", choices=KINDS,
                         help="training or tuning: a problem file; experiment: a tuning experiment (thrifty tune); "
                              "plan: a training plan; tuning-plan: a tuning plan; "

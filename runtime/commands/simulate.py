@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from thrifty.runtime.commands._args import with_exit_codes
 
 HELP = "predict one training iteration (mean, p95, breakdown) on a mix of machines and batches"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: ""})
     parser.add_argument("--model", required=True,
                         help="a shipped model name (e.g. resnet50) or a profile / compute-model JSON file")
     parser.add_argument("--config", required=True,

@@ -1,5 +1,5 @@
 """``thrifty solve``: plan a training job or a tuning job (``kind: "tuning"``,
-RubberBand) from a JSON problem file."""
+RubberBand) from a problem file (JSON or YAML)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ import json
 import math
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
-from thrifty.runtime.commands._args import output_file, positive_float
+from thrifty.runtime.commands._args import output_file, positive_float, with_exit_codes
 
 HELP = ("choose machines and batches for a training job, or per-stage allocations for a tuning job "
-        "(JSON problem file), under time, cost and quota limits")
+        "(problem file: JSON or YAML), under time, cost and quota limits")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("problem", metavar="PROBLEM.json",
-                        help="a problem file (see `thrifty schema training` and `thrifty schema tuning`)")
+    with_exit_codes(parser, {0: "a plan was found", 1: "a solver backend broke",
+                             3: "no plan meets the limits; the answer says why and what to relax"})
+    parser.add_argument("problem", metavar="PROBLEM",
+                        help="a problem file, JSON or YAML (see `thrifty schema training` and `thrifty schema "
+                             "tuning`); the files it names are read from its folder")
     parser.add_argument("--method", choices=("auto", "exhaustive", "ilp", "smt"), default="auto",
                         help="auto (default): exhaustive for small spaces, else ilp")
     parser.add_argument("--time-limit", type=positive_float, metavar="SECONDS",

@@ -45,7 +45,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 
-from thrifty.runtime.commands._args import int_at_least, output_file
+from thrifty.runtime.commands._args import int_at_least, output_file, with_exit_codes
 
 HELP = "check thrifty's iteration prediction for a model here: real DDP iterations against the prediction"
 
@@ -56,6 +56,7 @@ SPREAD_WARNING = 0.2  # round means further apart than this: the host's speed mo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    with_exit_codes(parser, {0: "", 1: "a worker or measurement failed"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
                         help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
     parser.add_argument("--config", required=True, action="append", metavar="CONFIG",
