@@ -7,6 +7,7 @@ node's environment)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 from thrifty.runtime.training import RunConfig, train  # noqa: E402
 from thrifty.runtime.training.launcher import WORKER_PRELOAD  # noqa: E402
+from thrifty.solver import solve  # noqa: E402
 
 from ray_cluster import ThreeNodes  # noqa: E402
 from test_training_runtime_processes import max_difference, model_state  # noqa: E402
@@ -44,13 +46,53 @@ def nodes():
     cluster.close()
 
 
+def make_provider(nodes) -> RayProvider:
+    nodes.refill()
+    return RayProvider("cluster-test", load_catalog(CATALOG), nodes.cluster.address, imds_interval_s=0.2,
+                       preload=WORKER_PRELOAD)
+
+
 @pytest.fixture
 def provider(nodes):
-    nodes.refill()
-    made = RayProvider("cluster-test", load_catalog(CATALOG), nodes.cluster.address, imds_interval_s=0.2,
-                       preload=WORKER_PRELOAD)
+    made = make_provider(nodes)
     yield made
     made.close()
+
+
+@pytest.fixture(scope="module")
+def demo_plan() -> dict:
+    """The demo problem's own plan (2 x local-a spot, 32 each)."""
+    return solve(DEMO).to_dict()
+
+
+@pytest.fixture(scope="module")
+def demo(nodes, demo_plan, tmp_path_factory) -> Path:
+    """The demo problem with its limits (30 s, $0.05) scaled to how long this
+    host takes to launch the plan's world right now, measured on this cluster.
+
+    The demo's limits assume launches of ``overheads.launch_s`` (5 s). A
+    re-plan charges the launch the run measured, so on a loaded host (a launch
+    of 21 s) the re-plan after a preemption found no plan in what was left of
+    30 s: the test measured the host, not the runtime. Here a first world of
+    the plan runs 10 iterations, and the limits grow by 1.5 x its launch /
+    5 s when that is over 1 (1.5: the cold launch's other costs, and load
+    that changes during the test); the plan stays the demo's own, so a
+    quiet host runs the very same test."""
+    folder = tmp_path_factory.mktemp("demo")
+    problem = {**json.loads(DEMO.read_text()), "catalog": str(CATALOG)}
+    made = make_provider(nodes)
+    try:
+        probe = train(demo_plan, TINY, problem={**problem, "iterations": 10}, provider=made,
+                      run_dir=folder / "probe", config=CONFIG)
+    finally:
+        made.close()
+    launch_s = probe.segments[0].launch_s or 0.0
+    scale = max(1.0, 1.5 * launch_s / problem["overheads"]["launch_s"])
+    problem["limits"] = {k: v * scale for k, v in problem["limits"].items()}
+    print(f"the demo's limits x {scale:.2f}: a launch took {launch_s:.1f} s")
+    path = folder / "demo.json"
+    path.write_text(json.dumps(problem))
+    return path
 
 
 class WhenReaching:
@@ -70,9 +112,17 @@ class WhenReaching:
         assert self.thread is not None, f"the run never reached iteration {self.iteration}"
         self.thread.join(60)
 
+    def __enter__(self) -> WhenReaching:
+        return self
 
-def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, tmp_path):
-    result = train(DEMO, TINY, provider=provider, run_dir=tmp_path, config=CONFIG)
+    def __exit__(self, *exc) -> None:
+        """On every way out, also a failed run: the action must not hit the next test's cluster."""
+        if self.thread is not None:
+            self.thread.join(60)
+
+
+def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, demo, demo_plan, tmp_path):
+    result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG)
     assert result.iterations == 600 and result.within_limits
     [segment] = result.segments
     assert segment.config == "2xlocal-a@32" and segment.ended == "finished"
@@ -81,10 +131,12 @@ def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, tmp_pa
     assert provider.machines() == []
 
 
-def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(nodes, provider, tmp_path):
-    remove = WhenReaching(300, nodes.remove_spare)
-    result = train(DEMO, TINY, provider=provider, run_dir=tmp_path, config=CONFIG, on_progress=remove)
-    remove.join()
+def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(nodes, provider, demo, demo_plan,
+                                                                             tmp_path):
+    with WhenReaching(300, nodes.remove_spare) as remove:
+        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG,
+                       on_progress=remove)
+        remove.join()
     assert result.iterations == 600 and result.within_limits, result.exceeded
     [event] = result.preemptions
     assert (event.instance_type, event.market, event.time_left_s) == ("local-a", "spot", 0)
@@ -96,15 +148,16 @@ def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(n
     assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
 
 
-def test_a_spot_notice_ten_seconds_ahead_loses_no_iteration(nodes, provider, tmp_path):
+def test_a_spot_notice_ten_seconds_ahead_loses_no_iteration(nodes, provider, demo, demo_plan, tmp_path):
     def notice_then_remove() -> None:
         nodes.imds["spare"].interrupt(in_s=10.0)
         time.sleep(10.0)
         nodes.remove_spare()
 
-    notice = WhenReaching(300, notice_then_remove)
-    result = train(DEMO, TINY, provider=provider, run_dir=tmp_path, config=CONFIG, on_progress=notice)
-    notice.join()  # the machine is taken 10 s after its notice: by then the run had moved off it
+    with WhenReaching(300, notice_then_remove) as notice:
+        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG,
+                       on_progress=notice)
+        notice.join()  # the machine is taken 10 s after its notice: by then the run had moved off it
     assert result.iterations == 600 and result.within_limits, result.exceeded
     [event] = result.preemptions
     assert (event.source, event.instance_type, event.market) == ("imds", "local-a", "spot")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -342,14 +341,15 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
                                                   "it runs wherever torch sees one")),
 ])
 def test_the_worker_entry_runs_under_torchrun(tmp_path, backend):
-    torchrun = shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun is not on PATH (it ships with torch); install torch's console scripts to run this")
+    # torchrun is `python -m torch.distributed.run`: run with this interpreter, not the first `torchrun` on
+    # PATH, which may be another Python's, where thrifty is not installed (a virtualenv with the system's
+    # site packages has no torchrun of its own)
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
     checkpoint = tmp_path / "checkpoint.pt"
     ranks = 2 if backend == "gloo" else min(2, GPUS)
     batches = "5,11" if ranks == 2 else "16"
     done = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node", str(ranks), "-m", "thrifty.runtime.training.worker",
+        [*torchrun, "--standalone", "--nproc-per-node", str(ranks), "-m", "thrifty.runtime.training.worker",
          "--trainer", TINY, "--batches", batches, "--iterations", "8", "--checkpoint", str(checkpoint),
          "--checkpoint-every", "4", "--timeout", "60", "--backend", backend],
         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
