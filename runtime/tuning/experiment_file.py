@@ -377,7 +377,8 @@ def build_scheduler(experiment: ExperimentFile):
                        atoms_per_trial=s.atoms_per_trial, learn_prior=s.learn_prior,
                        metric_range=experiment.score_range, resume=s.resume)
         if isinstance(s, BanditSpec):
-            return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial)
+            return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial,
+                          lower=experiment.score_range[0])
         if isinstance(s, EarlyTermSpec):
             return EarlyTerm(boundary=s.boundary, delta=s.delta, atoms_per_trial=s.atoms_per_trial,
                              metric_range=experiment.score_range)
