@@ -17,10 +17,21 @@ Everything lands in the results folder as it happens (`record`): the
 experiment, ``events.jsonl``, each trial's checkpoints and worker logs
 (``trials/``); at the end ``summary.json`` (written atomically), the best
 configuration and its checkpoint (``best/``) and a plot of the trial curves
-and the atoms over time. A killed driver goes on with ``resume=DIR``:
-finished trials are kept, paused ones continue from their checkpoints, the
-rest start again, and the time already spent counts against the deadline
-(not supported for ``plan``, whose stages are solved for a fresh start).
+and the atoms over time. Results go to `out`, by default
+``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the run was started
+with besides the experiment (the cluster, the plot).
+
+SIGINT and SIGTERM (`_Signals`) ask the loop to stop: running trials finish
+their iteration and are checkpointed, the summary is written with
+``end_reason`` ``interrupted`` or ``terminated`` (`STOPPED`) and
+``finished: false``. A stopped, killed or crashed run goes on with
+``resume=DIR``, with the cluster and plot it was started with unless given
+again: finished trials are kept, the trials that were running go on first
+from their last checkpoint, paused ones when their scheduler promotes them,
+and the time already spent counts against the deadline (not supported for
+``plan``, whose stages are solved for a fresh start). A run that finished,
+resumed, returns its summary's figures (`TuneResult.already_finished`)
+without running or writing anything.
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ class ExperimentFile(_Spec):
 
 
 def _check_name(name: str) -> None:
-    """The experiment's name becomes its results folder's (``thrifty-tune/NAME-TIME``): a plain name."""
+    """The experiment's name becomes its results folder's (``thrifty-runs/NAME-TIME``): a plain name."""
     try:
         name.encode("utf-8")
         plain = name.isprintable() and not name.startswith(".") and not any(c in name for c in "/\\")
