@@ -334,6 +334,7 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
     assert before
     if way in ("sigint", "sigterm"):
         assert f"resume with: thrifty tune --resume {out} --no-progress" in err     # the exact command
+        assert "stopping; the running trials finish their iteration" in err
         summary = json.loads((out / "summary.json").read_text())
         assert summary["finished"] is False and summary["end_reason"] == {"sigint": "interrupted",
                                                                            "sigterm": "terminated"}[way]

@@ -271,9 +271,13 @@ def run(args: argparse.Namespace) -> int:
             if line:
                 print(line, file=sys.stderr, flush=True)
 
+    def on_stop(reason: str) -> None:
+        console.print(f"thrifty tune: {reason}: stopping; the running trials finish their iteration and are "
+                      "checkpointed (Ctrl-C again stops them at once)", markup=False, highlight=False)
+
     try:
         result = tune(e, out=args.out if resume is None else None, resume=resume, cluster=args.cluster,
-                      plot=args.plot, on_start=on_start, on_event=on_event)
+                      plot=args.plot, on_start=on_start, on_event=on_event, on_stop=on_stop)
     except GoalInfeasible as err:
         return _infeasible(console, err)
     finally:
@@ -291,8 +295,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"results: {result.out} (summary.json, events.jsonl, best/)" +
               (f"; plot: {result.plot}" if result.plot else ""))
     if result.stopped:
-        print(f"thrifty tune: {result.end_reason}; resume with: {_resume_command(args, result.out)}",
-              file=sys.stderr)
+        if e.scheduler.name == "plan":
+            print(f"thrifty tune: {result.end_reason}; a `plan` run cannot be resumed (its stages were solved "
+                  "for a fresh start): start it again, with a shorter deadline_s", file=sys.stderr)
+        else:
+            print(f"thrifty tune: {result.end_reason}; resume with: {_resume_command(args, result.out)}",
+                  file=sys.stderr)
         return EXIT_STOPPED[result.end_reason]
     if result.trials and all(t.error for t in result.trials):
         print("every trial failed; see the worker logs under " + str(result.out / "trials"), file=sys.stderr)

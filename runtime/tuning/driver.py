@@ -299,7 +299,8 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
          out: str | Path | None = None, resume: str | Path | None = None, cluster: str | None = None,
          dry_run: bool = False, plot: str | Path | None = None,
          on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
-         on_event: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+         on_event: Callable[[dict[str, Any]], None] | None = None,
+         on_stop: Callable[[str], None] | None = None) -> TuneResult:
     """Run a tuning experiment (a file, a dict or an `ExperimentFile`) to its
     end and keep its results in `out` (see the module docstring).
 
@@ -308,8 +309,10 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     file's. `plot`: where the plot goes (default ``DIR/tuning.png``).
     `on_start(preview, executor)` is called once the executor exists (the
     command line starts its live table there), `on_event(event)` after each
-    recorded event. Raises `ProblemError` (bad input), `GoalInfeasible`
-    (the planner proved the goal cannot be met).
+    recorded event, `on_stop(reason)` once when SIGINT or SIGTERM asks the
+    run to stop (it then ends with that `end_reason`; see `_Signals`).
+    Raises `ProblemError` (bad input), `GoalInfeasible` (the planner proved
+    the goal cannot be met).
     """
     if experiment is None:
         if resume is None:
@@ -354,7 +357,7 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
             if on_start is not None:
                 on_start(shown, recorder)
             try:
-                _run(e, recorder, provider, shown, history, result, signals.reason)
+                _run(e, recorder, provider, shown, history, result, signals.stop(on_stop))
             except KeyboardInterrupt:  # a second signal, or one the plan executor cannot wait out
                 result.end_reason = signals.reason() or "interrupted"
                 result.trials = [recorder.trials[tid] for tid in sorted(recorder.trials)]
@@ -394,6 +397,20 @@ class _Signals:
 
     def reason(self) -> str | None:
         return self._reason
+
+    def stop(self, on_stop: Callable[[str], None] | None) -> Callable[[], str | None]:
+        """The loop's `stop`: the reason once a signal came, told to `on_stop` once (from the loop, not from
+        the signal handler, so that it may print)."""
+        told: list[str] = []
+
+        def stop() -> str | None:
+            if self._reason is not None and not told:
+                told.append(self._reason)
+                if on_stop is not None:
+                    on_stop(self._reason)
+            return self._reason
+
+        return stop
 
     def _handle(self, signum: int, frame: Any) -> None:
         first = self._reason is None
@@ -508,7 +525,7 @@ def _finish(result: TuneResult, plot: str | Path | None) -> None:
     if result.best_trial_id is None and done:
         result.best_trial_id = max(done, key=lambda t: (max(t.metrics), -t.trial_id)).trial_id
     if result.best_trial_id is not None:
-        best = result.trials[result.best_trial_id]
+        best = next(t for t in result.trials if t.trial_id == result.best_trial_id)
         result.best_config = best.config
         result.best_metric = e.value(max(best.metrics)) if best.metrics else None
         (folder / "best").mkdir(parents=True, exist_ok=True)
