@@ -318,8 +318,12 @@ def _event_line(event: dict[str, Any], e: Any) -> str | None:
         start = f"from iteration {event['from_iteration']}" if event.get("from_iteration") else "new"
         return f"{t:8.1f} s  trial {trial} started ({start}) on {event.get('atoms')} atoms"
     if kind == "suspend":
-        return f"{t:8.1f} s  trial {trial} paused at iteration {event.get('iteration')}"
+        why = " (the run stops; it goes on from there when resumed)" if event.get("interrupted") else ""
+        return f"{t:8.1f} s  trial {trial} paused at iteration {event.get('iteration')}{why}"
     if kind == "terminate":
+        if event.get("interrupted"):
+            return (f"{t:8.1f} s  trial {trial} stopped at iteration {event.get('iteration')} (it goes on from its "
+                    "last checkpoint when resumed)")
         return f"{t:8.1f} s  trial {trial} ended at iteration {event.get('iteration')}"
     if kind == "crash":
         return f"{t:8.1f} s  trial {trial} failed: {event.get('message')}"
