@@ -562,6 +562,49 @@ def test_bandit_action_elimination():
     assert [t.state for t in result.trials] == [TrialState.COMPLETED, TrialState.TERMINATED, TrialState.TERMINATED]
 
 
+class Shifted:
+    """`inner`'s workload with every score moved by `shift` (below 0: a loss as -loss, a negative reward)."""
+
+    def __init__(self, inner, shift):
+        self.inner, self.shift = inner, shift
+
+    def metric(self, config, iteration):
+        return self.inner.metric(config, iteration) + self.shift
+
+    def iteration_s(self, config, iteration, atoms):
+        return self.inner.iteration_s(config, iteration, atoms)
+
+
+def shift_free_forecaster(epochs, values, max_epoch, *, seed=0, lower=None, upper=None):
+    """`FakeForecast` without its clamp at 1: the same forecast for the same curve moved by any constant."""
+    forecast = FakeForecast(list(epochs), list(values))
+    forecast.mean = lambda epoch: forecast.last + forecast.slope * (epoch - forecast.n)
+    return forecast
+
+
+@pytest.mark.parametrize("shift", [-100.0, -0.95])
+@pytest.mark.parametrize("name", ["fifo", "asha", "hypersched", "pop", "bandit", "earlyterm"])
+def test_every_scheduler_decides_the_same_whatever_the_sign_of_the_scores(name, shift):
+    # the same curves moved below 0 (with the metric's range, the target and the kill threshold moved alike)
+    # give the same run: no rule of any scheduler depends on where 0 is
+    def scheduler(d):
+        return {"fifo": lambda: FIFO(), "asha": lambda: ASHA(1, eta=2),
+                "hypersched": lambda: HyperSched(1, eta=2, deadline=100, cooldown=1),
+                "pop": lambda: POP(0.75 + d, max_time=40, boundary=2, kill_threshold=0.15 + d, min_confidence=0.05,
+                                   forecaster=shift_free_forecaster, metric_range=(d, 1 + d)),
+                "bandit": lambda: Bandit(boundary=2, lower=d),
+                "earlyterm": lambda: EarlyTerm(boundary=2, forecaster=shift_free_forecaster,
+                                               metric_range=(d, 1 + d))}[name]()
+
+    def run(d):
+        wl = curves_workload()
+        result = run_experiment(scheduler(d), SimulatedExecutor(Shifted(wl, d)), wl.configs([5, 1, 2, 0, 3, 4]),
+                                total_atoms=2, max_iterations=12, deadline=100)
+        return report_order(result), [t.state for t in result.trials], [t.atoms for t in result.trials]
+
+    assert run(shift) == run(0.0)
+
+
 def test_earlyterm_terminates_curves_that_cannot_reach_the_best():
     wl = curves_workload()
     memo = Memoized(fake_forecaster)

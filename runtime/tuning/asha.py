@@ -87,10 +87,13 @@ class ASHA(Scheduler):
         return Decision.PAUSE
 
     def on_restored(self) -> None:
-        """Each rung's paused queue: exactly the paused trials whose highest rung it is."""
+        """Each rung's paused queue: exactly the paused trials whose highest rung it is (a trial paused
+        at a lower rung and promoted since is in no lower rung's queue)."""
         paused = {tid for tid, t in self.experiment.trials.items() if t.state == TrialState.PAUSED}
+        for rung in self.rungs:
+            for trial_id in list(rung.paused_best_first()):
+                rung.remove_paused(trial_id)
         for trial_id, j in self._top_rung.items():
-            self.rungs[j].remove_paused(trial_id)
             if trial_id in paused:
                 self.rungs[j].add_paused(trial_id)
 

@@ -17,10 +17,21 @@ Everything lands in the results folder as it happens (`record`): the
 experiment, ``events.jsonl``, each trial's checkpoints and worker logs
 (``trials/``); at the end ``summary.json`` (written atomically), the best
 configuration and its checkpoint (``best/``) and a plot of the trial curves
-and the atoms over time. A killed driver goes on with ``resume=DIR``:
-finished trials are kept, paused ones continue from their checkpoints, the
-rest start again, and the time already spent counts against the deadline
-(not supported for ``plan``, whose stages are solved for a fresh start).
+and the atoms over time. Results go to `out`, by default
+``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the run was started
+with besides the experiment (the cluster, the plot).
+
+SIGINT and SIGTERM (`_Signals`) ask the loop to stop: running trials finish
+their iteration and are checkpointed, the summary is written with
+``end_reason`` ``interrupted`` or ``terminated`` (`STOPPED`) and
+``finished: false``. A stopped, killed or crashed run goes on with
+``resume=DIR``, with the cluster and plot it was started with unless given
+again: finished trials are kept, the trials that were running go on first
+from their last checkpoint, paused ones when their scheduler promotes them,
+and the time already spent counts against the deadline (not supported for
+``plan``, whose stages are solved for a fresh start). A run that finished,
+resumed, returns its summary's figures (`TuneResult.already_finished`)
+without running or writing anything.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ import datetime
 import json
 import math
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +55,15 @@ from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history
 from thrifty.runtime.tuning.trial import Trial, TrialState
 
-__all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable", "EXPERIMENT_COPY", "SUMMARY"]
+__all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable", "EXPERIMENT_COPY", "SUMMARY",
+           "OPTIONS", "STOPPED", "finished_run", "stored_options", "newest_run"]
 
 EXPERIMENT_COPY = "experiment.json"
 SUMMARY = "summary.json"
+OPTIONS = "options.json"   # what the run was started with besides the experiment: cluster, plot
+RUNS = Path("thrifty-runs")  # where runs go by default (``thrifty-runs/NAME-TIME``)
+# how a run that was stopped before its end ends, by signal (SIGINT: Ctrl-C; SIGTERM: a kill, a scheduler)
+STOPPED = {"interrupted": signal.SIGINT, "terminated": signal.SIGTERM}
 
 
 class GoalInfeasible(ThriftyError):
@@ -87,10 +105,16 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     plot: str | None = None
     results: int = 0
+    already_finished: bool = False   # a resumed run that had finished: nothing ran (`finished_run`)
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped before its end (Ctrl-C, SIGTERM): ``--resume`` goes on with it."""
+        return self.end_reason in STOPPED
 
     @property
     def goal_met(self) -> bool:
-        return self.end_reason != "dry-run" and self.goal_missed is None
+        return self.end_reason != "dry-run" and not self.stopped and self.goal_missed is None
 
     @property
     def goal_missed(self) -> str | None:
@@ -112,7 +136,8 @@ class TuneResult:
             counts[t.state.value] = counts.get(t.state.value, 0) + 1
         return {
             "format": "thrifty.tune_summary/1", "name": e.name, "scheduler": e.scheduler.name,
-            "metric": e.metric, "mode": e.mode, "end_reason": self.end_reason, "elapsed_s": self.elapsed_s,
+            "metric": e.metric, "mode": e.mode, "end_reason": self.end_reason, "finished": not self.stopped,
+            "elapsed_s": self.elapsed_s,
             "cost_usd": self.cost_usd, "goal": {"deadline_s": e.deadline_s, "target": e.target,
                                                 "budget_usd": e.budget_usd, "met": self.goal_met},
             "predicted": {"time_s": self.preview.predicted_s, "cost_usd": self.preview.predicted_usd},
@@ -236,14 +261,46 @@ def _results_folder(e: ExperimentFile, out: str | Path | None, resume: str | Pat
                                "or choose another --out", path="out")
         return folder
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("thrifty-tune") / f"{e.name or 'experiment'}-{stamp}"
+    return RUNS / f"{e.name or 'experiment'}-{stamp}"
+
+
+def newest_run(root: str | Path = RUNS) -> Path | None:
+    """The tuning run (a folder with an experiment copy) under `root` whose record changed last, or None."""
+    root = Path(root)
+    runs = [p for p in root.iterdir() if (p / EXPERIMENT_COPY).is_file()] if root.is_dir() else []
+    return max(runs, key=lambda p: max((p / n).stat().st_mtime for n in (EXPERIMENT_COPY, EVENTS, SUMMARY)
+                                       if (p / n).exists()), default=None)
+
+
+def finished_run(folder: str | Path) -> dict[str, Any] | None:
+    """The summary of the run in `folder` if it ran to its end (resuming it would do nothing), else None."""
+    path = Path(folder) / SUMMARY
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict):
+        return None
+    finished = summary.get("finished")
+    return summary if (finished if isinstance(finished, bool) else summary.get("end_reason") not in STOPPED) else None
+
+
+def stored_options(folder: str | Path) -> dict[str, Any]:
+    """What the run in `folder` was started with besides its experiment (``cluster``, ``plot``)."""
+    try:
+        options = json.loads((Path(folder) / OPTIONS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in options.items() if k in ("cluster", "plot") and isinstance(v, str)} \
+        if isinstance(options, dict) else {}
 
 
 def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = None, *,
          out: str | Path | None = None, resume: str | Path | None = None, cluster: str | None = None,
          dry_run: bool = False, plot: str | Path | None = None,
          on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
-         on_event: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+         on_event: Callable[[dict[str, Any]], None] | None = None,
+         on_stop: Callable[[str], None] | None = None) -> TuneResult:
     """Run a tuning experiment (a file, a dict or an `ExperimentFile`) to its
     end and keep its results in `out` (see the module docstring).
 
@@ -252,15 +309,23 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     file's. `plot`: where the plot goes (default ``DIR/tuning.png``).
     `on_start(preview, executor)` is called once the executor exists (the
     command line starts its live table there), `on_event(event)` after each
-    recorded event. Raises `ProblemError` (bad input), `GoalInfeasible`
-    (the planner proved the goal cannot be met).
+    recorded event, `on_stop(reason)` once when SIGINT or SIGTERM asks the
+    run to stop (it then ends with that `end_reason`; see `_Signals`).
+    Raises `ProblemError` (bad input), `GoalInfeasible` (the planner proved
+    the goal cannot be met).
     """
     if experiment is None:
         if resume is None:
             raise ProblemError("give an experiment, or resume= a results folder", path="experiment")
         experiment = Path(resume) / EXPERIMENT_COPY
     e = _experiment(experiment)
-    cluster = cluster or e.cluster
+    kept = stored_options(resume) if resume is not None else {}
+    cluster = cluster or kept.get("cluster") or e.cluster
+    plot = plot if plot is not None else kept.get("plot")
+    if resume is not None:
+        summary = finished_run(_results_folder(e, out, resume))
+        if summary is not None:
+            return _finished(Path(resume), e, summary)
     check_startable(e, cluster)
     folder = _results_folder(e, out, resume)
     if resume is not None and isinstance(e.scheduler, PlanSpec):
@@ -276,23 +341,93 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     folder.mkdir(parents=True, exist_ok=True)
     if resume is None:
         atomic_write_text(folder / EXPERIMENT_COPY, json.dumps(e.model_dump(mode="json"), indent=1) + "\n")
+    options = {"cluster": cluster, "plot": None if plot is None else str(Path(plot).resolve())}
+    atomic_write_text(folder / OPTIONS, json.dumps({k: v for k, v in options.items() if v}, indent=1) + "\n")
     history = None
     if resume is not None and (folder / EVENTS).exists():
         history = read_history(read_events(folder / EVENTS), e.max_iterations, e.score)
     log = EventLog(folder / EVENTS)
+    signals = _Signals(graceful=not isinstance(e.scheduler, PlanSpec))
+    recorder: RecordingExecutor | None = None
     try:
-        with _backend(e, folder, cluster) as (executor, provider):
+        with signals, _backend(e, folder, cluster) as (executor, provider):
             clock = executor.clock
             t0 = clock.now() - (history.elapsed_s if history is not None else 0.0)
             recorder = RecordingExecutor(executor, log, t0=t0, value=e.value, on_event=on_event)
             if on_start is not None:
                 on_start(shown, recorder)
-            _run(e, recorder, provider, shown, history, result)
+            try:
+                _run(e, recorder, provider, shown, history, result, signals.stop(on_stop))
+            except KeyboardInterrupt:  # a second signal, or one the plan executor cannot wait out
+                result.end_reason = signals.reason() or "interrupted"
+                result.trials = [recorder.trials[tid] for tid in sorted(recorder.trials)]
+                result.results = sum(t.iteration for t in result.trials)
             result.elapsed_s = clock.now() - t0
     finally:
         log.close()
     _finish(result, plot)
     return result
+
+
+def _finished(folder: Path, e: ExperimentFile, summary: dict[str, Any]) -> TuneResult:
+    """A resumed run that had run to its end: what its summary says; nothing runs, nothing is written."""
+    best: dict[str, Any] = summary["best"] if isinstance(summary.get("best"), dict) else {}
+    result = TuneResult(folder, e, Preview(e.scheduler.name, {}, e.atoms, e.time_limit_s, None, None),
+                        end_reason=str(summary.get("end_reason")), elapsed_s=float(summary.get("elapsed_s") or 0.0),
+                        cost_usd=float(summary.get("cost_usd") or 0.0), best_trial_id=best.get("trial"),
+                        best_config=best.get("config"), best_metric=best.get("metric"),
+                        best_checkpoint=best.get("checkpoint"), results=int(summary.get("results") or 0),
+                        already_finished=True)
+    plot = folder / "tuning.png"
+    result.plot = str(plot) if plot.is_file() else None
+    return result
+
+
+class _Signals:
+    """SIGINT (Ctrl-C) and SIGTERM while a run runs (in the main thread): the first asks the loop to stop
+    (`reason`: ``interrupted`` or ``terminated``; running trials finish their iteration and are suspended),
+    a second stops at once (KeyboardInterrupt; the trials go back to their last checkpoint). Without
+    `graceful` (the plan executor, which cannot be asked), the first stops at once. The previous handlers
+    come back on exit."""
+
+    def __init__(self, graceful: bool = True):
+        self.graceful = graceful
+        self._reason: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def reason(self) -> str | None:
+        return self._reason
+
+    def stop(self, on_stop: Callable[[str], None] | None) -> Callable[[], str | None]:
+        """The loop's `stop`: the reason once a signal came, told to `on_stop` once (from the loop, not from
+        the signal handler, so that it may print)."""
+        told: list[str] = []
+
+        def stop() -> str | None:
+            if self._reason is not None and not told:
+                told.append(self._reason)
+                if on_stop is not None:
+                    on_stop(self._reason)
+            return self._reason
+
+        return stop
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self._reason is None
+        if first:
+            self._reason = next(name for name, sig in STOPPED.items() if sig == signum)
+        if not (first and self.graceful):
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOPPED.values():
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 class _backend:
@@ -358,7 +493,7 @@ class _Drawn(SearchSpace):
 
 
 def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: Preview, history: Any,
-         result: TuneResult) -> None:
+         result: TuneResult, stop: Callable[[], str | None]) -> None:
     space = _Drawn(e, len(history.trials) if history is not None else 0)
     if isinstance(e.scheduler, PlanSpec):
         from thrifty.runtime.tuning.executor_plan import execute_plan
@@ -374,7 +509,7 @@ def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: P
     target = None if e.target is None else e.score(e.target)
     outcome = run_experiment(build_scheduler(e), executor, space,
                              total_atoms=e.atoms, max_iterations=e.max_iterations, deadline=e.time_limit_s,
-                             target=target, resume=history, keep_checkpoints=True)
+                             target=target, resume=history, keep_checkpoints=True, stop=stop)
     result.trials = outcome.trials
     result.end_reason = outcome.end_reason
     result.results = outcome.results
@@ -390,7 +525,7 @@ def _finish(result: TuneResult, plot: str | Path | None) -> None:
     if result.best_trial_id is None and done:
         result.best_trial_id = max(done, key=lambda t: (max(t.metrics), -t.trial_id)).trial_id
     if result.best_trial_id is not None:
-        best = result.trials[result.best_trial_id]
+        best = next(t for t in result.trials if t.trial_id == result.best_trial_id)
         result.best_config = best.config
         result.best_metric = e.value(max(best.metrics)) if best.metrics else None
         (folder / "best").mkdir(parents=True, exist_ok=True)

@@ -270,7 +270,7 @@ class ExperimentFile(_Spec):
 
 
 def _check_name(name: str) -> None:
-    """The experiment's name becomes its results folder's (``thrifty-tune/NAME-TIME``): a plain name."""
+    """The experiment's name becomes its results folder's (``thrifty-runs/NAME-TIME``): a plain name."""
     try:
         name.encode("utf-8")
         plain = name.isprintable() and not name.startswith(".") and not any(c in name for c in "/\\")
@@ -377,7 +377,8 @@ def build_scheduler(experiment: ExperimentFile):
                        atoms_per_trial=s.atoms_per_trial, learn_prior=s.learn_prior,
                        metric_range=experiment.score_range, resume=s.resume)
         if isinstance(s, BanditSpec):
-            return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial)
+            return Bandit(boundary=s.boundary, epsilon=s.epsilon, atoms_per_trial=s.atoms_per_trial,
+                          lower=experiment.score_range[0])
         if isinstance(s, EarlyTermSpec):
             return EarlyTerm(boundary=s.boundary, delta=s.delta, atoms_per_trial=s.atoms_per_trial,
                              metric_range=experiment.score_range)

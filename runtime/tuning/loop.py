@@ -36,25 +36,39 @@ Executor interface (small on purpose; the simulated executor is in
 The loop also measures the scheduler's own decision time per reported result
 (``ExperimentResult.decision_s``).
 
+Stopping early (Ctrl-C, SIGTERM: ``stop``): the loop asks `stop()` between
+events; once it gives a reason, no trial starts, each running trial finishes
+the iteration it is in (its result is heard as any other) and is suspended
+with a checkpoint, marked ``interrupted`` (its scheduler did not pause it),
+unless its scheduler stops or pauses it or it completes; what is still
+running after ``stop_grace_s`` is stopped where it is, as it is when
+anything raises out of the loop (a crash of the driver, a second Ctrl-C).
+Trials running at the experiment's own end (deadline, target, nothing
+left) are terminated for good.
+
 Resuming (``thrifty tune --resume``): an experiment can start from a
-previous run's trials (`Resumed`). Finished trials keep their state; paused
-trials resume from their checkpoints when the scheduler promotes them;
-trials that were running without a checkpoint start again as new
+previous run's trials (`Resumed`). Finished trials keep their state; the
+trials that were running when the run ended are launched again first, on
+the atoms they held, from their last checkpoint (or from the start without
+one); paused trials resume from their checkpoints when the scheduler
+promotes them; other trials without a checkpoint start again as new
 configurations (before any fresh draw). The scheduler is rebuilt by
-replaying the recorded results through ``on_result`` (its answers are
-ignored: what happened is recorded), each shown as the scheduler saw it in
-the run: every trial's history up to that result and the clock at its
-arrival (a forecast from a trial's whole curve would not be the one that
-was made), with ``on_trial_end`` after an ended trial's last result; then
-``on_restored()`` lets it make its queues agree with the trials' states.
-Time already spent counts against the deadline.
+replaying what it heard in the run (`Resumed.steps`: launches through
+``on_trial_start``, results through ``on_result`` and ``target_atoms``,
+ends through ``on_trial_end``; its answers are ignored: what happened is
+recorded), each shown as the scheduler saw it: the trials in the states
+they had (the running ones running, on their atoms), every trial's history
+up to that result and the clock at its arrival (a forecast from a trial's
+whole curve would not be the one that was made); then ``on_restored()``
+lets it make its queues agree with the trials' states. Time already spent
+counts against the deadline.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,8 +78,11 @@ from thrifty.runtime.tuning.clock import Clock
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 
-__all__ = ["Executor", "Experiment", "ExperimentResult", "Resumed", "TrialFailedError", "SchedulerError",
-           "run_experiment"]
+__all__ = ["Executor", "Experiment", "ExperimentResult", "Resumed", "ReplayStep", "TrialFailedError",
+           "SchedulerError", "run_experiment"]
+
+STOP_POLL_S = 0.2     # how often a run with a `stop` to watch asks it while waiting for events
+STOP_GRACE_S = 30.0   # how long running trials may take to finish their iteration once a stop is asked
 
 
 class TrialFailedError(ThriftyError, RuntimeError):
@@ -118,6 +135,20 @@ class ExperimentResult:
         return sum(t.state == state for t in self.trials)
 
 
+@dataclass(frozen=True)
+class ReplayStep:
+    """One thing the scheduler of a previous run heard: a trial's ``launch``
+    (on `atoms`), a ``result`` (`report`), a ``pause`` it asked for, or the
+    trial's ``end`` (in `state`); `at` is relative to the experiment's start."""
+
+    kind: str
+    trial_id: int
+    at: float
+    atoms: int = 0
+    report: Report | None = None
+    state: TrialState | None = None
+
+
 @dataclass
 class Resumed:
     """A previous run of the same experiment, to go on from.
@@ -125,14 +156,19 @@ class Resumed:
     `trials` are numbered 0..n-1 in creation order, each in the state it
     reached (COMPLETED, TERMINATED, FAILED, PAUSED with its `checkpoint`, or
     PENDING: to start again); `results` are the kept trials' reports in
-    arrival order. Every time (`reported_at`, `created_at`, `ended_at`,
-    `Report.at`) is relative to the experiment's start; `elapsed_s` is how
-    long the previous runs took together.
+    arrival order; `steps` what the run's scheduler heard, in order (None:
+    only the results are known, replayed as if each trial ran alone);
+    `running` the trials that were running when the run ended (trial id ->
+    atoms), launched again first. Every time (`reported_at`, `created_at`,
+    `ended_at`, `Report.at`) is relative to the experiment's start;
+    `elapsed_s` is how long the previous runs took together.
     """
 
     trials: list[Trial]
     results: list[Report]
     elapsed_s: float
+    steps: list[ReplayStep] | None = None
+    running: dict[int, int] = field(default_factory=dict)
 
 
 class Experiment(ExperimentState):
@@ -145,7 +181,8 @@ class Experiment(ExperimentState):
     def __init__(self, scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
                  total_atoms: int, max_iterations: int, deadline: float | None = None,
                  target: float | None = None, fail_fast: bool = False, resume: Resumed | None = None,
-                 keep_checkpoints: bool = False):
+                 keep_checkpoints: bool = False, stop: Callable[[], str | None] | None = None,
+                 stop_grace_s: float = STOP_GRACE_S):
         check_positive("total_atoms", total_atoms, integer=True)
         check_positive("max_iterations", max_iterations, integer=True)
         if deadline is not None:
@@ -171,6 +208,9 @@ class Experiment(ExperimentState):
         self.keep_checkpoints = keep_checkpoints
         self._resume = resume
         self._requeued: list[int] = []   # trials to start again, before any new configuration
+        self._relaunch: list[tuple[int, int]] = []  # (trial, atoms) running when the resumed run ended
+        self.stop = stop
+        self.stop_grace_s = stop_grace_s
         if resume is not None:
             self._restore(resume)
 
@@ -192,75 +232,163 @@ class Experiment(ExperimentState):
             trial.reported_at = [t0 + at for at in trial.reported_at]
             if trial.ended_at is not None:
                 trial.ended_at += t0
-            if trial.state == TrialState.PENDING:
+            if trial.trial_id in resume.running and trial.state in (TrialState.PENDING, TrialState.PAUSED):
+                self._relaunch.append((trial.trial_id, resume.running[trial.trial_id]))
+            elif trial.state == TrialState.PENDING:
                 self._requeued.append(trial.trial_id)
             if trial.state == TrialState.FAILED:
                 self._failed[trial.trial_id] = trial.error or "failed"
             self.trial_list.append(trial)
 
     def _replay(self, resume: Resumed) -> None:
-        """The recorded results, through the freshly bound scheduler (answers ignored), each as the
-        scheduler saw it in the run: every trial's history up to that result, and the clock at its arrival
-        (a forecast from a trial's whole curve, or with the time left at the restart, is not what was decided);
-        a trial that ended is ended (`on_trial_end`) after its last result."""
+        """The recorded steps through the freshly bound scheduler, as it heard them in the run: each
+        launch (`on_trial_start`), each result (`on_result`, then `target_atoms` after a CONTINUE; the
+        answers are ignored: what happened is recorded), each end (`on_trial_end`), with the trials in the
+        states they had then (running ones in `running_trials`, on their atoms), every trial's history up
+        to that result and the clock at its arrival (a forecast from a trial's whole curve, or with the
+        time left at the restart, is not what was decided); then `on_restored`."""
+        steps = resume.steps if resume.steps is not None else _result_steps(resume, self.trial_list)
         whole = {trial.trial_id: _History.of(trial) for trial in self.trial_list}
+        final = {trial.trial_id: (trial.state, trial.iterations_since_launch) for trial in self.trial_list}
         for trial in self.trial_list:
             whole[trial.trial_id].show(trial, 0)
+            trial.state = TrialState.PENDING
         live, self.clock = self.clock, _AtResult()
         try:
-            for report in resume.results:
-                report = Report(report.trial_id, report.iteration, report.metric, report.iteration_s, report.atoms,
-                                self.started_at + report.at, report.overhead_s)
-                trial = self.trial_list[report.trial_id]
-                whole[trial.trial_id].show(trial, report.iteration)
-                self.clock.at = report.at
-                self.scheduler.on_result(trial, report)
-                if report.overhead_s > 0:  # the first result after a launch
-                    self.overheads.add(report.overhead_s)
-                self._count(report)
-                if trial.state in ENDED and report.iteration == len(whole[trial.trial_id].metrics):
-                    self.scheduler.on_trial_end(trial)  # as the run ended it, at (or after) its last result
-            for trial in self.trial_list:
-                if trial.state in ENDED and not whole[trial.trial_id].metrics:
+            for step in steps:
+                trial = self.trial_list[step.trial_id]
+                self.clock.at = self.started_at + step.at
+                if step.kind == "launch":
+                    self._replay_release(trial, TrialState.PAUSED)
+                    trial.state, trial.atoms, trial.iterations_since_launch = TrialState.RUNNING, step.atoms, 0
+                    self.running[trial.trial_id] = trial
+                    self.used_atoms += step.atoms
+                    self.scheduler.on_trial_start(trial)
+                elif step.kind == "result" and step.report is not None:
+                    self._replay_result(trial, step.report, whole[trial.trial_id])
+                elif step.kind == "pause":
+                    self._replay_release(trial, TrialState.PAUSED)
+                elif step.kind == "end":
+                    self._replay_release(trial, step.state or TrialState.TERMINATED)
                     self.scheduler.on_trial_end(trial)
         finally:
             self.clock = live
+            self.running.clear()
+            self.used_atoms = 0
             for trial in self.trial_list:
                 whole[trial.trial_id].show(trial, None)
+                trial.state, trial.iterations_since_launch = final[trial.trial_id]
+                trial.atoms = 0
         self.scheduler.on_restored()
+
+    def _replay_result(self, trial: Trial, report: Report, history: _History) -> None:
+        report = Report(report.trial_id, report.iteration, report.metric, report.iteration_s, report.atoms,
+                        self.started_at + report.at, report.overhead_s)
+        if trial.trial_id not in self.running:  # a result without its launch (only results are known)
+            trial.state, trial.atoms = TrialState.RUNNING, report.atoms
+            self.running[trial.trial_id] = trial
+            self.used_atoms += report.atoms
+        history.show(trial, report.iteration)
+        trial.iterations_since_launch += 1
+        if trial.iterations_since_launch == 1 and report.overhead_s > 0:  # the first result after a launch
+            self.overheads.add(report.overhead_s)
+        self._count(report)
+        if self.scheduler.on_result(trial, report) == Decision.CONTINUE:
+            self.scheduler.target_atoms(trial)
+
+    def _replay_release(self, trial: Trial, state: TrialState) -> None:
+        if self.running.pop(trial.trial_id, None) is not None:
+            self.used_atoms -= trial.atoms
+        trial.state, trial.atoms = state, 0
 
     # --- the loop -------------------------------------------------------------------
     def run(self) -> ExperimentResult:
         self.scheduler.bind(self)
         if self._resume is not None:
             self._replay(self._resume)
+        ended = False
         try:
-            reason = self._loop()
+            try:
+                reason = self._loop()
+            except KeyboardInterrupt:  # asked to stop at once (a second Ctrl-C): what runs stops where it is
+                if self.stop is None:
+                    raise
+                reason = self.stop() or "interrupted"
+            ended = reason in ("deadline", "target", "exhausted")
         finally:
+            # trials running at the experiment's own end are over; at an interruption, or when this raised,
+            # they are not: a resumed run launches them again (from their last checkpoint)
             for trial in list(self.running.values()):
+                trial.interrupted = not ended
                 self.executor.terminate(trial)
-                self._release(trial, TrialState.TERMINATED)
+                self._release(trial, TrialState.TERMINATED if ended else _stopped(trial))
         return self._result(reason)
+
+    def _next_event(self) -> Report | Crash | None:
+        """The executor's next event; with a `stop` to watch, it is asked at least every `STOP_POLL_S`."""
+        if self.stop is None:
+            return self.executor.next_event(self.deadline)
+        until = self.clock.now() + STOP_POLL_S
+        return self.executor.next_event(until if self.deadline is None else min(until, self.deadline))
+
+    def _stopping(self) -> str | None:
+        return self.stop() if self.stop is not None else None
 
     def _loop(self) -> str:
         self._fill()
         while self.running and self._time_to_target is None:
-            event = self.executor.next_event(self.deadline)
+            stopped = self._stopping()
+            if stopped is not None:
+                self._drain()
+                return stopped
+            event = self._next_event()
             if event is None:
                 if self.deadline is not None and self.clock.now() >= self.deadline:
                     return "deadline"
+                if self.stop is not None:
+                    continue
                 raise SchedulerError("the executor returned no event while trials were running")
-            if isinstance(event, Crash):
-                self._fail(self.running[event.trial_id], event.message)
-            else:
-                self._on_report(event)
+            self._on_event(event)
             if self._time_to_target is None:
                 self._fill()
-        return "target" if self._time_to_target is not None else "exhausted"
+        if self._time_to_target is not None:
+            return "target"
+        stopped = self._stopping()
+        if stopped is not None:
+            return stopped
+        if self.deadline is not None and self.clock.now() >= self.deadline:
+            return "deadline"
+        return "exhausted"
+
+    def _on_event(self, event: Report | Crash, stopping: bool = False) -> None:
+        if isinstance(event, Crash):
+            self._fail(self.running[event.trial_id], event.message)
+        else:
+            self._on_report(event, stopping)
+
+    def _drain(self) -> None:
+        """The run is asked to stop: each running trial finishes the iteration it is in (its result is
+        kept and heard as any other), then is suspended with a checkpoint, marked `interrupted`, unless its
+        scheduler stops or pauses it or it completes; after `stop_grace_s`, the rest are stopped where they
+        are (`run`) and go back to their last checkpoint when resumed."""
+        limit = self.clock.now() + self.stop_grace_s
+        while self.running and self.clock.now() < limit:
+            event = self.executor.next_event(min(limit, self.clock.now() + STOP_POLL_S))
+            if event is not None:
+                self._on_event(event, stopping=True)
 
     def _fill(self) -> None:
-        """Ask the scheduler to use free atoms until it declines (HyperSched Algorithm 1, line 7-9)."""
-        while self.free_atoms > 0 and (self.deadline is None or self.clock.now() < self.deadline):
+        """Ask the scheduler to use free atoms until it declines (HyperSched Algorithm 1, line 7-9); the
+        trials that were running when a resumed run ended go first, on the atoms they held."""
+        def open_() -> bool:
+            return (self.free_atoms > 0 and (self.deadline is None or self.clock.now() < self.deadline)
+                    and self._stopping() is None)
+
+        while self._relaunch and open_():
+            trial_id, atoms = self._relaunch.pop(0)
+            if self.trial_list[trial_id].state in (TrialState.PAUSED, TrialState.PENDING):
+                self._launch(self.trial_list[trial_id], max(1, min(atoms, self.free_atoms)))
+        while open_():
             start = self.scheduler.choose()
             if start is None:
                 return
@@ -291,6 +419,7 @@ class Experiment(ExperimentState):
 
     def _launch(self, trial: Trial, atoms: int) -> None:
         trial.state = TrialState.RUNNING
+        trial.interrupted = False
         trial.atoms = atoms
         trial.launches += 1
         trial.iterations_since_launch = 0
@@ -304,7 +433,7 @@ class Experiment(ExperimentState):
         trial.atoms = 0
         trial.state = state
         del self.running[trial.trial_id]
-        if state != TrialState.PAUSED:
+        if state in ENDED:
             trial.ended_at = self.clock.now()
             self.scheduler.on_trial_end(trial)
 
@@ -316,7 +445,7 @@ class Experiment(ExperimentState):
         if self.fail_fast:
             raise TrialFailedError(f"trial {trial.trial_id} ({trial.config}) failed: {message}")
 
-    def _on_report(self, report: Report) -> None:
+    def _on_report(self, report: Report, stopping: bool = False) -> None:
         trial = self.running[report.trial_id]
         metric = report.metric
         if not isinstance(metric, (int, float)) or not math.isfinite(metric):
@@ -348,6 +477,10 @@ class Experiment(ExperimentState):
             self.executor.terminate(trial)
             self._release(trial, TrialState.TERMINATED)
         elif decision == Decision.PAUSE:
+            trial.checkpoint = self.executor.suspend(trial)
+            self._release(trial, TrialState.PAUSED)
+        elif decision == Decision.CONTINUE and stopping:  # the run stops: keep where the trial is
+            trial.interrupted = True
             trial.checkpoint = self.executor.suspend(trial)
             self._release(trial, TrialState.PAUSED)
         elif decision == Decision.CONTINUE:
@@ -410,6 +543,25 @@ class _History:
         trial.train_s = float(sum(trial.iteration_s))
 
 
+def _stopped(trial: Trial) -> TrialState:
+    """Where a trial stopped by an interruption is: at its last checkpoint, or back to the start."""
+    return TrialState.PAUSED if trial.checkpoint is not None else TrialState.PENDING
+
+
+def _result_steps(resume: Resumed, trials: list[Trial]) -> list[ReplayStep]:
+    """The steps of a record that kept only results: each result, each ended trial's end after its last."""
+    last = {r.trial_id: r.iteration for r in resume.results}
+    steps = []
+    for r in resume.results:
+        steps.append(ReplayStep("result", r.trial_id, r.at, atoms=r.atoms, report=r))
+        trial = trials[r.trial_id]
+        if trial.state in ENDED and r.iteration == last[r.trial_id]:
+            steps.append(ReplayStep("end", r.trial_id, r.at, state=trial.state))
+    steps += [ReplayStep("end", t.trial_id, 0.0, state=t.state) for t in trials
+              if t.state in ENDED and t.trial_id not in last]
+    return steps
+
+
 class _AtResult:
     """The clock a replay shows: the arrival time of the result being replayed (it never waits)."""
 
@@ -425,13 +577,16 @@ class _AtResult:
 def run_experiment(scheduler: Scheduler, executor: Executor, search_space: SearchSpace, *,
                    total_atoms: int, max_iterations: int, deadline: float | None = None,
                    target: float | None = None, fail_fast: bool = False, resume: Resumed | None = None,
-                   keep_checkpoints: bool = False) -> ExperimentResult:
+                   keep_checkpoints: bool = False, stop: Callable[[], str | None] | None = None,
+                   stop_grace_s: float = STOP_GRACE_S) -> ExperimentResult:
     """Run one tuning experiment to its end (see the module docstring).
 
     `deadline` is relative to the experiment's start (the clock's time now,
     less ``resume.elapsed_s``); `target` ends the experiment at the first
-    result that reaches it.
+    result that reaches it. `stop()`, asked between events, returns a reason
+    (the experiment's `end_reason`) when the run must stop early: running
+    trials finish their iteration and are suspended (`Experiment._drain`).
     """
     return Experiment(scheduler, executor, search_space, total_atoms=total_atoms, max_iterations=max_iterations,
                       deadline=deadline, target=target, fail_fast=fail_fast, resume=resume,
-                      keep_checkpoints=keep_checkpoints).run()
+                      keep_checkpoints=keep_checkpoints, stop=stop, stop_grace_s=stop_grace_s).run()

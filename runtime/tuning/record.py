@@ -15,6 +15,10 @@ leaves every event before the kill:
   resize, or a completed trial's final checkpoint), with its reference;
 - ``terminate``: the trial was stopped.
 
+A suspend or stop that the end of the run made (Ctrl-C, SIGTERM, a crash of
+the driver: the trial was running and its scheduler did not ask for it)
+carries ``"interrupted": true``.
+
 Every line carries ``t``, seconds since the experiment started (runs
 resumed from the same folder continue the count). The same wrapper serves
 the tuning loop and the RubberBand plan executor, which call the executor
@@ -23,8 +27,12 @@ interface alike.
 `read_history` turns the lines back into trials (`Resumed`): a trial whose
 last word was ``terminate`` or ``crash`` is finished (completed when it
 reached ``max_iterations``); one last ``suspend``-ed is paused at its
-checkpoint; one still running when the driver died goes back to its last
-checkpoint if it has one (results after it are dropped), else starts again.
+checkpoint; one still running when the run ended (the driver was killed, or
+its last suspend or stop is ``interrupted``) goes back to its last checkpoint
+if it has one (results after it are dropped), else starts again, and is
+launched again first, on the atoms it held. With the trials come the steps
+the run's scheduler heard (launches, results, its pauses and the trials'
+ends, in the order they happened), which the loop replays to rebuild it.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.tuning.executor_plan import record_result
-from thrifty.runtime.tuning.loop import Executor, Resumed
+from thrifty.runtime.tuning.loop import Executor, ReplayStep, Resumed
 from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 
 __all__ = ["EventLog", "RecordingExecutor", "read_events", "read_history", "EVENTS"]
@@ -121,12 +129,13 @@ class RecordingExecutor:
     def suspend(self, trial: Trial) -> Any:
         checkpoint = self.inner.suspend(trial)
         self._write({"event": "suspend", "trial": trial.trial_id, "iteration": trial.iteration,
-                     "checkpoint": checkpoint})
+                     "checkpoint": checkpoint, **_interrupted(trial)})
         return checkpoint
 
     def terminate(self, trial: Trial) -> None:
         self.inner.terminate(trial)
-        self._write({"event": "terminate", "trial": trial.trial_id, "iteration": trial.iteration})
+        self._write({"event": "terminate", "trial": trial.trial_id, "iteration": trial.iteration,
+                     **_interrupted(trial)})
 
     def next_event(self, until: float | None) -> Report | Crash | None:
         event = self.inner.next_event(until)
@@ -146,22 +155,29 @@ class RecordingExecutor:
             close()
 
 
+def _interrupted(trial: Trial) -> dict[str, bool]:
+    """The mark of a suspend or stop that the run's end made, not the trial's scheduler."""
+    return {"interrupted": True} if trial.interrupted else {}
+
+
 @dataclass
 class _Replay:
     config: dict[str, Any]
     created_at: float
     results: list[dict[str, Any]] = field(default_factory=list)
     launches: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (line number, event) since its start
     checkpoint: Any = None
     checkpoint_iteration: int = 0
     last: str = "launch"
+    interrupted: bool = False
     error: str | None = None
     ended_at: float | None = None
 
 
 def _replays(events: list[dict[str, Any]]) -> Iterator[tuple[int, _Replay]]:
     trials: dict[int, _Replay] = {}
-    for e in events:
+    for line, e in enumerate(events):
         kind, tid = e.get("event"), e.get("trial")
         if not isinstance(tid, int):
             continue
@@ -170,11 +186,13 @@ def _replays(events: list[dict[str, Any]]) -> Iterator[tuple[int, _Replay]]:
                 trials[tid] = _Replay(dict(e.get("config") or {}), float(e["t"]))
             r = trials[tid]
             if int(e.get("from_iteration", 0)) == 0:  # a fresh start: nothing before it counts
-                r.results, r.launches, r.checkpoint, r.checkpoint_iteration = [], [], None, 0
+                r.results, r.launches, r.steps, r.checkpoint, r.checkpoint_iteration = [], [], [], None, 0
             r.launches.append(e)
-            r.last, r.ended_at = "launch", None
+            r.steps.append((line, e))
+            r.last, r.ended_at, r.interrupted = "launch", None, False
             continue
         r = trials[tid]
+        r.steps.append((line, e))
         if kind == "result":
             r.results.append(e)
             metric = e.get("metric")
@@ -187,28 +205,41 @@ def _replays(events: list[dict[str, Any]]) -> Iterator[tuple[int, _Replay]]:
             checkpoint = e.get("checkpoint")
             if not (isinstance(checkpoint, dict) and checkpoint.get("error")):
                 r.checkpoint, r.checkpoint_iteration = checkpoint, int(e.get("iteration", len(r.results)))
-            r.last, r.ended_at = "suspend", float(e["t"])
+            r.last, r.ended_at, r.interrupted = "suspend", float(e["t"]), bool(e.get("interrupted"))
         elif kind == "terminate" and r.last != "crash":
-            r.last, r.ended_at = "terminate", float(e["t"])
+            if e.get("interrupted"):  # stopped by the run's end without a checkpoint: as if the driver died
+                r.last, r.ended_at = "launch", None
+            else:
+                r.last, r.ended_at = "terminate", float(e["t"])
     yield from sorted(trials.items())
 
 
 def read_history(events: list[dict[str, Any]], max_iterations: int,
                  score: Callable[[float], float] = float) -> Resumed:
-    """The trials of a recorded run and their kept results, to resume from
-    (see the module docstring); `score(metric)` turns the recorded metric
-    back into what the schedulers see."""
+    """The trials of a recorded run, their kept results and the steps to
+    replay, to resume from (see the module docstring); `score(metric)` turns
+    the recorded metric back into what the schedulers see.
+
+    A trial still running when the run ended (its last word a launch: the
+    driver was killed; or a suspend or stop marked ``interrupted``: the
+    driver was interrupted or crashed) is `interrupted`, back to its last
+    checkpoint (paused) or, without one, to the start (pending), and listed
+    in `Resumed.running` with the atoms it held, to be launched again first."""
     trials: list[Trial] = []
     kept: list[tuple[float, int, Report]] = []
+    steps: list[tuple[int, ReplayStep]] = []
+    running: dict[int, int] = {}
     for expected, (tid, r) in enumerate(_replays(events)):
         if tid != expected:
             raise ProblemError(f"the event log has no launch of trial {expected} (it has trial {tid})",
                                path=EVENTS)
         trial = Trial(trial_id=tid, config=r.config, created_at=r.created_at)
         results = r.results
-        if r.last == "launch":  # running when the driver died
+        if r.last == "launch" or (r.last == "suspend" and r.interrupted):  # running when the run ended
             results = results[:r.checkpoint_iteration] if r.checkpoint is not None else []
             trial.state = TrialState.PAUSED if r.checkpoint is not None else TrialState.PENDING
+            trial.interrupted = True
+            running[tid] = int(r.launches[-1].get("atoms", 1)) if r.launches else 1
         elif r.last == "suspend":
             done = len(results) >= max_iterations
             trial.state = TrialState.COMPLETED if done else TrialState.PAUSED
@@ -225,9 +256,37 @@ def read_history(events: list[dict[str, Any]], max_iterations: int,
         trials.append(trial)
         kept += [(float(e["t"]), i, _report(tid, e, score)) for i, e in enumerate(results)
                  if trial.state != TrialState.FAILED or _finite(e.get("metric"))]
+        if trial.state != TrialState.PENDING:
+            steps += _steps(trial, r, len(results), max_iterations, score)
     elapsed = max((float(e["t"]) for e in events if "t" in e), default=0.0)
     kept.sort(key=lambda x: (x[0], x[2].trial_id, x[1]))
-    return Resumed(trials, [report for _, _, report in kept], elapsed)
+    steps.sort(key=lambda x: x[0])
+    return Resumed(trials, [report for _, _, report in kept], elapsed, steps=[step for _, step in steps],
+                   running=running)
+
+
+def _steps(trial: Trial, r: _Replay, kept: int, max_iterations: int,
+           score: Callable[[float], float]) -> list[tuple[int, ReplayStep]]:
+    """What the scheduler of the run heard of `trial`, up to its `kept` results: its launches, its
+    finite results, the pauses its scheduler asked for, and its end (a run's own stop, marked
+    ``interrupted``, is no decision of the scheduler's and is left out)."""
+    tid, out = trial.trial_id, []
+    for line, e in r.steps:
+        kind, t = e.get("event"), float(e["t"])
+        if kind == "launch" and int(e.get("from_iteration", 0)) <= kept:
+            out.append((line, ReplayStep("launch", tid, t, atoms=int(e.get("atoms", 1)))))
+        elif kind == "result" and int(e["iteration"]) <= kept and _finite(e.get("metric")):
+            report = _report(tid, e, score)
+            out.append((line, ReplayStep("result", tid, report.at, atoms=report.atoms, report=report)))
+        elif kind == "suspend" and not e.get("interrupted") and int(e.get("iteration", 0)) <= kept:
+            completed = int(e.get("iteration", 0)) >= max_iterations
+            out.append((line, ReplayStep("end" if completed else "pause", tid, t,
+                                         state=TrialState.COMPLETED if completed else TrialState.PAUSED)))
+    if trial.state in ENDED:
+        last = r.steps[-1][0] if r.steps else 0
+        if not out or out[-1][1].kind != "end":
+            out.append((last, ReplayStep("end", tid, r.ended_at or 0.0, state=trial.state)))
+    return out
 
 
 def _finite(value: Any) -> bool:

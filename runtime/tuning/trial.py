@@ -78,7 +78,10 @@ class Trial:
     `overheads_s` holds the start-up time of each launch (first start, resume,
     resize); `checkpoint` the executor's reference from the last suspend;
     `iterations_since_launch` counts results since the last (re)launch
-    (HyperSched's cooldown); `train_s` is the sum of `iteration_s`.
+    (HyperSched's cooldown); `train_s` is the sum of `iteration_s`;
+    `interrupted`: the run ended (an interruption, a crash) while the trial was
+    running, so its last suspend or stop was the run's, not its scheduler's: a
+    resumed run launches it again first.
     """
 
     trial_id: int
@@ -98,6 +101,7 @@ class Trial:
     resizes: int = 0
     iterations_since_launch: int = 0
     train_s: float = 0.0
+    interrupted: bool = False
 
     @property
     def iteration(self) -> int:

@@ -1,0 +1,440 @@
+"""`thrifty tune --resume` after every way a run ends, for every loop scheduler.
+
+In process (simulated trials on a virtual clock, so each case costs
+milliseconds): a run recorded as `thrifty tune` records it (`RecordingExecutor`
+into an event log) ends in one of the ways a real run ends: asked to stop
+(Ctrl-C and SIGTERM ask the loop the same way), killed (SIGKILL: the log cut
+at any line), crashed (an exception out of the driver) or at its end; then a
+fresh scheduler resumes it from the log (`read_history`), and the tests check
+that nothing the first run finished is done again: no finished trial is
+launched again, no recorded iteration that the resume keeps is reported again
+(after a graceful stop or the end, none at all), and the clock carries on.
+
+With real processes (`thrifty tune` as a subprocess on the tuning runtime's
+small example trainer, a few tenths of a second an iteration): a run is
+interrupted in each of the five ways once it has recorded a few results
+(waits watch events.jsonl, no fixed sleeps), resumed with ``--resume``, and
+checked the same way from its events file and summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from thrifty.runtime.cli import main
+from thrifty.runtime.tuning import (ASHA, FIFO, POP, Bandit, ConfigList, EarlyTerm, HyperSched, SimulatedExecutor,
+                                    SyntheticWorkload, run_experiment)
+from thrifty.runtime.tuning.bandit import action_elimination_continues
+from thrifty.runtime.tuning.record import EventLog, RecordingExecutor, read_events, read_history
+from thrifty.runtime.tuning.trial import ENDED, Report, Trial, TrialState
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- in process: every scheduler, every ending ------------------------------------------------
+
+class FakeForecast:
+    """Linear extrapolation with a Gaussian band (POP and EarlyTerm need a forecaster; the real one is slow)."""
+
+    def __init__(self, values):
+        self.n, self.last = len(values), values[-1]
+        self.slope = (values[-1] - values[0]) / (len(values) - 1) if len(values) > 1 else 0.0
+
+    def prob_at_least(self, y, epoch):
+        mean = min(1.0, self.last + self.slope * (epoch - self.n))
+        return 0.5 * math.erfc((y - mean) / ((0.02 + 0.01 * max(epoch - self.n, 0)) * math.sqrt(2)))
+
+
+def fake_forecaster(epochs, values, max_epoch, *, seed=0, **range_):
+    return FakeForecast(list(values))
+
+
+SCHEDULERS: dict[str, Callable[[], object]] = {
+    "fifo": FIFO,
+    "asha": lambda: ASHA(min_iterations=1, eta=2),
+    # cooldown 1: trials resize, so the replay sees suspends and relaunches on other atoms
+    "hypersched": lambda: HyperSched(min_iterations=1, eta=2, cooldown=1, scaling="LINEAR"),
+    "pop": lambda: POP(0.95, boundary=2, forecaster=fake_forecaster, min_confidence=0.0, learn_prior=False),
+    "bandit": lambda: Bandit(boundary=2),
+    "earlyterm": lambda: EarlyTerm(boundary=2, forecaster=fake_forecaster),
+}
+# later configurations score lower, so that ASHA and HyperSched promote paused trials (replays of promotions)
+CONFIGS = [{"b0": 0.05 + 0.1 * (i % 3), "b1": 1.0 - 0.12 * i, "b2": (i * 0.61) % 1} for i in range(8)]
+MAX_ITERATIONS, ATOMS, DEADLINE = 8, 3, 1000.0
+
+
+class Crashed(RuntimeError):
+    """The driver's own failure, in the middle of a run."""
+
+
+def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = None,
+           crash_after: int | None = None):
+    """One session of a recorded run (as `thrifty tune` records it), resumed from `resume` if given: asked to
+    stop after `stop_after` results of this session, or crashing after `crash_after`."""
+    log = EventLog(log_path)
+    executor = SimulatedExecutor(SyntheticWorkload(step_s=1.0), startup_s=0.5)
+    seen = {"results": 0}
+    stop_reason = {"reason": None}
+
+    def on_event(event):
+        if event["event"] == "result":
+            seen["results"] += 1
+            if seen["results"] == stop_after:
+                stop_reason["reason"] = "interrupted"
+            if seen["results"] == crash_after:
+                raise Crashed("the driver failed")
+
+    recorder = RecordingExecutor(executor, log, t0=executor.clock.now() - (resume.elapsed_s if resume else 0.0),
+                                 on_event=on_event)
+    space = ConfigList(CONFIGS)
+    for _ in range(len(resume.trials) if resume is not None else 0):  # past the configurations already drawn
+        space.next_config()
+    try:
+        return run_experiment(SCHEDULERS[name](), recorder, space, total_atoms=ATOMS,
+                              max_iterations=MAX_ITERATIONS, deadline=DEADLINE, resume=resume,
+                              keep_checkpoints=True, stop=lambda: stop_reason["reason"])
+    finally:
+        log.close()
+
+
+def results_of(events):
+    return [(e["trial"], e["iteration"]) for e in events if e["event"] == "result"]
+
+
+def check_resumed(before: list[dict], after: list[dict], *, graceful: bool) -> None:
+    """Nothing finished is done again, and the clock carries on (see the module docstring)."""
+    kept = read_history(before, MAX_ITERATIONS)
+    ended = {t.trial_id for t in kept.trials if t.state in ENDED}
+    assert not any(e["trial"] in ended for e in after if e["event"] == "launch")   # finished trials stay so
+    again = set(results_of(after)) & {(r.trial_id, r.iteration) for r in kept.results}
+    assert not again                                                               # no kept iteration redone
+    if graceful:
+        assert not set(results_of(after)) & set(results_of(before))                # nothing at all redone
+    if after and before:
+        assert min(e["t"] for e in after) >= max(e["t"] for e in before) - 1e-6    # the clock carries
+    final = read_history(before + after, MAX_ITERATIONS)   # every configuration tried, none left running
+    assert len(final.trials) == len(CONFIGS) and not final.running
+    assert all(t.state in ENDED or t.state == TrialState.PAUSED for t in final.trials)
+
+
+def resume_and_check(log: Path, name: str) -> None:
+    """Resume the run recorded in `log` (killed or crashed: not gracefully) and check it."""
+    before = read_events(log)
+    record(log, name, resume=read_history(before, MAX_ITERATIONS))
+    check_resumed(before, read_events(log)[len(before):], graceful=False)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_scheduler_resumes_a_run_stopped_as_ctrl_c_or_sigterm_stops_it(tmp_path, name):
+    stopped_running = 0
+    for stop_after in range(2, 30, 3):
+        log = tmp_path / f"events-{stop_after}.jsonl"
+        first = record(log, name, stop_after=stop_after)
+        before = read_events(log)
+        if first.end_reason != "interrupted":  # it ended before
+            continue
+        # the trials running at the stop finished their iteration and were checkpointed there
+        paused = [t for t in first.trials if t.interrupted]
+        assert all(t.state == TrialState.PAUSED and t.checkpoint["iteration"] == t.iteration for t in paused)
+        history = read_history(before, MAX_ITERATIONS)
+        assert set(history.running) == {t.trial_id for t in paused}
+        stopped_running += len(paused)
+        assert record(log, name, resume=history).end_reason == "exhausted"
+        after = read_events(log)[len(before):]
+        check_resumed(before, after, graceful=True)
+        # the trials that were running go on first, from the iteration they had reached
+        relaunched = [e for e in after if e["event"] == "launch"][:len(paused)]
+        assert {(e["trial"], e["from_iteration"]) for e in relaunched} == {(t.trial_id, t.iteration) for t in paused}
+    assert stopped_running
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_scheduler_resumes_a_run_killed_at_any_line(tmp_path, name):
+    whole = tmp_path / "whole.jsonl"
+    record(whole, name)
+    lines = whole.read_text().splitlines(keepends=True)
+    for cut in range(3, len(lines), 5):   # SIGKILL leaves every line before the kill
+        log = tmp_path / f"cut{cut}.jsonl"
+        log.write_text("".join(lines[:cut]))
+        resume_and_check(log, name)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_scheduler_resumes_a_run_whose_driver_crashed(tmp_path, name):
+    log = tmp_path / "events.jsonl"
+    with pytest.raises(Crashed):
+        record(log, name, crash_after=7)
+    resume_and_check(log, name)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_scheduler_resumes_a_run_that_ended_without_doing_anything(tmp_path, name):
+    log = tmp_path / "events.jsonl"
+    first = record(log, name)
+    assert first.end_reason == "exhausted"
+    before = read_events(log)
+    second = record(log, name, resume=read_history(before, MAX_ITERATIONS))
+    assert second.end_reason == "exhausted" and read_events(log) == before
+
+
+def test_a_promoted_trial_is_in_no_lower_rung_s_queue_after_a_resume(tmp_path):
+    # ASHA pauses trial 0 at rung 1, promotes it later; a replay that skipped the promotion (the launch) left it
+    # in rung 1's queue and asked to start it again while it ran ("ASHA asked to start trial 0, which is running")
+    log = tmp_path / "events.jsonl"
+    record(log, "asha")
+    events = read_events(log)
+    promoted = {e["trial"] for e in events if e["event"] == "launch" and e["from_iteration"] > 0}
+    assert promoted
+    cut = max(i for i, e in enumerate(events) if e["event"] == "launch" and e["trial"] in promoted) + 1
+    (tmp_path / "cut.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events[:cut]))
+    resume_and_check(tmp_path / "cut.jsonl", "asha")
+
+
+# --- scheduler rules for any sign of score ----------------------------------------------------
+
+def test_bandit_keeps_the_best_job_whatever_the_sign_of_the_scores():
+    # the paper's rule on raw negative scores stops the best job itself: -2 * 1.5 = -3 < -2
+    assert action_elimination_continues(-2.0, -2.0, 0.5, r_min=-10.0)
+    # on the normalised scale (zero at the worst score): (-4 + 10) * 1.5 = 9 > 8 = -2 + 10 goes on ...
+    assert action_elimination_continues(-4.0, -2.0, 0.5, r_min=-10.0)
+    # ... (-6 + 10) * 1.5 = 6 < 8 stops; the same as the paper's rule on scores shifted by +10
+    assert not action_elimination_continues(-6.0, -2.0, 0.5, r_min=-10.0)
+    assert action_elimination_continues(-6.0, -2.0, 0.5, r_min=-10.0) == action_elimination_continues(4.0, 8.0, 0.5)
+
+
+def bandit_run(scores: list[float], lower: float | None) -> dict[int, str]:
+    """Each trial reports its constant score for 4 iterations, Bandit(boundary 2) judging; the final states."""
+    class Constant:
+        def metric(self, config, iteration):
+            return config["q"]
+
+        def iteration_s(self, config, iteration, atoms):
+            return 1.0
+
+    result = run_experiment(Bandit(boundary=2, lower=lower), SimulatedExecutor(Constant()),
+                            ConfigList([{"q": q} for q in scores]), total_atoms=len(scores), max_iterations=4)
+    return {t.trial_id: t.state.value for t in result.trials}
+
+
+@pytest.mark.parametrize("shift", [0.0, -100.0, -0.5])
+def test_bandit_judges_losses_and_negative_rewards_as_it_judges_accuracies(shift):
+    # accuracies 0.9, 0.7, 0.5, 0.2 on [0, 1]: 0.5 * 1.5 = 0.75 < 0.9 and 0.2 * 1.5 < 0.9 stop, 0.7 * 1.5 goes on;
+    # the same scores shifted below 0 (a reward, or -loss under mode: min) with the range shifted alike
+    # keep the same trials, the best included (the raw rule stopped every one of them)
+    states = bandit_run([q + shift for q in (0.9, 0.7, 0.5, 0.2)], lower=shift)
+    assert states == {0: "completed", 1: "completed", 2: "terminated", 3: "terminated"}
+
+
+def test_bandit_without_a_lower_bound_measures_from_the_lowest_score_seen():
+    # a loss under mode: min (scores -loss, no lower side): the best trial and those close to it go on
+    states = bandit_run([-0.3, -0.35, -2.0, -5.0], lower=None)
+    assert states[0] == "completed" and states[1] == "completed" and states[3] == "terminated"
+
+
+def test_a_bandit_experiment_with_mode_min_keeps_its_best_trial():
+    from thrifty.runtime.tuning.experiment_file import build_scheduler, parse_experiment
+
+    e = parse_experiment({"trainer": "thrifty.runtime.tuning.executor_local:example_trainer",
+                          "search_space": {"lr": {"choice": [0.1]}}, "samples": 1, "metric": "loss", "mode": "min",
+                          "max_iterations": 4, "scheduler": {"name": "bandit", "boundary": 2},
+                          "resources": {"atoms": 1}})
+    bandit = build_scheduler(e)
+    assert isinstance(bandit, Bandit) and bandit.lower is None  # a loss has no lower side as a score (-loss)
+    trial = Trial(0, {})
+    for i, loss in enumerate((2.0, 1.5), 1):
+        trial.metrics.append(e.score(loss))
+        decision = bandit.on_result(trial, Report(0, i, e.score(loss), 1.0, 1, float(i)))
+    assert decision.value == "continue"
+
+
+# --- with real processes: `thrifty tune`, interrupted five ways, then resumed --------------------
+
+EXAMPLE = "thrifty.runtime.tuning.executor_local:example_trainer"
+
+
+def experiment_file(tmp_path: Path, scheduler: dict) -> Path:
+    spec = {"name": "resume", "trainer": EXAMPLE, "search_space": {"lr": {"loguniform": [0.01, 0.5]}},
+            "trainer_args": {"samples": 2048, "hidden": 16}, "samples": 4, "seed": 3, "max_iterations": 6,
+            "scheduler": scheduler, "deadline_s": 600, "resources": {"atoms": 2}, "iteration_timeout_s": 120}
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+CRASH = """import sys
+from thrifty.runtime.tuning import record
+write, seen = record.RecordingExecutor._write, []
+def crashing(self, event):
+    write(self, event)
+    seen.extend([1] if event["event"] == "result" else [])
+    if len(seen) == {n}:
+        raise RuntimeError("the driver crashed")
+record.RecordingExecutor._write = crashing
+from thrifty.runtime.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_driver(args: list[str], crash_after: int | None = None) -> subprocess.Popen:
+    code = ["-m", "thrifty.runtime.cli"] if crash_after is None else ["-c", CRASH.replace("{n}", str(crash_after))]
+    return subprocess.Popen([sys.executable, *code, "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_for_results(log: Path, n: int, driver: subprocess.Popen, timeout_s: float = 240) -> None:
+    """Until `log` holds `n` results (or the driver has exited)."""
+    limit = time.monotonic() + timeout_s
+    while time.monotonic() < limit and driver.poll() is None:
+        if log.exists() and len(results_of(read_events(log))) >= n:
+            return
+        time.sleep(0.05)
+    assert driver.poll() is not None or time.monotonic() < limit, "timed out waiting for results"
+
+
+WAYS = {  # way -> (scheduler, expected exit code of the first run)
+    "sigint": ({"name": "hypersched", "min_iterations": 1, "eta": 2}, 130),
+    "sigterm": ({"name": "asha", "min_iterations": 1, "eta": 2}, 143),
+    "sigkill": ({"name": "hypersched", "min_iterations": 1, "eta": 2}, -signal.SIGKILL),
+    "crash": ({"name": "asha", "min_iterations": 1, "eta": 2}, 1),
+    "end": ({"name": "hypersched", "min_iterations": 1, "eta": 2}, 0),
+}
+
+
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
+    scheduler, code = WAYS[way]
+    path, out, plot = experiment_file(tmp_path, scheduler), tmp_path / "out", tmp_path / "elsewhere" / "p.png"
+    log = out / "events.jsonl"
+    driver = start_driver([str(path), "--out", str(out), "--plot", str(plot), "--no-progress"],
+                          crash_after=4 if way == "crash" else None)
+    try:
+        if way != "end":
+            wait_for_results(log, 4 if way != "crash" else 10**6, driver)
+        if way in ("sigint", "sigterm"):
+            os.kill(driver.pid, signal.SIGINT if way == "sigint" else signal.SIGTERM)
+        elif way == "sigkill":
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver and every worker it forked
+        _, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode in ((code, 4) if way == "end" else (code,)), err[-2000:]
+    before = read_events(log)
+    assert before
+    if way in ("sigint", "sigterm"):
+        assert f"resume with: thrifty tune --resume {out} --no-progress" in err     # the exact command
+        assert "stopping; the running trials finish their iteration" in err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["finished"] is False and summary["end_reason"] == {"sigint": "interrupted",
+                                                                           "sigterm": "terminated"}[way]
+    snapshot = log.read_bytes()
+
+    resumed = subprocess.run([sys.executable, "-m", "thrifty.runtime.cli", "tune", "--resume", str(out), "--json"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode in (0, 4), resumed.stderr[-2000:]
+    if way == "end":  # a finished run says so and changes nothing
+        assert "finished" in resumed.stderr and log.read_bytes() == snapshot
+        return
+    after = read_events(log)[len(before):]
+    assert after
+    check_real_resume(before, after, graceful=way in ("sigint", "sigterm"))
+    summary = json.loads(resumed.stdout)
+    assert summary["finished"] is True and summary["elapsed_s"] >= max(e["t"] for e in before)  # the clock carries
+    assert plot.is_file()  # the plot the run was started with, without --plot again
+
+
+def check_real_resume(before, after, *, graceful: bool) -> None:
+    kept = read_history(before, 6)
+    ended = {t.trial_id for t in kept.trials if t.state in ENDED}
+    assert not any(e["trial"] in ended for e in after if e["event"] == "launch")
+    assert not set(results_of(after)) & {(r.trial_id, r.iteration) for r in kept.results}
+    if graceful:
+        assert not set(results_of(after)) & set(results_of(before))
+    assert min(e["t"] for e in after) >= max(e["t"] for e in before) - 1e-6
+    final = read_history(before + after, 6)
+    assert len(final.trials) == 4 and not final.running
+    assert all(t.state in ENDED or t.state == TrialState.PAUSED for t in final.trials)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+def test_resume_restores_the_cluster_the_run_was_started_with(tmp_path, capsys):
+    # a run's folder keeps its cluster: --resume DIR alone (here a dry run) describes the run on that cluster,
+    # not a fresh local run; --cluster given again overrides it
+    path = experiment_file(tmp_path, {"name": "fifo"})
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "experiment.json").write_text(path.read_text())
+    (folder / "options.json").write_text(json.dumps({"cluster": "ray://127.0.0.1:9", "plot": str(tmp_path / "p.png")}))
+    main(["tune", "--resume", str(folder), "--dry-run"])
+    shown = capsys.readouterr()
+    assert "ray://127.0.0.1:9" in shown.out + shown.err and "worker processes on this host" not in shown.out
+    assert main(["tune", "--resume", str(folder), "--dry-run", "--cluster", "local"]) == 0
+    assert "worker processes on this host" in capsys.readouterr().out
+
+
+def test_resume_without_a_folder_takes_the_out_folder_or_the_newest_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = experiment_file(tmp_path, {"name": "fifo"})
+    for name in ("old", "new"):
+        folder = tmp_path / "thrifty-runs" / name
+        folder.mkdir(parents=True)
+        (folder / "experiment.json").write_text(path.read_text())
+        (folder / "summary.json").write_text(json.dumps({"end_reason": "exhausted", "finished": True}))
+        time.sleep(0.02)
+    assert main(["tune", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming thrifty-runs/new" in err and "finished" in err
+    assert main(["tune", "--resume", "--out", "thrifty-runs/old"]) == 0
+    assert "thrifty-runs/old finished" in capsys.readouterr().err
+    (tmp_path / "thrifty-runs").rename(tmp_path / "elsewhere")
+    assert main(["tune", "--resume"]) == 2
+    assert "no tuning run under thrifty-runs" in capsys.readouterr().err
+
+
+def test_the_help_lists_every_exit_code_and_the_conventions(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for code in ("0 done", "1 a failure", "2 bad input", "3 the goal", "4 ended", "130 interrupted",
+                 "143 terminated"):
+        assert code in text
+    assert "--no-progress" in text and "thrifty-runs/NAME-TIME" in text and "--resume [DIR]" in text
+
+
+def test_the_live_table_never_cuts_a_header(tmp_path):
+    # the README's experiment at 120 columns (and narrower): every column shown has its whole name, and
+    # the ones that do not fit are named in the caption
+    from rich.console import Console
+
+    from thrifty.runtime.commands.tune import LiveTable
+    from thrifty.runtime.tuning.experiment_file import load_experiment
+
+    e = load_experiment(ROOT / "datasets" / "examples" / "tune-digits.json")
+
+    class Executor:
+        trials = {i: Trial(i, {"learning_rate": 0.0123456 * (i + 1), "optimizer": "momentum", "width": 128,
+                               "depth": 2, "weight_decay": 1.2345e-05, "batch_size": 64},
+                           state=TrialState.RUNNING, atoms=1, metrics=[0.5, 0.61]) for i in range(3)}
+
+    for width in (120, 100, 80):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"))
+        table = LiveTable(e, console)
+        table.executor = Executor()
+        console.print(table.render(1.0))
+        text = console.export_text()
+        assert "…" not in text, text
+        for name in ("learning_rate", "optimizer", "width", "depth", "weight_decay", "batch_size"):
+            assert name in text, (width, text)
+        assert max(len(line) for line in text.splitlines()) <= width
