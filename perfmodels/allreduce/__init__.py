@@ -1,9 +1,12 @@
 """The learned allreduce model of Srifty 4.2: XGBoost regressors on the bus
 bandwidth measured by the grid probe (`thrifty.perfmodels.measure.probe`).
 
-Three modules: `table` (probe rows and their schema `ProbeRow`), `fitting`
-(training and model selection), `model` (features, prediction, saved form
-and its schema `AllreduceModelFile`).
+Four modules: `table` (probe rows and their schema `ProbeRow`), `fitting`
+(training and model selection, with xgboost), `model` (features, prediction,
+saved form and its schema `AllreduceModelFile`), `trees` (the saved boosters
+evaluated in numpy, as xgboost evaluates them: predicting never imports
+xgboost, which would pull scikit-learn, scipy.stats and pandas onto the path
+of ``thrifty solve``).
 
 Label: the per-transfer bus bandwidth ``busbw = 2 s (n - 1) / (n t)`` of each
 probe row (``s`` buffer bytes, ``n`` world size, ``t`` the batch time of
