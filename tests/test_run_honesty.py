@@ -31,7 +31,7 @@ from thrifty.runtime.training.monitor import ThroughputWindow, prediction_off  #
 from thrifty.runtime.training.preflight import RunProblems  # noqa: E402
 
 from test_run_behaviour import DRIVER, ROOT, TINY, _events, no_leftover_workers, write  # noqa: E402, F401
-from test_training_runtime_units import DEMO_CATALOG, demo_problem, plan_dict  # noqa: E402
+from test_training_runtime_units import demo_problem, plan_dict  # noqa: E402
 
 AWS_CATALOG = str(ROOT / "datasets" / "catalog" / "aws-us-east-1.json")
 
@@ -65,16 +65,49 @@ def test_dry_run_and_run_report_every_problem_at_once_and_start_nothing(tmp_path
 
 
 def test_the_run_refuses_before_it_starts_what_its_provider_cannot_give(tmp_path):
-    """The plan's machines are checked with the provider that would give them
-    (a cluster lacking local-b used to pass the dry run, then exit 2 at the
-    start): here a local provider allowed no local-b at all."""
-    provider = LocalProvider("t", DEMO_CATALOG, capacity={("local-b", "spot"): 0})
+    """train() checks the machines with the provider it is given, before it writes or starts anything."""
+    problem = demo_problem(catalog=AWS_CATALOG, limits={"time_s": 600},
+                           instances=[{"instance_type": "g4dn.xlarge", "market": "on_demand", "quota": 2}])
     with pytest.raises(RunProblems) as caught:
-        train(plan_dict(("local-b", "spot", 1, 16)), TINY, problem=demo_problem(limits={"time_s": 60}),
-              provider=provider, run_dir=tmp_path / "run", faults=[])
-    assert [str(p) for p in caught.value.problems] == \
-        ["cluster: 1 x local-b (spot) wanted, but at most 0 may run"]
+        train(plan_dict(("g4dn.xlarge", "on_demand", 1, 16)), TINY, problem=problem,
+              provider=LocalProvider("t", AWS_CATALOG), run_dir=tmp_path / "run", faults=[])
+    (problem_found,) = caught.value.problems
+    assert str(problem_found).startswith("cluster: the local provider runs CPU worker processes, but g4dn.xlarge")
     assert not (tmp_path / "run").exists()
+
+
+class _ClusterLackingLocalB:
+    """What `RayProvider` says of a cluster whose nodes offer local-a only."""
+
+    local_workers = False
+    closed = False
+
+    def check_plan(self, allocations):
+        from thrifty.datasets.errors import ProblemError
+
+        lacking = [f"{n} x {t} ({m}): the cluster has 0" for t, m, n in allocations if t == "local-b"]
+        if lacking:
+            raise ProblemError(f"the Ray cluster at 127.0.0.1:6390 lacks machines the plan needs: {'; '.join(lacking)}",
+                               path="cluster")
+
+    def close(self):
+        type(self).closed = True
+
+
+def test_a_dry_run_on_a_cluster_asks_the_cluster(tmp_path, capsys, monkeypatch):
+    """The dry run of a plan needing local-b on a cluster of local-a nodes said
+    yes (exit 0) and the run then exited 2 ("lacks machines the plan needs"):
+    the dry run now gets the cluster's provider and asks it, and closes it."""
+    import thrifty.runtime.cluster.spec as spec
+
+    monkeypatch.setattr(spec, "cluster_provider", lambda cluster, run_id, catalog, preload=(): _ClusterLackingLocalB())
+    problem = write(tmp_path / "problem.json", demo_problem(limits={"time_s": 600}))
+    plan = write(tmp_path / "plan.json", plan_dict(("local-b", "spot", 1, 16)))
+    assert main(["run", str(plan), "--problem", str(problem), "--trainer", TINY, "--cluster", "127.0.0.1:6390",
+                 "--dry-run"]) == 2
+    assert capsys.readouterr().err == ("thrifty run: error: cluster: the Ray cluster at 127.0.0.1:6390 lacks machines "
+                                       "the plan needs: 1 x local-b (spot): the cluster has 0\n")
+    assert _ClusterLackingLocalB.closed
 
 
 def test_a_fault_past_the_run_is_bad_input(tmp_path, capsys):
@@ -102,6 +135,10 @@ def test_resuming_a_finished_run_says_so_and_runs_and_appends_nothing(tmp_path, 
         err = capsys.readouterr().err
         assert "first has finished: 6 iterations in" in err and "within its limits; nothing to resume" in err
         assert (tmp_path / "first" / "run.jsonl").read_bytes() == log
+    # asked for more iterations, the run goes on
+    more = write(tmp_path / "more.json", demo_problem(iterations=8, limits={"time_s": 3600}))
+    assert main(["run", "--resume", "first", "--problem", str(more), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iterations"] == 8
 
 
 # -- what a run leaves, however it ends ---------------------------------------------------------

@@ -55,22 +55,16 @@ class LocalProvider(Provider):
         self.price(instance_type, market)  # a market the catalog does not price is refused here, not mid-run
 
     def check_plan(self, allocations: Iterable[tuple[str, str, int]]) -> None:
-        """What `provision` would refuse, for every machine of a plan at once:
-        a type that is not a CPU type of the catalog, a market it does not
-        price, more machines than a simulated `capacity` allows."""
+        """What `provision` would refuse as bad input, for every machine of a
+        plan at once: a type that is not a CPU type of the catalog, a market it
+        does not price. (A simulated `capacity` is a cloud's capacity: it shows
+        when machines are asked for, as a `CapacityError` that re-plans.)"""
         lacking = []
-        wanted: dict[tuple[str, str], int] = {}
-        for instance_type, market, count in allocations:
+        for instance_type, market, _ in allocations:
             try:
                 self._check_type(instance_type, market)
             except ProblemError as e:
                 lacking.append(e.message)
-                continue
-            wanted[(instance_type, market)] = wanted.get((instance_type, market), 0) + count
-        for (instance_type, market), count in wanted.items():
-            cap = self.capacity.get((instance_type, market))
-            if cap is not None and count > cap:
-                lacking.append(f"{count} x {instance_type} ({market}) wanted, but at most {cap} may run")
         if lacking:
             raise ProblemError("; ".join(dict.fromkeys(lacking)), path="cluster")
 

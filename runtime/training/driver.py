@@ -366,7 +366,8 @@ def prepare_run(plan: Plan | Problem | dict | str | Path | None = None,
     """`train`'s arguments resolved, nothing checked past them and nothing
     started: a resumed run's record fills in what is not given (trainer and
     its arguments, settings, cluster, options, plan, problem) and its log
-    says what its earlier sessions spent; `RunFinished` when it has finished.
+    says what its earlier sessions spent; `RunFinished` when it has finished
+    (every iteration of the problem done: a problem with more goes on).
     ``thrifty run --dry-run`` checks what this returns with
     `preflight.check_run`, as `train` does."""
     folder = Path(resume) if isinstance(resume, (str, Path)) else (Path(run_dir) if run_dir is not None else None)
@@ -376,10 +377,6 @@ def prepare_run(plan: Plan | Problem | dict | str | Path | None = None,
     record = read_run_record(folder) if resuming and folder is not None else None
     events = read_run_log(folder / "run.jsonl") if resuming and folder is not None and \
         (folder / "run.jsonl").exists() else []
-    if resuming:
-        finish = finished_run(events)
-        if finish is not None:  # nothing to run, nothing to append
-            raise RunFinished(folder, finish)
     if record is not None:
         trainer = trainer if trainer is not None else record.trainer
         trainer_args = trainer_args if trainer_args is not None else record.trainer_args
@@ -389,6 +386,10 @@ def prepare_run(plan: Plan | Problem | dict | str | Path | None = None,
         options = {**record.options, **(options or {})}
     plan_given = plan
     plan, problem = plan_and_problem(plan, problem, record, folder if resuming else None)
+    finish = finished_run(events) if resuming else None
+    if finish is not None and int(finish.get("iterations") or 0) >= problem.iterations:
+        assert folder is not None  # resuming
+        raise RunFinished(folder, finish)  # nothing to run, nothing to append (more iterations: it goes on)
     config = config or RunConfig()
     run_id = run_id or new_run_id()
     folder = folder if folder is not None else default_run_dir(run_id)

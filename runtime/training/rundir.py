@@ -115,15 +115,11 @@ def _current_run(events: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
 
 
 def finished_run(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The ``finish`` event of a run whose every iteration is done (the run
-    log's last session ended with it); None while there is something to resume."""
+    """The ``finish`` event that ended the run log's last session (every
+    iteration it was asked for done); None when the last session did not
+    finish (interrupted, failed, killed): there is something to resume."""
     sessions = [e for e in _current_run(events) if e.get("event") in ("start", "finish")]
-    if sessions and sessions[-1]["event"] == "finish":
-        start = next(e for e in reversed(sessions) if e["event"] == "start") if sessions[:-1] else {}
-        total = start.get("iterations")
-        if total is None or sessions[-1].get("iterations") == total:
-            return sessions[-1]
-    return None
+    return sessions[-1] if sessions and sessions[-1]["event"] == "finish" else None
 
 
 def newest_run_dir(base: str | Path | None = None) -> Path:
