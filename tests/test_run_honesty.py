@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -158,6 +159,26 @@ def test_a_run_that_ends_in_3_still_writes_its_timeline_and_plot(tmp_path, capsy
     assert "segment 0 lost at iteration 12" in captured.out
 
 
+def test_a_preemption_past_the_time_limit_goes_on_late_and_exits_4(tmp_path, capsys):
+    """What the README's demo met on a busy host: the machine is lost after the
+    time limit has passed, so no plan can meet it; the run used to stop there
+    (exit 3, half done). It now goes on with the soonest plan within the
+    budget and finishes late (exit 4, saying by how much)."""
+    problem = write(tmp_path / "problem.json", demo_problem(iterations=24, limits={"time_s": 1.0}))
+    plan = write(tmp_path / "plan.json", plan_dict(("local-a", "spot", 1, 16)))
+    code = main(["run", str(plan), "--problem", str(problem), "--trainer", TINY, "--out", str(tmp_path / "run"),
+                 "--checkpoint-every", "4", "--inject", "slow:machine=0,from=0,extra=0.1",
+                 "--inject", "kill:machine=0,iteration=12", "--no-replan-on-slowdown", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 4, captured.err[-2000:]
+    (replan,) = [e for e in read_run_log(tmp_path / "run" / "run.jsonl") if e["event"] == "replan"]
+    assert replan["reason"] == "preemption" and replan["best_effort"].startswith("the time limit 1 s has passed")
+    assert replan["problem"]["limits"]["time_s"] is None and replan["plan"]["objective"] == "min_time"
+    assert "finishing late (the time limit 1 s has passed" in captured.err
+    assert "finished OUTSIDE the limits: time" in captured.err
+    assert "best effort, the soonest within the budget" in captured.out  # the timeline says so too
+
+
 # -- measured against predicted -----------------------------------------------------------------
 
 def test_prediction_off_needs_a_steady_window_beyond_the_factor():
@@ -272,5 +293,28 @@ def test_a_request_to_a_fork_server_that_has_gone_is_a_world_failure():
         zygote.proc.wait()
         with pytest.raises(WorldFailed, match="the worker fork server has exited"):
             zygote.launch("thrifty.perfmodels.measure.worlds.rank:main", [], {}, os.devnull)
+    finally:
+        zygote.close()
+
+
+def write_here(argv: list[str]) -> None:
+    """A worker entry for the test below: writes the file named by a relative path."""
+    with open(argv[0], "w") as f:
+        f.write("here")
+    os._exit(0)
+
+
+def test_a_worker_sees_relative_paths_from_the_caller_s_folder(tmp_path, monkeypatch):
+    """`--out first` is relative: the fork server, started in another folder
+    earlier in this process, forked workers that looked for it there and
+    died (exit 70) before they wrote a log, and every machine looked lost."""
+    zygote = Zygote()
+    try:
+        monkeypatch.chdir(tmp_path)  # after the fork server started
+        worker = zygote.launch("test_run_honesty:write_here", ["written.txt"], {}, "worker.log",
+                               sys_path=[str(Path(__file__).parent)])
+        worker.join(60)
+        assert worker.exitcode == 0
+        assert (tmp_path / "written.txt").read_text() == "here" and (tmp_path / "worker.log").exists()
     finally:
         zygote.close()

@@ -19,8 +19,10 @@ After a run that started, however it ended, the timeline is printed and
 ``--plot`` drawn from what the run log holds.
 
 Exit codes: 0 every iteration done within the limits; 4 every iteration done,
-but past the time limit or the budget (what was exceeded is printed); 3 no
-plan meets the limits (at the start or after a re-plan); 2 bad input; 1 a
+but past the time limit or the budget (what was exceeded is printed; a
+preemption that leaves no plan within the time limit goes on late with the
+soonest plan within the budget); 3 no plan meets the limits at the start, or
+a preemption leaves no machine choice or no budget; 2 bad input; 1 a
 failure; 130 interrupted (SIGINT); 143 terminated (SIGTERM). After 1, 3, 130
 and 143 the run can be resumed.
 """
@@ -92,8 +94,9 @@ def parse_fault(text: str) -> Any:
 
 
 EPILOG = """exit codes: 0 every iteration done within the limits (or, with --resume, the run had finished);
-4 every iteration done, but past the time limit or the budget (printed with by how much); 3 no plan
-meets the limits (at the start or after a re-plan); 2 bad input (--dry-run: every problem found, one a
+4 every iteration done, but past the time limit or the budget (printed with by how much; a preemption
+that leaves no plan within the time limit goes on late); 3 no plan meets the limits at the start, or a
+preemption leaves no machine or budget; 2 bad input (--dry-run: every problem found, one a
 line); 1 a failure; 130 interrupted (SIGINT, Ctrl-C); 143 terminated (SIGTERM). After 1, 3, 130 or 143
 the last checkpoint is kept and `thrifty run --resume RUN_DIR` goes on from it."""
 
@@ -260,7 +263,9 @@ def _run(args: argparse.Namespace, prepared: Any) -> int:
                                            f"{_num(v.optimistic_total_s, '.1f')} s breaks the "
                                            f"{', '.join(v.violation)} limit"))
     hooks.on("replanned", lambda r: bar.say(f"[magenta]re-planned[/magenta] ({r.reason}, {r.latency_s * 1e3:.0f} ms):"
-                                            f" {r.old_config} -> {r.new_config}"))
+                                            f" {r.old_config} -> {r.new_config}" + (
+                                                f" [yellow]finishing late[/yellow] ({r.best_effort}): the soonest "
+                                                "plan within the budget" if r.best_effort else "")))
     hooks.on("prediction_off", lambda off: bar.say(f"[yellow]prediction off[/yellow]: {off}"))
     result, code, folder = None, EXIT_OK, prepared.folder
     try:

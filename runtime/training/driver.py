@@ -269,6 +269,9 @@ class PredictionOff:
                 f"{self.config}): likely {self.cause}; profile the trainer's model with: {self.command}")
 
 
+ZOO_TRAINER = "thrifty.runtime.training.examples:zoo"  # runs the zoo model its `model` argument names
+
+
 def profile_command(spec: str, trainer_args: Mapping[str, Any], device: str, threads: int, colocated: int) -> str:
     """The ``thrifty profile`` command that measures what this trainer runs
     (`thrifty.runtime.commands.profile`): its workload factory and name for
@@ -278,7 +281,7 @@ def profile_command(spec: str, trainer_args: Mapping[str, Any], device: str, thr
     import shlex
 
     factory, name = "MODULE:WORKLOAD", spec.rsplit(":", 1)[-1].replace("_", "-")
-    if spec == "thrifty.runtime.training.examples:zoo":
+    if spec == ZOO_TRAINER:
         from thrifty.perfmodels.measure.zoo import FACTORIES
 
         name = str(trainer_args.get("model", "tiny-transformer"))
@@ -676,7 +679,8 @@ class _Driver:
         return self.replanner.replan(
             reason, old_plan=plan, remaining_iterations=remaining, elapsed_s=now - self.start,
             spent_usd=self._spent(now), survivors=survivors, launch_s=self.launch_s,
-            event_at=event_at if event_at is not None else (event.at if event is not None else now), event=event)
+            event_at=event_at if event_at is not None else (event.at if event is not None else now), event=event,
+            best_effort=reason != "slowdown")  # machines lost: go on late rather than stop half done
 
     def _commit(self, replan: Replan) -> Plan:
         now = time.time()
@@ -942,16 +946,23 @@ class _SegmentWatch:
         slowed = [f for f in d.injector.faults if isinstance(f, SlowWorker) and f.from_iteration <= self.reached
                   and (f.until_iteration is None or f.until_iteration > self.start)]
         model = d.problem.model
+        same_model = d.spec == ZOO_TRAINER and d.trainer_args.get("model", "tiny-transformer") == model
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        cpus = os.cpu_count() or 1
+        busy = f"this host is busier than when the profile of '{model}' was measured" + (
+            "" if load is None else f" (load average {load:.1f} on {cpus} CPUs)")
+        bigger = f"the trainer's model is bigger than the problem's model '{model}', whose profile priced the plan"
         if slowed and ratio > 1:
             cause = "the injected fault " + ", ".join(describe_fault(f) for f in slowed)
         elif ratio < 1:
             cause = (f"the trainer's model is smaller than the problem's model '{model}', whose profile priced "
                      "the plan")
+        elif same_model:  # the zoo trainer runs the very model the profile measured
+            cause = busy
+        elif load is not None and load > cpus:
+            cause = f"{busy}, or {bigger}"
         else:
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-            busy = "" if load is None else f" (load average {load:.1f} on {os.cpu_count()} CPUs)"
-            cause = (f"the trainer's model is bigger than the problem's model '{model}', whose profile priced the "
-                     f"plan, or this host is busier than when that profile was measured{busy}")
+            cause = f"{bigger}, or {busy}"
         devices = {d.catalog.get(s.instance_type).device for s in self.slots}
         device = "cpu" if devices == {"cpu"} else "cuda"
         local = len(self.slots) if d.provider.local_workers else 1

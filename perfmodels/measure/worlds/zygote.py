@@ -13,8 +13,10 @@ needs no ``if __name__ == "__main__"`` guard.
 Protocol, one JSON object per line. The caller writes
 ``{"preload": [module, ...]}`` (import these now, so every later fork has
 them) or ``{"launch": id, "entry": "module:function", "argv": [...], "env":
-{...}, "log": path, "sys_path": [...]}``: the worker sets its environment and
-``sys.path`` to the caller's, sends its output to `log`, and calls
+{...}, "log": path, "sys_path": [...], "cwd": folder}``: the worker sets its
+environment, ``sys.path`` and working folder to the caller's (relative paths
+mean what they mean to the caller, whose folder may have changed since the
+zygote started), sends its output to `log`, and calls
 ``function(argv)``; it ends with ``os._exit`` (70 if `function` returned
 without ending the process). The zygote answers ``{"launched": id, "pid":
 pid}`` and, when a worker ends, ``{"exit": pid, "code": code}`` (negative:
@@ -72,6 +74,8 @@ def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in a for
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.environ.update(request["env"])
+        if "cwd" in request:  # the caller's, which may have changed since the zygote started: relative paths
+            os.chdir(request["cwd"])
         sys.path[:] = request["sys_path"]  # the caller's, so its trainer modules import here too
         from thrifty.perfmodels.measure.worlds.factory import resolve_factory
 
@@ -271,7 +275,7 @@ class Zygote:
         request_id = next(self._ids)
         path = [p for p in sys_path if p not in sys.path] + sys.path
         self._write({"launch": request_id, "entry": entry, "argv": argv, "env": {**os.environ, **env},
-                     "log": log_path, "sys_path": path})
+                     "log": os.path.abspath(log_path), "sys_path": path, "cwd": os.getcwd()})
         deadline = time.monotonic() + timeout_s
         with self.changed:
             while request_id not in self.launched:
