@@ -51,6 +51,9 @@ class RunProblems(ProblemError):
     def __init__(self, problems: Sequence[ProblemError]):
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+        if len(self.problems) == 1:  # one problem: its field and file, as when it was raised alone
+            only = self.problems[0]
+            self.path, self.source, self.message = only.path, only.source, only.message
 
 
 @dataclass(frozen=True)
