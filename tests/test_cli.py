@@ -123,13 +123,14 @@ def test_run_dry_run_prints_the_machines_and_prediction_and_starts_nothing(capsy
 
     monkeypatch.chdir(tmp_path)
     problem = str(Path(__file__).resolve().parents[1] / DEMO_SRIFTY54)
-    assert main(["run", problem, "--dry-run", "--json", "--cluster", "127.0.0.1:6379"]) == 0
+    zoo = ["--trainer", "thrifty.runtime.training.examples:zoo"]  # a dry run checks the trainer, as a run does
+    assert main(["run", problem, "--dry-run", "--json", *zoo]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["cluster_kind"] == "ray" and out["config"] == "2xlocal-a@32"
+    assert out["cluster_kind"] == "local" and out["config"] == "2xlocal-a@32"
     assert out["machines"] == [{"instance_type": "local-a", "market": "spot", "count": 2, "batch_per_machine": 32}]
     assert out["predicted_total_s"] > 0 and out["time_limit_s"] == 30
     assert not (tmp_path / "thrifty-runs").exists()
-    assert main(["run", problem, "--dry-run"]) == 0
+    assert main(["run", problem, "--dry-run", *zoo]) == 0
     text = capsys.readouterr().out
     assert "2 x local-a (spot), batch 32 per machine" in text and "nothing was started" in text
 
@@ -153,7 +154,8 @@ def test_run_dry_run_refuses_the_plan_a_run_would_refuse(capsys, tmp_path, monke
     capsys.readouterr()
     assert main(["run", "plan.json", "--problem", problem, "--dry-run", "--trainer", "no_such_module_xyz:f"]) == 2
     assert "no_such_module_xyz" in capsys.readouterr().err
-    assert main(["run", "plan.json", "--problem", problem, "--dry-run"]) == 0
+    assert main(["run", "plan.json", "--problem", problem, "--dry-run", "--trainer",
+                 "thrifty.runtime.training.examples:zoo"]) == 0
 
 
 def test_simulate_refuses_a_machine_count_no_account_has(capsys):
@@ -179,7 +181,8 @@ def test_run_dry_run_with_a_cluster_config_checks_it_and_starts_nothing(capsys, 
     problem = str(Path(__file__).resolve().parents[1] / DEMO_SRIFTY54)
     config = tmp_path / "cluster.yaml"
     config.write_text("provider: ec2\nregion: us-east-1\nami: ami-0123456789abcdef0\nray_port: 6380\n")
-    assert main(["run", problem, "--dry-run", "--json", "--cluster", str(config)]) == 0
+    assert main(["run", problem, "--dry-run", "--json", "--cluster", str(config), "--trainer",
+                 "thrifty.runtime.training.examples:zoo"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["cluster_kind"], out["provider"], out["region"], out["head"]) == \
         ("config", "ec2", "us-east-1", "this host:6380")

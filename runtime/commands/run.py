@@ -4,14 +4,27 @@ certain slowdown (Srifty 4.5), a JSON-lines run log and a timeline at the end.
 
 ``thrifty run PLAN.json --problem PROBLEM.json --trainer MODULE:FACTORY``; a
 problem file (JSON or YAML) in place of the plan is solved first.
-``thrifty run --resume RUN_DIR`` continues a run from its checkpoint with
-what its run record holds (plan, problem, trainer, settings); the time and
-money already spent count against the limits.
+``thrifty run --resume [RUN_DIR]`` continues a run from its checkpoint with
+what its run record holds (plan, problem, trainer, settings, cluster, plot);
+the time and money already spent count against the limits. Without RUN_DIR
+it is ``--out``'s folder, else the run under ``./thrifty-runs/`` active last.
+A finished run is not run again: it says so, with its result, and exits 0.
+
+``--dry-run`` makes every check the run makes before it starts work
+(`thrifty.runtime.training.preflight.check_run`, which `train` calls too),
+prints every problem found, one a line, and exits 2, or prints what the run
+would do; it starts nothing. Ctrl-C (SIGINT) and SIGTERM stop a run the same
+way: the workers checkpoint and stop, and the resume command is printed.
+After a run that started, however it ended, the timeline is printed and
+``--plot`` drawn from what the run log holds.
 
 Exit codes: 0 every iteration done within the limits; 4 every iteration done,
-but past the time limit or the budget (what was exceeded is printed); 3 no
-plan meets the limits (at the start or after a re-plan); 2 bad input; 1 a
-failure; 130 interrupted (the run can be resumed).
+but past the time limit or the budget (what was exceeded is printed; a
+preemption that leaves no plan within the time limit goes on late with the
+soonest plan within the budget); 3 no plan meets the limits at the start, or
+a preemption leaves no machine choice or no budget; 2 bad input; 1 a
+failure; 130 interrupted (SIGINT); 143 terminated (SIGTERM). After 1, 3, 130
+and 143 the run can be resumed.
 """
 
 from __future__ import annotations
@@ -20,17 +33,20 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
+from thrifty.runtime.cli import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
 from thrifty.runtime.commands._args import int_at_least, non_negative_float, output_file, positive_float
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from rich.progress import Progress, TaskID
+
+EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM  # 130, 143
 
 HELP = "run a training plan (local worker processes by default, or a Ray cluster), watch it and re-plan on preemption"
 
@@ -77,10 +93,12 @@ def parse_fault(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"'{text}': {e}") from None
 
 
-EPILOG = """exit codes: 0 every iteration done within the limits; 4 every iteration done, but past the time
-limit or the budget (printed with by how much); 3 no plan meets the limits (at the start or after a
-re-plan); 2 bad input; 1 a failure; 130 interrupted. After 1, 3 or 130 the last checkpoint is kept and
-`thrifty run --resume RUN_DIR` goes on from it."""
+EPILOG = """exit codes: 0 every iteration done within the limits (or, with --resume, the run had finished);
+4 every iteration done, but past the time limit or the budget (printed with by how much; a preemption
+that leaves no plan within the time limit goes on late); 3 no plan meets the limits at the start, or a
+preemption leaves no machine or budget; 2 bad input (--dry-run: every problem found, one a
+line); 1 a failure; 130 interrupted (SIGINT, Ctrl-C); 143 terminated (SIGTERM). After 1, 3, 130 or 143
+the last checkpoint is kept and `thrifty run --resume RUN_DIR` goes on from it."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,11 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainer-args", type=_json_object, default=None, metavar="JSON",
                         help="keyword arguments of the trainer factory, as a JSON object")
     parser.add_argument("--problem", metavar="PROBLEM.json", help="the plan's problem (needed to re-plan)")
-    parser.add_argument("--run-dir", metavar="DIR", help="run record, checkpoint, run log and worker logs "
-                        "(default ./thrifty-runs/RUN_ID)")
+    parser.add_argument("--out", "--run-dir", dest="out", metavar="DIR",
+                        help="the run's folder: run record, checkpoint, run log and worker logs "
+                        "(default ./thrifty-runs/RUN_ID; --run-dir is the same)")
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR (or --run-dir) from its checkpoint; its plan, problem, "
-                             "trainer and settings come from its run record unless given again")
+                        help="continue the run in RUN_DIR (default: --out's folder, else the run under "
+                             "./thrifty-runs/ active last) from its checkpoint; its plan, problem, trainer, settings, "
+                             "cluster and plot come from its run record unless given again")
     parser.add_argument("--checkpoint", default=None, metavar="LOCATION",
                         help="where the checkpoint lives: a path, or s3://BUCKET/KEY, which every machine of a "
                              "cluster must reach (default RUN_DIR/checkpoint.pt)")
@@ -131,7 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch-delay", type=non_negative_float, default=0.0, metavar="SECONDS",
                         help="local provider: seconds a machine takes to 'boot' (default 0)")
     parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="draw progress and cost against the plans")
-    parser.add_argument("--json", action="store_true", help="print only the result as JSON")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no live progress bar: what happens is printed as plain lines")
+    parser.add_argument("--json", action="store_true", help="print only the result as JSON (implies --no-progress)")
 
 
 # RunConfig field <- command-line option (None: not given)
@@ -141,25 +163,25 @@ _CONFIG_FLAGS = {"checkpoint": "checkpoint", "checkpoint_every": "checkpoint_eve
                  "threads": "threads", "seed": "seed"}
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    """(plan, problem, run record or None, resume: False or the run directory)."""
+def _resume_folder(args: argparse.Namespace) -> Any:
+    """False, or the folder of the run to resume: --resume's, else --out's,
+    else the run under ./thrifty-runs/ active last (said on stderr)."""
     from pathlib import Path
 
     from thrifty.datasets.errors import ProblemError
-    from thrifty.runtime.training.plans import plan_and_problem
-    from thrifty.runtime.training.rundir import read_run_record
+    from thrifty.runtime.training.rundir import newest_run_dir
 
-    resume: Any = False
-    if args.resume:
-        folder = args.resume if isinstance(args.resume, str) else args.run_dir
-        if not folder:
-            raise ProblemError("--resume needs the run directory: --resume RUN_DIR")
-        resume = Path(folder)
-    record = read_run_record(resume) if resume else None
-    if args.plan is None and not resume:
-        raise ProblemError("give a plan or a problem file (or --resume RUN_DIR)")
-    plan, problem = plan_and_problem(args.plan, args.problem, record, resume or None)
-    return plan, problem, record, resume
+    if not args.resume:
+        return False
+    if isinstance(args.resume, str):
+        if args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise ProblemError(f"--resume {args.resume} and --out {args.out} name two folders; give one")
+        return Path(args.resume)
+    if args.out is not None:
+        return Path(args.out)
+    folder = newest_run_dir()
+    print(f"thrifty run: resuming {folder}", file=sys.stderr)
+    return folder
 
 
 def _config(args: argparse.Namespace, record: Any) -> Any:
@@ -174,83 +196,163 @@ def _config(args: argparse.Namespace, record: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.datasets.errors import ProblemError
+    from thrifty.runtime.training.driver import prepare_run
+    from thrifty.runtime.training.errors import RunFinished
+    from thrifty.runtime.training.preflight import RunProblems
+    from thrifty.runtime.training.rundir import read_run_record
+
+    resume = _resume_folder(args)
+    if args.plan is None and not resume:
+        raise ProblemError("give a plan or a problem file (or --resume RUN_DIR)")
+    record = read_run_record(resume) if resume else None
+    options = {k: v for k, v in (("plot", args.plot), ("launch_delay", args.launch_delay or None)) if v is not None}
+    try:
+        prepared = prepare_run(args.plan, args.trainer, problem=args.problem, config=_config(args, record),
+                               faults=args.inject, run_dir=args.out, trainer_args=args.trainer_args, resume=resume,
+                               cluster=args.cluster, options=options)
+        plan = prepared.inputs.plan
+        if not plan.feasible:
+            why = plan.infeasibility.reason if plan.infeasibility else plan.status
+            print(f"thrifty run: the problem is infeasible: {why}", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        if args.dry_run:  # nothing runs; what the run would refuse before it starts is refused here, all at once
+            from thrifty.runtime.training.preflight import check_run
+
+            check_run(prepared.inputs)
+            return _dry_run(prepared, args.json)
+        return _run(args, prepared)
+    except RunFinished as e:
+        print(f"thrifty run: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"run_dir": str(e.run_dir), "finished": True, **e.finish}, indent=1))
+        return EXIT_OK
+    except RunProblems as e:
+        for problem in e.problems:
+            print(f"thrifty run: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace, prepared: Any) -> int:
+    """Start the run `prepared` says, watch it, and say how it ended."""
     from thrifty.runtime.training.driver import train
-    from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, TrainingError
+    from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, Terminated, TrainingError
     from thrifty.runtime.training.hooks import Hooks
 
-    plan, problem, record, resume = _load(args)
-    if not plan.feasible:
-        why = plan.infeasibility.reason if plan.infeasibility else plan.status
-        print(f"thrifty run: the problem is infeasible: {why}", file=sys.stderr)
-        return EXIT_INFEASIBLE
     from thrifty.runtime.cluster.spec import cluster_kind
 
-    kind = cluster_kind(args.cluster)
-    if args.dry_run:  # nothing runs, but what a run would refuse is refused here too
-        _check_for_dry_run(args, plan, problem)
-        return _dry_run(plan, problem, args.cluster or "local", kind, args.json)
-    trainer = args.trainer or (record.trainer if record is not None else None)
-    if trainer is None:
-        raise ProblemError("--trainer MODULE:FACTORY is required (e.g. thrifty.runtime.training.examples:zoo)")
-    trainer_args = args.trainer_args if args.trainer_args is not None else (
-        record.trainer_args if record is not None else {})
-    config = _config(args, record)
+    inputs, options = prepared.inputs, prepared.options
+    kind = cluster_kind(inputs.cluster)
+    launch_delay = options.get("launch_delay") or 0.0
     provider = None
-    if args.launch_delay and kind != "local":
+    if launch_delay and kind != "local":
+        from thrifty.datasets.errors import ProblemError
+
         raise ProblemError("--launch-delay simulates boot times of local machines; it does not apply to "
-                           f"--cluster {args.cluster}")
-    if args.launch_delay:
+                           f"--cluster {inputs.cluster}")
+    if launch_delay:
         import uuid
 
         from thrifty.runtime.providers.local import LocalProvider
 
-        provider = LocalProvider(uuid.uuid4().hex[:8], problem.catalog, launch_delay_s=args.launch_delay)
+        provider = LocalProvider(uuid.uuid4().hex[:8], inputs.problem.catalog, launch_delay_s=launch_delay)
     hooks = Hooks()
-    bar = _ProgressBar(enabled=not args.json)
+    bar = _ProgressBar(enabled=not (args.json or args.no_progress))
     hooks.on("preemption", lambda e: bar.say(f"[red]preempted[/red] {e.instance_type} ({e.market}) "
                                              f"{e.machine_id or ''} via {e.source}"))
     hooks.on("slowdown", lambda v: bar.say(f"[yellow]behind[/yellow]: optimistic finish "
                                            f"{_num(v.optimistic_total_s, '.1f')} s breaks the "
                                            f"{', '.join(v.violation)} limit"))
     hooks.on("replanned", lambda r: bar.say(f"[magenta]re-planned[/magenta] ({r.reason}, {r.latency_s * 1e3:.0f} ms):"
-                                            f" {r.old_config} -> {r.new_config}"))
+                                            f" {r.old_config} -> {r.new_config}" + (
+                                                f" [yellow]finishing late[/yellow] ({r.best_effort}): the soonest "
+                                                "plan within the budget" if r.best_effort else "")))
+    hooks.on("prediction_off", lambda off: bar.say(f"[yellow]prediction off[/yellow]: {off}"))
+    result, code, folder = None, EXIT_OK, prepared.folder
     try:
-        with _stdout_to_stderr(), bar:
-            result = train(plan, trainer, problem=problem, provider=provider, hooks=hooks, config=config,
-                           faults=args.inject, run_dir=args.run_dir, trainer_args=trainer_args,
-                           resume=resume, on_progress=bar.update, cluster=args.cluster)
+        with _stdout_to_stderr(), _sigterm_interrupts(), bar:
+            result = train(inputs.plan, inputs.trainer, problem=inputs.problem, provider=provider, hooks=hooks,
+                           config=prepared.config, faults=inputs.faults, run_dir=None if inputs.resuming else folder,
+                           trainer_args=inputs.trainer_args, resume=folder if inputs.resuming else False,
+                           on_progress=bar.update, run_id=prepared.run_id, cluster=inputs.cluster, options=options)
     except ReplanInfeasible as e:
+        _report(args, prepared)
         print(f"thrifty run: infeasible after re-planning: {e}{_kept(e)}", file=sys.stderr)
         return EXIT_INFEASIBLE
     except TrainingError as e:
+        _report(args, prepared)
         print(f"thrifty run: failed: {e}{_kept(e)}", file=sys.stderr)
         return EXIT_FAILURE
     except RunInterrupted as e:
+        _report(args, prepared)
         print(f"thrifty run: {e}; resume with: thrifty run --resume {e.run_dir}", file=sys.stderr)
-        return 130
+        return EXIT_TERMINATED if e.signal == "SIGTERM" else EXIT_INTERRUPTED
+    except Terminated:  # before the run's loop started: nothing to resume from yet
+        print("thrifty run: terminated (SIGTERM) before the run started", file=sys.stderr)
+        return EXIT_TERMINATED
     finally:
         if provider is not None:
             provider.close()
+    assert result is not None
+    _report(args, prepared, result)
+    if result.iterations != result.total_iterations:
+        code = EXIT_FAILURE
+    elif not result.within_limits:
+        print("thrifty run: finished OUTSIDE the limits: " + "; ".join(result.exceeded), file=sys.stderr)
+        code = EXIT_OUTSIDE_LIMITS
+    return code
+
+
+def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None:
+    """The timeline and the plot (``--plot``, or the one the run was started
+    with) of what the run log holds, however the run ended; with a result,
+    the prediction check and where the files are (``--json``: the result)."""
     from thrifty.runtime.training.report import format_prediction_check, format_timeline, plot_run, timeline
     from thrifty.runtime.training.runlog import read_run_log
 
-    events = read_run_log(result.log_path)
-    if args.plot:
-        plot_run(events, args.plot, title=f"{problem.name or problem.model}: run {result.run_id}")
+    log = prepared.folder / "run.jsonl"
+    if not log.exists():
+        return  # the run did not get to start
+    events = read_run_log(log)
+    plot = prepared.options.get("plot")
+    if plot:
+        problem = prepared.inputs.problem
+        plot_run(events, plot, title=f"{problem.name or problem.model}: run {prepared.run_id}")
     if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
-    else:
-        print(format_timeline(timeline(events)))
+        if result is not None:
+            print(json.dumps(result.to_dict(), indent=1))
+        return
+    print(format_timeline(timeline(events)))
+    if result is not None:
         check = format_prediction_check([s.to_dict() for s in result.segments])
         if check:
             print(check)
-        print(f"run log: {result.log_path}; checkpoint: {result.checkpoint_path}")
-    if result.iterations != result.total_iterations:
-        return EXIT_FAILURE
-    if not result.within_limits:
-        print("thrifty run: finished OUTSIDE the limits: " + "; ".join(result.exceeded), file=sys.stderr)
-        return EXIT_OUTSIDE_LIMITS
-    return EXIT_OK
+        print(f"run log: {result.log_path}; checkpoint: {result.checkpoint_path}"
+              + (f"; plot: {plot}" if plot else ""))
+    elif plot:
+        print(f"plot: {plot}")
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the run goes, SIGTERM stops it as Ctrl-C does (`Terminated`, a
+    KeyboardInterrupt: the workers checkpoint and stop, exit 143). Only in
+    the main thread, where Python delivers signals."""
+    import threading
+
+    from thrifty.runtime.training.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -276,37 +378,26 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _check_for_dry_run(args: argparse.Namespace, plan: Any, problem: Any) -> None:
-    """What `train` checks before it starts anything: the plan against the problem (its machines offered,
-    within the quotas, its batches adding up to the global batch; errors name the plan file) and, when given,
-    that the trainer imports."""
-    from thrifty.datasets.catalog import load_catalog
-    from thrifty.datasets.errors import in_file
-    from thrifty.runtime.training.plans import check_plan
-
-    with in_file(args.plan):
-        check_plan(plan, problem, load_catalog(problem.catalog))
-    if args.trainer is not None:
-        from thrifty.perfmodels.measure.worlds import resolve_factory
-
-        resolve_factory(args.trainer, returns="a Trainer")
-
-
-def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) -> int:
+def _dry_run(prepared: Any, as_json: bool) -> int:
     """What a run would do, without starting anything: the plan, its
-    machines, the prediction."""
+    machines, the prediction (after `check_run` found nothing wrong)."""
+    from thrifty.runtime.cluster.spec import cluster_kind
+
+    plan, problem, cluster = prepared.inputs.plan, prepared.inputs.problem, prepared.inputs.cluster or "local"
+    kind = cluster_kind(cluster)
     machines = [{"instance_type": a.instance_type, "market": a.market, "count": a.count,
                  "batch_per_machine": a.batch_per_instance} for a in plan.allocation]
     p = plan.predicted
-    summary = {"cluster": cluster, "cluster_kind": kind, "config": plan.config, "machines": machines,
+    summary = {"cluster": str(cluster), "cluster_kind": kind, "config": plan.config, "machines": machines,
                "iterations": problem.iterations, "global_batch": problem.global_batch,
                "predicted_total_s": p.total_s if p else None, "predicted_cost_usd": p.cost_usd if p else None,
-               "time_limit_s": problem.limits.time_s, "cost_limit_usd": problem.limits.cost_usd}
+               "time_limit_s": problem.limits.time_s, "cost_limit_usd": problem.limits.cost_usd,
+               "run_dir": str(prepared.folder), "resumed": prepared.inputs.resuming}
     where = {"local": "worker processes on this host", "ray": f"the Ray cluster at {cluster}"}.get(kind, "")
-    if kind == "config":  # a bad config is bad input now, not after a head has started
+    if kind == "config":
         from thrifty.runtime.providers.config import load_cluster_config
 
-        config = load_cluster_config(cluster)
+        config = load_cluster_config(str(cluster))
         head = config.head_address or f"{config.head_ip or 'this host'}:{config.ray_port}"
         summary.update(provider=config.provider, region=config.region, head=head)
         where = (f"{config.provider} machines in {config.region} ({cluster}) joining a Ray head at {head} "
@@ -314,7 +405,8 @@ def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) ->
     if as_json:
         print(json.dumps(summary, indent=1))
         return EXIT_OK
-    print(f"dry run: {problem.iterations} iterations of global batch {problem.global_batch} on {where}")
+    resumed = f" (resuming {prepared.folder})" if prepared.inputs.resuming else ""
+    print(f"dry run{resumed}: {problem.iterations} iterations of global batch {problem.global_batch} on {where}")
     for m in machines:
         print(f"  {m['count']} x {m['instance_type']} ({m['market']}), batch {m['batch_per_machine']} per machine")
     if p is not None:
@@ -322,7 +414,7 @@ def _dry_run(plan: Any, problem: Any, cluster: str, kind: str, as_json: bool) ->
                   f"cost <= ${problem.limits.cost_usd:g}" if problem.limits.cost_usd is not None else ""]
         print(f"predicted: {p.total_s:,.1f} s, ${p.cost_usd:,.4f}; iteration {p.iteration_s * 1e3:.1f} ms"
               + (f" (limits: {', '.join(x for x in limits if x)})" if any(limits) else ""))
-    print("nothing was started (--dry-run)")
+    print("every check a run makes before it starts passed; nothing was started (--dry-run)")
     return EXIT_OK
 
 
@@ -336,7 +428,9 @@ def _kept(error: Any) -> str:
 
 class _ProgressBar:
     """A rich progress bar: iterations, the measured throughput with its sd,
-    and the elapsed time and cost against what the current plan predicted."""
+    and the elapsed time and cost against what the current plan predicted.
+    Disabled (``--no-progress``, ``--json``), there is no bar and what it
+    would say is a plain line on stderr."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -363,7 +457,12 @@ class _ProgressBar:
             self.progress.__exit__(exc_type, exc, traceback)
 
     def say(self, text: str) -> None:
-        if self.enabled and self.progress is None:
+        if not self.enabled:  # --no-progress, --json: a plain line
+            from rich.text import Text
+
+            print(Text.from_markup(text).plain, file=sys.stderr, flush=True)
+            return
+        if self.progress is None:
             self._start()
         if self.progress is not None:
             self.progress.console.print(text)

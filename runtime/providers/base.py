@@ -140,6 +140,14 @@ class Provider(abc.ABC):
     def poll_interruptions(self) -> Sequence[Preemption]:
         """Interruption events seen since the last call (never blocks long)."""
 
+    def check_plan(self, allocations: Iterable[tuple[str, str, int]]) -> None:
+        """Raise `ProblemError` (one line, every lack named) when this provider
+        cannot give machines ``(instance type, market, count)``, before anything
+        starts (`thrifty.runtime.training.preflight.check_run`); the default
+        checks nothing (a cloud's capacity shows only when machines are asked
+        for, and is then a `CapacityError`, which re-plans)."""
+        return None
+
     def world_launcher(self, machine_ids: Sequence[str], preload: Sequence[str] = ()) -> Any:
         """The launcher (`thrifty.perfmodels.measure.worlds.Launcher`) of a
         world whose rank r runs on machine `machine_ids[r]`; None (the

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from thrifty.datasets.catalog import Catalog, load_catalog
@@ -49,9 +49,24 @@ class LocalProvider(Provider):
             raise ProblemError(f"market is '{market}', but must be 'on_demand' or 'spot'")
         device = self.catalog.get(instance_type).device
         if device != "cpu":
-            cpu_types = sorted(n for n, t in self.catalog.types.items() if t.device == "cpu")
+            cpu_types = ", ".join(sorted(n for n, t in self.catalog.types.items() if t.device == "cpu")) or "none"
             raise ProblemError(f"the local provider runs CPU worker processes, but {instance_type} is a "
-                               f"'{device}' machine; local types in {self.catalog.source}: {', '.join(cpu_types)}")
+                               f"'{device}' machine; local types in {self.catalog.source}: {cpu_types}")
+        self.price(instance_type, market)  # a market the catalog does not price is refused here, not mid-run
+
+    def check_plan(self, allocations: Iterable[tuple[str, str, int]]) -> None:
+        """What `provision` would refuse as bad input, for every machine of a
+        plan at once: a type that is not a CPU type of the catalog, a market it
+        does not price. (A simulated `capacity` is a cloud's capacity: it shows
+        when machines are asked for, as a `CapacityError` that re-plans.)"""
+        lacking = []
+        for instance_type, market, _ in allocations:
+            try:
+                self._check_type(instance_type, market)
+            except ProblemError as e:
+                lacking.append(e.message)
+        if lacking:
+            raise ProblemError("; ".join(dict.fromkeys(lacking)), path="cluster")
 
     def provision(self, instance_type: str, count: int, market: Market = "on_demand",
                   timeout_s: float = 600.0) -> list[Machine]:

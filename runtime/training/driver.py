@@ -28,6 +28,7 @@ machine back and keeps the last good checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,25 +40,28 @@ from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
-from thrifty.runtime.training.errors import ReplanInfeasible, RunInterrupted, TrainingError
-from thrifty.runtime.training.faults import Fault, FaultInjector
+from thrifty.runtime.training.errors import ReplanInfeasible, RunFinished, RunInterrupted, Terminated, TrainingError
+from thrifty.runtime.training.faults import Fault, FaultInjector, SlowWorker, describe_fault
 from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.training.launcher import WORKER_PRELOAD, RankSlot, Segment, SegmentPoll
-from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, auto_window_s, spent_cost
-from thrifty.runtime.training.plans import check_plan, plan_and_problem, within_capacity
+from thrifty.runtime.training.monitor import (ProgressMonitor, ThroughputWindow, auto_window_s, prediction_off,
+                                              spent_cost)
+from thrifty.runtime.training.plans import plan_and_problem, within_capacity
+from thrifty.runtime.training.preflight import RunInputs, check_run
 from thrifty.runtime.training.replan import Key, Replan, Replanner
 from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_paths, carried_over, default_run_dir,
-                                             new_run_id, read_run_record, write_run_record)
+                                             finished_run, new_run_id, read_run_record, write_run_record)
 from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.ddp.sharding import split_batch
-from thrifty.runtime.ddp.trainer import load_trainer, trainer_spec
-from thrifty.perfmodels.measure.worlds import start_zygote
+from thrifty.runtime.ddp.trainer import trainer_spec
+from thrifty.perfmodels.measure.worlds import zygote
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem
 
-__all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "train", "rank_slots", "resumed_prediction",
-           "slowdown_hold_off_s"]
+__all__ = ["RunConfig", "SegmentRecord", "RunResult", "ProgressSnapshot", "PredictionOff", "PreparedRun", "prepare_run",
+           "train", "rank_slots",
+           "resumed_prediction", "slowdown_hold_off_s", "profile_command"]
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,60 @@ class ProgressSnapshot:
         return None if self.projected_total_s is None else max(0.0, self.projected_total_s - self.elapsed_s)
 
 
+@dataclass(frozen=True)
+class PredictionOff:
+    """Measured and predicted iteration time differ by more than
+    `monitor.PREDICTION_OFF_FACTOR` over a steady window: the likely cause,
+    and the command that profiles the trainer's model (said once a run)."""
+
+    segment: int
+    config: str
+    measured_iteration_s: float
+    predicted_iteration_s: float
+    cause: str
+    command: str
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_iteration_s / self.predicted_iteration_s
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "ratio": self.ratio}
+
+    def __str__(self) -> str:
+        return (f"iteration time {self.measured_iteration_s * 1e3:.1f} ms measured, "
+                f"{self.predicted_iteration_s * 1e3:.1f} ms predicted ({self.ratio:.2f}x, segment {self.segment} "
+                f"{self.config}): likely {self.cause}; profile the trainer's model with: {self.command}")
+
+
+ZOO_TRAINER = "thrifty.runtime.training.examples:zoo"  # runs the zoo model its `model` argument names
+
+
+def profile_command(spec: str, trainer_args: Mapping[str, Any], device: str, threads: int, colocated: int) -> str:
+    """The ``thrifty profile`` command that measures what this trainer runs
+    (`thrifty.runtime.commands.profile`): its workload factory and name for
+    the zoo trainer, else a workload factory of the user's to write (a
+    function returning the trainer's model, ``make_batch`` and ``loss_fn``);
+    on CPU with `colocated` workers sharing the host, as the run has them."""
+    import shlex
+
+    factory, name = "MODULE:WORKLOAD", spec.rsplit(":", 1)[-1].replace("_", "-")
+    if spec == ZOO_TRAINER:
+        from thrifty.perfmodels.measure.zoo import FACTORIES
+
+        name = str(trainer_args.get("model", "tiny-transformer"))
+        if name in FACTORIES:
+            factory = f"thrifty.perfmodels.measure.zoo:{FACTORIES[name].__name__}"
+    words = ["thrifty", "profile", factory, "--out", f"{name}__{device}.json", "--name", name,
+             "--threads", str(threads), "--device", device]
+    if device == "cpu" and colocated > 1:
+        words += ["--colocated", str(colocated)]
+    text = shlex.join(words)
+    if factory == "MODULE:WORKLOAD":
+        text += f" (MODULE:WORKLOAD returns the model of {spec} with make_batch and loss_fn)"
+    return text + ", then name that file as the problem's model"
+
+
 def checkpoint_location(checkpoint: str | None, run_dir: Path) -> str:
     """Where a run's checkpoint lives: `checkpoint` (a path or s3://bucket/key), or in its run directory."""
     return checkpoint or str(run_dir / "checkpoint.pt")
@@ -287,12 +345,71 @@ def rank_slots(plan: Plan, machines: Sequence[Sequence[Machine]], catalog: Catal
     return slots
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """What a run is to start with, resolved from what was given and, for a
+    resumed run, from its run record and log (`prepare_run`)."""
+
+    inputs: RunInputs
+    config: RunConfig
+    run_id: str
+    folder: Path
+    record: RunRecord | None  # the resumed run's record
+    carried: CarriedOver
+    options: dict[str, Any]
+
+
+def prepare_run(plan: Plan | Problem | dict | str | Path | None = None,
+                trainer: str | Callable[..., Any] | None = None, *,
+                problem: TrainingProblem | dict | str | Path | None = None, config: RunConfig | None = None,
+                faults: Iterable[Fault] = (), run_dir: str | Path | None = None,
+                trainer_args: Mapping[str, Any] | None = None, resume: bool | str | Path = False,
+                run_id: str | None = None, cluster: str | Path | None = None,
+                options: Mapping[str, Any] | None = None) -> PreparedRun:
+    """`train`'s arguments resolved, nothing checked past them and nothing
+    started: a resumed run's record fills in what is not given (trainer and
+    its arguments, settings, cluster, options, plan, problem) and its log
+    says what its earlier sessions spent; `RunFinished` when it has finished
+    (every iteration of the problem done: a problem with more goes on).
+    ``thrifty run --dry-run`` checks what this returns with
+    `preflight.check_run`, as `train` does."""
+    folder = Path(resume) if isinstance(resume, (str, Path)) else (Path(run_dir) if run_dir is not None else None)
+    resuming = bool(resume)
+    if resuming and folder is None:
+        raise ProblemError("resume=True needs run_dir (or give resume=RUN_DIR)", path="resume")
+    record = read_run_record(folder) if resuming and folder is not None else None
+    events = read_run_log(folder / "run.jsonl") if resuming and folder is not None and \
+        (folder / "run.jsonl").exists() else []
+    if record is not None:
+        trainer = trainer if trainer is not None else record.trainer
+        trainer_args = trainer_args if trainer_args is not None else record.trainer_args
+        config = config if config is not None else RunConfig(**record.config)
+        run_id = run_id or record.run_id
+        cluster = cluster if cluster is not None else record.cluster
+        options = {**record.options, **(options or {})}
+    plan_given = plan
+    plan, problem = plan_and_problem(plan, problem, record, folder if resuming else None)
+    finish = finished_run(events) if resuming else None
+    if finish is not None and int(finish.get("iterations") or 0) >= problem.iterations:
+        assert folder is not None  # resuming
+        raise RunFinished(folder, finish)  # nothing to run, nothing to append (more iterations: it goes on)
+    config = config or RunConfig()
+    run_id = run_id or new_run_id()
+    folder = folder if folder is not None else default_run_dir(run_id)
+    carried = carried_over(events) if resuming else CarriedOver()
+    inputs = RunInputs(plan, problem, trainer, dict(trainer_args or {}), checkpoint_location(config.checkpoint, folder),
+                       "checkpoint" if config.checkpoint else "run_dir", resuming, tuple(faults), carried.seconds,
+                       cluster, plan_source=str(plan_given) if isinstance(plan_given, (str, Path)) else None)
+    return PreparedRun(inputs, config, run_id, folder, record, carried, dict(options or {}))
+
+
 def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str | Callable[..., Any] | None = None,
           *, problem: TrainingProblem | dict | str | Path | None = None, provider: Provider | None = None,
           hooks: Hooks | None = None, config: RunConfig | None = None, faults: Iterable[Fault] = (),
           run_dir: str | Path | None = None, trainer_args: Mapping[str, Any] | None = None,
           resume: bool | str | Path = False, on_progress: Callable[[ProgressSnapshot], None] | None = None,
-          run_id: str | None = None, cluster: str | Path | None = None) -> RunResult:
+          run_id: str | None = None, cluster: str | Path | None = None,
+          options: Mapping[str, Any] | None = None) -> RunResult:
     """Run a plan with `trainer` (``MODULE:FACTORY`` or an importable factory)
     until all the problem's iterations are done.
 
@@ -314,73 +431,72 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
 
     Returns a `RunResult` (``within_limits`` False and ``exceeded`` saying
     what, when the run finished past its limits: ``thrifty run`` exits 4).
+    Before anything starts or is written, `preflight.check_run` makes every
+    check (the plan, the machines, the trainer, the checkpoint, the faults),
+    the same that ``thrifty run --dry-run`` makes, and raises `RunProblems`
+    (a `ProblemError`) listing all it found. `cluster` and `options` (what a
+    command started the run with, e.g. ``{"plot": "run.png"}``) are kept in
+    the run record, so a resume without them has them again.
+
     Raises `ProblemError` for bad input (before anything starts),
-    `ReplanInfeasible` when a preemption leaves no plan that meets the limits,
-    `RunInterrupted` on Ctrl-C, `TrainingError` subclasses for failures; the
+    `RunFinished` when the run to resume has already finished (nothing runs
+    and nothing is appended), `ReplanInfeasible` when a preemption leaves no
+    plan that meets the limits, `RunInterrupted` on Ctrl-C (and, from
+    ``thrifty run``, SIGTERM), `TrainingError` subclasses for failures; the
     last checkpoint survives all of them.
     """
-    folder = Path(resume) if isinstance(resume, (str, Path)) else (Path(run_dir) if run_dir is not None else None)
-    resuming = bool(resume)
-    if resuming and folder is None:
-        raise ProblemError("resume=True needs run_dir (or give resume=RUN_DIR)", path="resume")
-    record = read_run_record(folder) if resuming and folder is not None else None
-    if record is not None:
-        trainer = trainer if trainer is not None else record.trainer
-        trainer_args = trainer_args if trainer_args is not None else record.trainer_args
-        config = config if config is not None else RunConfig(**record.config)
-        run_id = run_id or record.run_id
-    if trainer is None:
-        raise ProblemError("no trainer: give MODULE:FACTORY" + (" (this run directory has no run record)"
-                                                               if resuming else ""), path="trainer")
-    plan, problem = plan_and_problem(plan, problem, record, folder if resuming else None)
+    prepared = prepare_run(plan, trainer, problem=problem, config=config, faults=faults, run_dir=run_dir,
+                           trainer_args=trainer_args, resume=resume, run_id=run_id, cluster=cluster, options=options)
+    inputs, config, run_id, folder = prepared.inputs, prepared.config, prepared.run_id, prepared.folder
+    plan, problem, cluster = inputs.plan, inputs.problem, inputs.cluster
     catalog = load_catalog(problem.catalog)
-    check_plan(plan, problem, catalog)
-    spec = trainer_spec(trainer)
-    load_trainer(spec, trainer_args)  # a factory that raises is bad input, before any process starts
-    config = config or RunConfig()
-    run_id = run_id or new_run_id()
-    folder = folder if folder is not None else default_run_dir(run_id)
-    from thrifty.runtime.ddp import storage
-
-    checkpoint = checkpoint_location(config.checkpoint, folder)
-    where = "checkpoint" if config.checkpoint else "run_dir"
-    storage.parse(checkpoint)  # a bad location is bad input
-    if storage.exists(checkpoint) and not resuming:
-        raise ProblemError(f"already holds a checkpoint ({storage.describe(checkpoint)}); resume it or choose "
-                           "another location", path=where)
-    if resuming and not storage.exists(checkpoint):
-        raise ProblemError(f"has no checkpoint to resume ({storage.describe(checkpoint)})", path=where)
-    carried = carried_over(read_run_log(folder / "run.jsonl")) if resuming and (folder / "run.jsonl").exists() \
-        else CarriedOver()
-    folder.mkdir(parents=True, exist_ok=True)
-    record = RunRecord(run_id, plan.to_dict(), absolute_paths(problem.model_dump(mode="json")), spec,
-                       dict(trainer_args or {}), dataclasses.asdict(config),
-                       first_plan=record.first_plan if record is not None else plan.to_dict())
-    write_run_record(folder, record)
     own_provider = provider is None
-    if provider is None:
-        from thrifty.runtime.cluster.spec import cluster_provider
+    from thrifty.runtime.cluster.spec import cluster_kind, cluster_provider
 
-        provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
-    if provider.local_workers:  # local workers are forked by it: while machines boot, it imports torch
-        start_zygote(WORKER_PRELOAD)
     try:
-        check = getattr(provider, "check_plan", None)
-        if check is not None:
-            check([(a.instance_type, a.market, a.count) for a in plan.allocation])
+        if provider is None and cluster_kind(cluster) != "config":  # a config's provider starts machines
+            provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
+        check_run(inputs, provider)  # every check --dry-run makes, all problems at once
+        if provider is None:
+            provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
         pool = getattr(provider, "pool_capacity", lambda: None)()
-        if pool is not None:  # a fixed pool of machines: re-plans pick only what it has
-            problem = within_capacity(problem, pool)
+        planned = problem if pool is None else within_capacity(problem, pool)  # a fixed pool: re-plans pick from it
     except BaseException:
-        if own_provider:
+        if own_provider and provider is not None:
             provider.close()
         raise
-    driver = _Driver(plan, problem, catalog, spec, dict(trainer_args or {}), provider, hooks or Hooks(),
-                     config, FaultInjector(faults), folder, run_id, on_progress, record, carried)
+    assert inputs.trainer is not None  # check_run refuses a run without one
+    spec = trainer_spec(inputs.trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    resumed = prepared.record
+    record = RunRecord(run_id, plan.to_dict(), absolute_paths(problem.model_dump(mode="json")), spec,
+                       dict(inputs.trainer_args), dataclasses.asdict(config),
+                       first_plan=resumed.first_plan if resumed is not None else plan.to_dict(),
+                       cluster=None if cluster is None else str(cluster), options=prepared.options)
+    write_run_record(folder, record)
+    if provider.local_workers:
+        _start_fork_server()
+    driver = _Driver(plan, planned, catalog, spec, dict(inputs.trainer_args), provider, hooks or Hooks(),
+                     config, FaultInjector(inputs.faults), folder, run_id, on_progress, record, prepared.carried)
     try:
-        return driver.run(resuming)
+        return driver.run(inputs.resuming)
     finally:
         driver.release(close_provider=own_provider)
+
+
+def _start_fork_server() -> None:
+    """Start this process's worker fork server (`zygote`: it imports torch,
+    seconds of CPU) and wait for it, before the run's clock starts. It is this
+    host's thrifty process starting, not a machine booting: the machines of a
+    Ray cluster have theirs running before a run, and a local machine's boot
+    is what `LocalProvider.launch_delay_s` stands for. (Started in the
+    background as machines were asked for, its import counted against the
+    time limit, 3 to 8 s of the demo's 30 s on a busy 2-core host.) A fork
+    server that does not start is reported by the launch that needs it."""
+    try:
+        zygote(WORKER_PRELOAD)
+    except Exception:  # noqa: BLE001 - the world's launch starts it again and says why it cannot
+        pass
 
 
 class _Driver:
@@ -413,6 +529,7 @@ class _Driver:
         self.preemptions: list[Preemption] = []
         self.segments: list[SegmentRecord] = []  # this session's
         self.fruitless_replans = 0  # slowdown re-plans in a row that changed nothing (kept or infeasible)
+        self.prediction_said = False  # the iteration time was said to be off the prediction (once a run)
         self.done = 0
         self.launch_s = problem.overheads.launch_s
         # the current plan's own prediction, as elapsed time and cost of the whole run
@@ -505,7 +622,8 @@ class _Driver:
                            spent_usd=self._spent())
             if isinstance(e, RunInterrupted):
                 raise
-            raise RunInterrupted("SIGINT", reached, self._last_checkpoint(), self.folder) from None
+            raise RunInterrupted("SIGTERM" if isinstance(e, Terminated) else "SIGINT", reached,
+                                 self._last_checkpoint(), self.folder) from None
         except BaseException as e:
             self.log.write("error", error=f"{type(e).__name__}: {e}", iteration=max(self.done, self.monitor.iterations))
             if isinstance(e, TrainingError):
@@ -561,7 +679,8 @@ class _Driver:
         return self.replanner.replan(
             reason, old_plan=plan, remaining_iterations=remaining, elapsed_s=now - self.start,
             spent_usd=self._spent(now), survivors=survivors, launch_s=self.launch_s,
-            event_at=event_at if event_at is not None else (event.at if event is not None else now), event=event)
+            event_at=event_at if event_at is not None else (event.at if event is not None else now), event=event,
+            best_effort=reason != "slowdown")  # machines lost: go on late rather than stop half done
 
     def _commit(self, replan: Replan) -> Plan:
         now = time.time()
@@ -791,6 +910,8 @@ class _SegmentWatch:
     def _check_progress(self, now: float) -> None:
         d = self.d
         verdict = d.monitor.check(now, d.machines.values())
+        if not d.prediction_said:
+            self._check_prediction(verdict.window)
         if now - self.last_throughput_log >= d.throughput_log_s:
             self.last_throughput_log = now
             d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
@@ -812,6 +933,43 @@ class _SegmentWatch:
         d.fruitless_replans = 0
         self.next_plan = d._commit(replan)
         self.segment.request_stop()
+
+    def _check_prediction(self, window: ThroughputWindow | None) -> None:
+        """Say once a run when the steady iteration time is off the plan's
+        prediction by more than 1.5x, why that is likely, and how to profile
+        the trainer (in the run log, and to the ``prediction_off`` hook)."""
+        d, predicted = self.d, self.plan.predicted
+        ratio = prediction_off(window, predicted.iteration_s if predicted else None)
+        if ratio is None or predicted is None:
+            return
+        d.prediction_said = True
+        slowed = [f for f in d.injector.faults if isinstance(f, SlowWorker) and f.from_iteration <= self.reached
+                  and (f.until_iteration is None or f.until_iteration > self.start)]
+        model = d.problem.model
+        same_model = d.spec == ZOO_TRAINER and d.trainer_args.get("model", "tiny-transformer") == model
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        cpus = os.cpu_count() or 1
+        busy = f"this host is busier than when the profile of '{model}' was measured" + (
+            "" if load is None else f" (load average {load:.1f} on {cpus} CPUs)")
+        bigger = f"the trainer's model is bigger than the problem's model '{model}', whose profile priced the plan"
+        if slowed and ratio > 1:
+            cause = "the injected fault " + ", ".join(describe_fault(f) for f in slowed)
+        elif ratio < 1:
+            cause = (f"the trainer's model is smaller than the problem's model '{model}', whose profile priced "
+                     "the plan")
+        elif same_model:  # the zoo trainer runs the very model the profile measured
+            cause = busy
+        elif load is not None and load > cpus:
+            cause = f"{busy}, or {bigger}"
+        else:
+            cause = f"{bigger}, or {busy}"
+        devices = {d.catalog.get(s.instance_type).device for s in self.slots}
+        device = "cpu" if devices == {"cpu"} else "cuda"
+        local = len(self.slots) if d.provider.local_workers else 1
+        said = PredictionOff(self.index, self.plan.config, predicted.iteration_s * ratio, predicted.iteration_s,
+                             cause, profile_command(d.spec, d.trainer_args, device, d.config.threads, local))
+        d.log.write("prediction_off", **said.to_dict())
+        d.hooks.emit("prediction_off", said)
 
     def _fruitless(self, now: float) -> None:
         """A slowdown re-plan changed nothing: ask again later, and later still

@@ -10,7 +10,7 @@ from __future__ import annotations
 from thrifty.datasets.errors import ThriftyError
 
 __all__ = ["TrainingError", "WorldFormationError", "WorkerFailed", "StallError", "ReplanInfeasible",
-           "RunInterrupted"]
+           "RunInterrupted", "Terminated", "RunFinished"]
 
 
 class TrainingError(ThriftyError, RuntimeError):
@@ -64,3 +64,22 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {signal}{where}")
         self.signal, self.iteration = signal, iteration
         self.checkpoint_iteration, self.run_dir = checkpoint_iteration, run_dir
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by ``thrifty run``'s handler so that a run stops as on
+    Ctrl-C (the workers checkpoint and stop); the run ends in a
+    `RunInterrupted` whose signal is ``SIGTERM``."""
+
+
+class RunFinished(ThriftyError):
+    """The run asked to resume has already finished: there is nothing to run,
+    and nothing was run or logged. `finish` is its run log's ``finish`` event
+    (iterations, elapsed_s, cost_usd, within_limits, ...)."""
+
+    def __init__(self, run_dir: object, finish: dict):
+        limits = "within its limits" if finish.get("within_limits") else "OUTSIDE its limits"
+        seconds, usd = float(finish.get("elapsed_s") or 0.0), float(finish.get("cost_usd") or 0.0)
+        super().__init__(f"{run_dir} has finished: {finish.get('iterations')} iterations in {seconds:,.1f} s "
+                         f"for ${usd:,.4f}, {limits}; nothing to resume")
+        self.run_dir, self.finish = run_dir, finish

@@ -22,6 +22,12 @@ Faults name a machine by its index in the running plan's machine list
   form.
 
 Each kill fires once: it is spent when the run gets past its iteration or time.
+
+A fault the run cannot have is bad input, said before the run starts
+(`fault_problems`, called by `preflight.check_run`): a machine index the
+starting plan does not have, an iteration at or past the run's last, a time
+past its time limit or before where a resumed run's clock already is.
+(Before, such a fault was silently never injected.)
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from dataclasses import dataclass
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.ddp.job import WorkerFault
 from thrifty.runtime.training.launcher import RankSlot
+from thrifty.solver.plan import Plan
+from thrifty.solver.problem import TrainingProblem
 
-__all__ = ["KillWorker", "SlowWorker", "DelayStart", "Fault", "FaultInjector"]
+__all__ = ["KillWorker", "SlowWorker", "DelayStart", "Fault", "FaultInjector", "describe_fault", "fault_problems"]
 
 
 def _check(condition: bool, message: str) -> None:
@@ -80,6 +88,54 @@ class DelayStart:
 
 
 Fault = KillWorker | SlowWorker | DelayStart
+
+
+def describe_fault(fault: Fault) -> str:
+    """A fault as ``thrifty run --inject`` spells it (``kill:machine=1,iteration=300``)."""
+    def num(value: float) -> str:
+        return f"{value:g}"
+
+    if isinstance(fault, KillWorker):
+        parts = [f"machine={fault.machine}"]
+        parts += [f"iteration={fault.at_iteration}"] if fault.at_iteration is not None else []
+        parts += [f"time={num(fault.at_time_s)}"] if fault.at_time_s is not None else []
+        parts += [f"warning={num(fault.warning_s)}"] if fault.warning_s is not None else []
+        return "kill:" + ",".join(parts)
+    if isinstance(fault, SlowWorker):
+        until = f",until={fault.until_iteration}" if fault.until_iteration is not None else ""
+        return f"slow:machine={fault.machine},from={fault.from_iteration},extra={num(fault.extra_s)}{until}"
+    return f"delay_start:machine={fault.machine},seconds={num(fault.seconds)},segment={fault.segment}"
+
+
+def fault_problems(faults: Iterable[Fault], plan: Plan, problem: TrainingProblem,
+                   elapsed_s: float = 0.0) -> list[ProblemError]:
+    """Each fault that names what the run cannot have, as a `ProblemError`
+    (path ``inject``) naming the fault and what exists: a machine past the
+    starting plan's machines (numbered in allocation order), an iteration at
+    or past the problem's last, a time past the time limit, or one before
+    `elapsed_s`, where a resumed run's clock already is."""
+    machines = [f"{a.instance_type} ({a.market})" for a in plan.allocation for _ in range(max(a.count, 0))]
+    have = (f"the plan has {len(machines)} machine{'s' if len(machines) != 1 else ''}: "
+            + ", ".join(f"{i} {m}" for i, m in enumerate(machines)))
+    out = []
+    for fault in faults:
+        def bad(message: str) -> None:
+            out.append(ProblemError(f"{describe_fault(fault)}: {message}", path="inject"))  # noqa: B023
+
+        if fault.machine >= len(machines):
+            bad(f"there is no machine {fault.machine}; {have}")
+        iteration = fault.at_iteration if isinstance(fault, KillWorker) else \
+            fault.from_iteration if isinstance(fault, SlowWorker) else None
+        if iteration is not None and iteration >= problem.iterations:
+            bad(f"iteration {iteration} is not inside the run: it has {problem.iterations} iterations "
+                f"(a fault may name iteration {problem.iterations - 1} at most)")
+        at = fault.at_time_s if isinstance(fault, KillWorker) else None
+        limit = problem.limits.time_s
+        if at is not None and limit is not None and at >= limit:
+            bad(f"time {at:g} s is at or past the run's time limit of {limit:g} s")
+        if at is not None and at < elapsed_s:
+            bad(f"time {at:g} s has passed: the resumed run's clock is at {elapsed_s:.1f} s")
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Callbacks on what happens during a run: ``preemption``, ``slowdown``,
-``replanned``, ``finished`` (the re-plan hooks of issue 5, Srifty 4.5).
+``replanned``, ``finished`` (the re-plan hooks of issue 5, Srifty 4.5) and
+``prediction_off``.
 
 ::
 
@@ -14,7 +15,8 @@
 
 Payloads: ``preemption`` a `Preemption`; ``slowdown`` the monitor's
 `Verdict`; ``replanned`` a `Replan` (reason, old and new plan, latency);
-``finished`` the `RunResult`. Callbacks run in the driver, in order of
+``finished`` the `RunResult`; ``prediction_off`` a `PredictionOff` (the
+measured and predicted iteration time differ by more than 1.5x, once a run). Callbacks run in the driver, in order of
 registration; an exception in one stops the run (its workers are stopped and
 the last checkpoint is kept), so a callback may end a run on purpose.
 """
@@ -28,7 +30,7 @@ from thrifty.datasets.errors import ProblemError, closest_names
 
 __all__ = ["Hooks", "HOOK_EVENTS"]
 
-HOOK_EVENTS = ("preemption", "slowdown", "replanned", "finished")
+HOOK_EVENTS = ("preemption", "slowdown", "replanned", "finished", "prediction_off")
 
 
 class Hooks:

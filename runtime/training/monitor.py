@@ -109,6 +109,25 @@ def window_throughput(times: Iterable[float], iterations: Iterable[float], end: 
     return ThroughputWindow(mean, sd, mean + _t95(bins - 1) * sd / math.sqrt(bins), bins, span_s)
 
 
+PREDICTION_OFF_FACTOR = 1.5
+
+
+def prediction_off(window: ThroughputWindow | None, predicted_iteration_s: float | None,
+                   factor: float = PREDICTION_OFF_FACTOR) -> float | None:
+    """Measured over predicted iteration time, when a full window of
+    throughput says they differ by more than `factor` in either direction
+    with 95% confidence (the window's confidence interval of the rate lies
+    wholly beyond the factor: a warm-up or a noisy window says nothing);
+    None otherwise."""
+    if window is None or not predicted_iteration_s or predicted_iteration_s <= 0 or window.mean <= 0:
+        return None
+    predicted_rate = 1.0 / predicted_iteration_s
+    half = window.bound - window.mean
+    if window.bound * factor < predicted_rate or window.mean - half > factor * predicted_rate:
+        return (1.0 / window.mean) / predicted_iteration_s
+    return None
+
+
 def auto_window_s(time_limit_s: float | None, predicted_total_s: float | None, iteration_s: float | None = None,
                   bins: int = 10) -> float:
     """The monitor's window for a job: a tenth of its expected length (the

@@ -26,7 +26,7 @@ from thrifty.runtime.training.rundir import RECORD_NAME, RunRecord
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 
-__all__ = ["as_plan", "check_plan", "plan_and_problem", "as_training_problem"]
+__all__ = ["as_plan", "check_plan", "plan_problems", "plan_and_problem", "as_training_problem"]
 
 
 def as_plan(plan: Plan | dict[str, Any] | str | Path, source: str | None = None) -> Plan:
@@ -103,36 +103,59 @@ def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
 
 
 def check_plan(plan: Plan, problem: TrainingProblem, catalog: Catalog) -> None:
-    """Raise a `ProblemError` naming the field when `plan` cannot run `problem`."""
+    """Raise a `ProblemError` naming the field when `plan` cannot run `problem` (the first of `plan_problems`)."""
+    problems = plan_problems(plan, problem, catalog)
+    if problems:
+        raise problems[0]
+
+
+def plan_problems(plan: Plan, problem: TrainingProblem, catalog: Catalog,
+                  source: str | None = None) -> list[ProblemError]:
+    """Every reason `plan` cannot run `problem`, each a `ProblemError` naming
+    the field (and `source`, the plan's file, when given); empty when it can."""
+    out: list[ProblemError] = []
+
+    def bad(message: str, path: str) -> None:
+        out.append(ProblemError(message, path=path, source=source))
+
     if plan.kind != "training":
-        raise ProblemError(f"is '{plan.kind}', but the training runtime runs 'training' plans", path="kind")
+        bad(f"is '{plan.kind}', but the training runtime runs 'training' plans", "kind")
+        return out
     if not plan.feasible:
         why = f" ({plan.infeasibility.reason})" if plan.infeasibility is not None and plan.infeasibility.reason else ""
-        raise ProblemError(f"is '{plan.status}': there is nothing to run{why}", path="status")
+        bad(f"is '{plan.status}': there is nothing to run{why}", "status")
+        return out
     if not plan.allocation:
-        raise ProblemError("is empty", path="allocation")
+        bad("is empty", "allocation")
+        return out
     quotas = {(c.instance_type, c.market): c.quota for c in problem.instances}
     used: dict[tuple[str, str], int] = {}
     for i, a in enumerate(plan.allocation):
         key = (a.instance_type, a.market)
         if key not in quotas:
             offered = ", ".join(f"{t} ({m})" for t, m in quotas)
-            raise ProblemError(f"{a.instance_type} ({a.market}) is not offered by the problem; it offers {offered}",
-                               path=f"allocation[{i}]")
+            bad(f"{a.instance_type} ({a.market}) is not offered by the problem; it offers {offered}",
+                f"allocation[{i}]")
+            continue
         if a.count < 1:
-            raise ProblemError(f"is {a.count}, but must be at least 1", path=f"allocation[{i}].count")
+            bad(f"is {a.count}, but must be at least 1", f"allocation[{i}].count")
         used[key] = used.get(key, 0) + a.count
         if used[key] > quotas[key]:
-            raise ProblemError(f"uses {used[key]} machines of {a.instance_type} ({a.market}), over the quota "
-                               f"{quotas[key]}", path=f"allocation[{i}].count")
-        gpus = catalog.get(a.instance_type).gpus
+            bad(f"uses {used[key]} machines of {a.instance_type} ({a.market}), over the quota {quotas[key]}",
+                f"allocation[{i}].count")
+        try:
+            gpus = catalog.get(a.instance_type).gpus
+        except ProblemError as e:  # names the closest known types
+            bad(e.message, f"allocation[{i}].instance_type")
+            continue
         if a.batch_per_instance < gpus:
-            raise ProblemError(f"is {a.batch_per_instance}, less than the {gpus} workers of {a.instance_type}",
-                               path=f"allocation[{i}].batch_per_instance")
+            bad(f"is {a.batch_per_instance}, less than the {gpus} workers of {a.instance_type}",
+                f"allocation[{i}].batch_per_instance")
     total = sum(a.count * a.batch_per_instance for a in plan.allocation)
     if total != problem.global_batch:
-        raise ProblemError(f"places {total} samples per iteration, but the problem's global batch is "
-                           f"{problem.global_batch}", path="allocation")
+        bad(f"places {total} samples per iteration, but the problem's global batch is {problem.global_batch}",
+            "allocation")
+    return out
 
 
 def within_capacity(problem: TrainingProblem, capacity: dict[tuple[str, str], int]) -> TrainingProblem:

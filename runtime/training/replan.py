@@ -20,10 +20,22 @@ included, which makes the re-plan slightly conservative.
 The problem is solved with the original `TrainingSpace`'s simulator and
 caches (`TrainingSpace.derive`), under a solver time limit (Srifty gives
 itself 1 s); the latency from the event to the new plan is measured.
+
+**Best effort** (``replan(..., best_effort=True)``, what the driver asks
+after a preemption or a capacity failure): when no plan meets what is left
+of the time limit (it has passed, or the remaining iterations cannot fit),
+the job is re-solved without the time limit for the least time within what
+is left of the budget, and the run goes on to finish late (``thrifty run``
+exits 4, saying by how much) rather than stop with its work half done. The
+paper does not say what Srifty does when no configuration meets the
+constraints; a slowdown that leaves no plan already goes on as planned, and
+this treats a preemption alike. With no budget left, or no machine choice
+left, it is `ReplanInfeasible` as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping
@@ -53,6 +65,7 @@ class Replan:
     solve_s: float
     event: Preemption | None = None
     depleted: tuple[Key, ...] = field(default_factory=tuple)
+    best_effort: str | None = None  # why no plan met the time limit: this one finishes soonest within the budget
 
     @property
     def old_config(self) -> str:
@@ -71,18 +84,20 @@ class Replan:
             "problem": {"iterations": self.problem.iterations, "limits": self.problem.limits.model_dump(),
                         "launch_s": self.problem.overheads.launch_s,
                         "instances": [c.model_dump() for c in self.problem.instances]},
-            "plan": self.new_plan.to_dict(),
+            "plan": self.new_plan.to_dict(), "best_effort": self.best_effort,
         }
 
 
 def replan_changes(problem: TrainingProblem, *, remaining_iterations: int, elapsed_s: float, spent_usd: float,
-                   depleted: set[Key], survivors: Mapping[Key, int], launch_s: float) -> dict:
+                   depleted: set[Key], survivors: Mapping[Key, int], launch_s: float,
+                   without_time_limit: bool = False) -> dict:
     """The fields of the re-plan problem (for ``model_copy(update=...)``);
-    raises `ReplanInfeasible` when nothing is left to plan with."""
+    raises `ReplanInfeasible` when nothing is left to plan with.
+    `without_time_limit`: the best effort, the least time within the budget."""
     if remaining_iterations < 1:
         raise ValueError(f"remaining_iterations is {remaining_iterations}: the job is done, nothing to re-plan")
     limits = problem.limits
-    time_left = None if limits.time_s is None else limits.time_s - elapsed_s
+    time_left = None if limits.time_s is None or without_time_limit else limits.time_s - elapsed_s
     cost_left = None if limits.cost_usd is None else limits.cost_usd - spent_usd
     if time_left is not None and time_left <= 0:
         raise ReplanInfeasible(f"the time limit {limits.time_s:g} s has passed ({elapsed_s:.1f} s elapsed)")
@@ -99,6 +114,7 @@ def replan_changes(problem: TrainingProblem, *, remaining_iterations: int, elaps
         raise ReplanInfeasible(f"no machine choice is left: depleted {gone}")
     return {
         "iterations": remaining_iterations,
+        **({"objective": "min_time"} if without_time_limit else {}),
         "limits": Limits(time_s=time_left, cost_usd=cost_left),
         "instances": instances,
         "overheads": Overheads(launch_s=max(launch_s, problem.overheads.launch_s),
@@ -142,13 +158,32 @@ class Replanner:
 
     def replan(self, reason: str, *, old_plan: Plan | None, remaining_iterations: int, elapsed_s: float,
                spent_usd: float, survivors: Mapping[Key, int], launch_s: float, event_at: float,
-               event: Preemption | None = None) -> Replan:
+               event: Preemption | None = None, best_effort: bool = False) -> Replan:
         """Solve the re-plan problem; `event_at` (unix seconds) is when the
         event that asked for it was seen. Raises `ReplanInfeasible` with the
-        solver's reason when no plan meets what is left of the limits."""
+        solver's reason when no plan meets what is left of the limits (with
+        `best_effort`, when none meets what is left of the budget either)."""
+        kwargs: dict = dict(old_plan=old_plan, remaining_iterations=remaining_iterations, elapsed_s=elapsed_s,
+                            spent_usd=spent_usd, survivors=survivors, launch_s=launch_s, event_at=event_at,
+                            event=event)
+        try:
+            return self._replan(reason, **kwargs)
+        except ReplanInfeasible as e:
+            if not best_effort or self.problem.limits.time_s is None:
+                raise
+            try:
+                late = self._replan(reason, **kwargs, without_time_limit=True)
+            except ReplanInfeasible:
+                raise e from None
+            return dataclasses.replace(late, best_effort=str(e))
+
+    def _replan(self, reason: str, *, old_plan: Plan | None, remaining_iterations: int, elapsed_s: float,
+                spent_usd: float, survivors: Mapping[Key, int], launch_s: float, event_at: float,
+                event: Preemption | None = None, without_time_limit: bool = False) -> Replan:
         start = time.perf_counter()
         changes = replan_changes(self.problem, remaining_iterations=remaining_iterations, elapsed_s=elapsed_s,
-                                 spent_usd=spent_usd, depleted=self.depleted, survivors=survivors, launch_s=launch_s)
+                                 spent_usd=spent_usd, depleted=self.depleted, survivors=survivors, launch_s=launch_s,
+                                 without_time_limit=without_time_limit)
         space = self.space.derive(**changes)
         plan = solve(space.problem, method=self.method, time_limit_s=self.time_limit_s, space=space)
         solve_s = time.perf_counter() - start

@@ -39,9 +39,10 @@ def _describe(e: dict[str, Any]) -> str:
     if kind == "replan":
         p = e["plan"]["predicted"]
         limits = e["problem"]["limits"]
+        late = f"; best effort, the soonest within the budget: {e['best_effort']}" if e.get("best_effort") else ""
         return (f"re-planned ({e['reason']}) in {e['latency_s'] * 1e3:.0f} ms: {e['new_config']} for "
                 f"{e['problem']['iterations']} iterations, predicted {p['total_s']:.1f} s (launch "
-                f"{e['problem']['launch_s']:.1f} s) and ${p['cost_usd']:.4f}" + _limits(limits, left=True))
+                f"{e['problem']['launch_s']:.1f} s) and ${p['cost_usd']:.4f}" + _limits(limits, left=True) + late)
     if kind == "replan_kept":
         return f"re-planned: keep {e['config']}"
     if kind == "replan_infeasible":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_json, write_json
 
 __all__ = ["RUN_RECORD_FORMAT", "RUNS_FOLDER", "RunRecord", "new_run_id", "default_run_dir", "write_run_record",
-           "read_run_record", "CarriedOver", "carried_over", "absolute_paths"]
+           "read_run_record", "CarriedOver", "carried_over", "absolute_paths", "finished_run", "newest_run_dir"]
 
 RUN_RECORD_FORMAT = "thrifty.run/1"
 RUNS_FOLDER = "thrifty-runs"
@@ -59,6 +59,8 @@ class RunRecord:
     trainer_args: dict[str, Any]
     config: dict[str, Any]  # RunConfig fields as given (window_s None: automatic)
     first_plan: dict[str, Any] | None = None
+    cluster: str | None = None  # where the machines come from (train's `cluster`; None: local)
+    options: dict[str, Any] = field(default_factory=dict)  # what the command was given besides (e.g. plot)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": RUN_RECORD_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
@@ -103,6 +105,38 @@ class CarriedOver:
     segments: int = 0  # worlds of workers launched: the next one's index
 
 
+def _current_run(events: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+    """The events of the log's last run: from its last ``start`` that is not a resume."""
+    first = 0
+    for i, e in enumerate(events):
+        if e.get("event") == "start" and not e.get("resumed"):
+            first = i  # a new run in the same folder: what came before is another run's
+    return events[first:]
+
+
+def finished_run(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``finish`` event that ended the run log's last session (every
+    iteration it was asked for done); None when the last session did not
+    finish (interrupted, failed, killed): there is something to resume."""
+    sessions = [e for e in _current_run(events) if e.get("event") in ("start", "finish")]
+    return sessions[-1] if sessions and sessions[-1]["event"] == "finish" else None
+
+
+def newest_run_dir(base: str | Path | None = None) -> Path:
+    """The run under ``./thrifty-runs/`` (or `base`) that was active last
+    (its run log, or record, written last): the one ``--resume`` without a
+    folder goes on with. `ProblemError` when there is none."""
+    root = Path(base) if base is not None else Path.cwd() / RUNS_FOLDER
+    runs = [d for d in root.iterdir() if (d / RECORD_NAME).exists()] if root.is_dir() else []
+    if not runs:
+        raise ProblemError(f"there is no run to resume in {root}; give its folder: --resume DIR", path="resume")
+
+    def last_active(folder: Path) -> float:
+        return max((folder / name).stat().st_mtime for name in (RECORD_NAME, "run.jsonl") if (folder / name).exists())
+
+    return max(runs, key=lambda d: (last_active(d), d.name))
+
+
 def carried_over(events: Sequence[dict[str, Any]]) -> CarriedOver:
     """What the sessions of the current run have spent so far, from its run
     log: the run's clock and its spending are totals in every line
@@ -110,13 +144,9 @@ def carried_over(events: Sequence[dict[str, Any]]) -> CarriedOver:
     of ``start``), so the largest since the run's first ``start`` is the
     answer, as of the log's last line (a session killed outright loses what
     it spent after that, at most a throughput-log period)."""
-    first = 0
-    for i, e in enumerate(events):
-        if e.get("event") == "start" and not e.get("resumed"):
-            first = i  # a new run in the same folder: what came before is another run's
     seconds = usd = 0.0
     segments = 0
-    for e in events[first:]:
+    for e in _current_run(events):
         seconds = max(seconds, float(e.get("elapsed_s") or 0.0))
         for key in ("spent_usd", "carried_usd") + (("cost_usd",) if e.get("event") == "finish" else ()):
             value = e.get(key)

@@ -13,8 +13,10 @@ needs no ``if __name__ == "__main__"`` guard.
 Protocol, one JSON object per line. The caller writes
 ``{"preload": [module, ...]}`` (import these now, so every later fork has
 them) or ``{"launch": id, "entry": "module:function", "argv": [...], "env":
-{...}, "log": path, "sys_path": [...]}``: the worker sets its environment and
-``sys.path`` to the caller's, sends its output to `log`, and calls
+{...}, "log": path, "sys_path": [...], "cwd": folder}``: the worker sets its
+environment, ``sys.path`` and working folder to the caller's (relative paths
+mean what they mean to the caller, whose folder may have changed since the
+zygote started), sends its output to `log`, and calls
 ``function(argv)``; it ends with ``os._exit`` (70 if `function` returned
 without ending the process). The zygote answers ``{"launched": id, "pid":
 pid}`` and, when a worker ends, ``{"exit": pid, "code": code}`` (negative:
@@ -72,6 +74,8 @@ def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in a for
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.environ.update(request["env"])
+        if "cwd" in request:  # the caller's, which may have changed since the zygote started: relative paths
+            os.chdir(request["cwd"])
         sys.path[:] = request["sys_path"]  # the caller's, so its trainer modules import here too
         from thrifty.perfmodels.measure.worlds.factory import resolve_factory
 
@@ -101,6 +105,29 @@ def serve() -> None:  # pragma: no cover - runs in the zygote
     # The zygote leaves when its stdin closes, which happens when the driver
     # process exits, however it exits.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops everything
+    children: set[int] = set()
+    try:
+        _serve(children)
+    except BrokenPipeError:
+        # The driver closed its end of our stdout: it exited (an early exit 2, a
+        # resume that had nothing to do) while we imported torch or a worker
+        # ended, and we wrote after it. Nobody reads us any more: leave quietly
+        # (stdout to the null device, so that the exit's flush does not fail too).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    for pid in children:  # the driver is gone or done: so are the workers
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already
+            pass
+
+
+def _serve(children: set[int]) -> None:  # pragma: no cover - runs in the zygote
+    """Preload, say ready, and fork workers on request until stdin closes."""
     # every worker trains under the allocator policy the profiles were measured under
     from thrifty.perfmodels.measure.allocator import settle
 
@@ -108,8 +135,6 @@ def serve() -> None:  # pragma: no cover - runs in the zygote
     # imported once, inherited by every fork: torch, what DDP's constructor imports
     # (torch._dynamo, some 800 modules) and the modules the caller names
     _preload(BASE_PRELOAD + tuple(sys.argv[1:]))
-
-    children: set[int] = set()
     _send({"ready": os.getpid()})
     buffer = b""
     stdin = sys.stdin.fileno()
@@ -117,14 +142,7 @@ def serve() -> None:  # pragma: no cover - runs in the zygote
         readable, _, _ = select.select([stdin], [], [], 0.02)
         if readable:
             chunk = os.read(stdin, 65536)
-            if not chunk:  # the driver is gone or done: so are the workers
-                for pid in children:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                for pid in children:
-                    os.waitpid(pid, 0)
+            if not chunk:  # the driver is gone or done
                 return
             buffer += chunk
             while b"\n" in buffer:
@@ -240,9 +258,14 @@ class Zygote:
             self.preloaded.update(fresh)
 
     def _write(self, request: dict[str, Any]) -> None:
+        """Send a request; `WorldFailed` when the zygote is gone (its stdin
+        closed: writing to it would raise `BrokenPipeError`)."""
         with self._lock:
-            self._stdin.write((json.dumps(request) + "\n").encode())
-            self._stdin.flush()
+            try:
+                self._stdin.write((json.dumps(request) + "\n").encode())
+                self._stdin.flush()
+            except (BrokenPipeError, ValueError) as e:  # ValueError: closed by `close` already
+                raise WorldFailed(f"the worker fork server has exited (code {self.proc.poll()})") from e
 
     def launch(self, entry: str, argv: list[str], env: dict[str, str], log_path: str,
                timeout_s: float = 30.0, sys_path: Sequence[str] = ()) -> WorkerProcess:
@@ -252,7 +275,7 @@ class Zygote:
         request_id = next(self._ids)
         path = [p for p in sys_path if p not in sys.path] + sys.path
         self._write({"launch": request_id, "entry": entry, "argv": argv, "env": {**os.environ, **env},
-                     "log": log_path, "sys_path": path})
+                     "log": os.path.abspath(log_path), "sys_path": path, "cwd": os.getcwd()})
         deadline = time.monotonic() + timeout_s
         with self.changed:
             while request_id not in self.launched:
@@ -291,7 +314,11 @@ def zygote(preload: Sequence[str] = ()) -> Zygote:
             _shared = Zygote(preload=preload)
             atexit.register(_shared.close)
         else:
-            _shared.preload(preload)
+            try:
+                _shared.preload(preload)
+            except WorldFailed:  # it died since the check above: a new one
+                _shared = Zygote(preload=preload)
+                atexit.register(_shared.close)
         return _shared
 
 
