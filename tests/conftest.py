@@ -36,6 +36,8 @@ def shares_a_setup(item: pytest.Item) -> bool:
                for definitions in info.name2fixturedefs.values() for definition in definitions)
 
 
+# first: xdist's worker reads the xdist_group marks in its own hook of the same name (no order given)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         suite = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""

@@ -55,7 +55,10 @@ def test_a_head_admits_its_token_only_and_leaves_nothing(monkeypatch):
 
         admitted = join_as(head.address, head.auth_env)
         assert "nodes 1" in admitted.stdout, admitted.stderr[-3000:]
-        wrong = join_as(head.address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+        # a refused driver retries reading the session name (Ray's RAY_NUM_REDIS_GET_RETRIES, 20 by default,
+        # about 30 s): a wrong token is refused on every try, so two tell the same and save the wait
+        wrong = join_as(head.address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64,
+                                       "RAY_NUM_REDIS_GET_RETRIES": "2"})
         assert wrong.returncode != 0 and "nodes" not in wrong.stdout
     finally:
         head.stop()

@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from thrifty.datasets.catalog import load_catalog
@@ -178,6 +179,11 @@ COUNTS = {"drawn": 0, "infeasible": 0, "relaxations": 0, "joint_relaxations": 0,
           "several_sets": 0, "without_relaxation": 0}
 
 
+# the count is kept across two tests: both run on one xdist worker, in file order
+COUNTED = pytest.mark.xdist_group("test_infeasibility-counts")
+
+
+@COUNTED
 @settings(max_examples=DRAWN, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(problem=problems())
@@ -203,6 +209,7 @@ def test_every_infeasible_answer_is_complete_and_tight(problem: TrainingProblem)
     COUNTS["without_relaxation"] += not why.relaxations
 
 
+@COUNTED
 def test_enough_infeasible_problems_were_checked() -> None:
     """Runs after the property test (file order): its count of infeasible problems."""
     print(f"\ninfeasibility property test: {COUNTS}")

@@ -60,10 +60,13 @@ def test_a_real_small_probe_gives_positive_bus_bandwidth(tmp_path):
 
 def test_a_probe_under_compute_load_times_the_transfer_only():
     """Each rank computes 20 ms before each timed allreduce; the burst is not
-    part of the measured time."""
+    part of the measured time. A timed burst would make every row take 20 ms
+    or more; on a loaded host a 64-byte allreduce may itself take longer (a
+    rank waits for the CPU), so the fastest row is what tells."""
     rows = probe_allreduce(LOCAL, ProbeConfig(**{**SMALL, "max_bytes": 64, "concurrency": 1, "load_ms": 20.0}))
     assert len(rows) == 5
-    assert all(0 < r["seconds"] < 0.02 for r in rows)
+    assert all(r["seconds"] > 0 for r in rows)
+    assert min(r["seconds"] for r in rows) < 0.02, rows
 
 
 def test_probe_allreduce_cli_writes_a_csv(tmp_path, capsys):

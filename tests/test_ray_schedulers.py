@@ -96,8 +96,10 @@ def test_hypersched_runs_in_ray_tune(local_ray, tmp_path):
 
 
 def test_pop_runs_in_ray_tune(local_ray, tmp_path):
-    scheduler = POPScheduler(0.45, metric="score", mode="max", total_atoms=2, max_iterations=20, deadline_s=60,
-                             boundary=2, kill_threshold=0.1, max_time=30.0)
+    # 20 iterations of 0.05 s: time never binds here (the decisions are the curves'), also when a loaded host
+    # makes Ray's per-iteration overhead 10 times longer (with 60 s and 30 s the good trial was terminated)
+    scheduler = POPScheduler(0.45, metric="score", mode="max", total_atoms=2, max_iterations=20, deadline_s=600,
+                             boundary=2, kill_threshold=0.1, max_time=300.0)
     results = run(scheduler, [POOR, GOOD, MEDIUM], tmp_path)
     assert not results.errors
     ours = scheduler.trials
