@@ -94,13 +94,14 @@ def session_ending(stop_after: int | None, crash_after: int | None):
 
 
 def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = None,
-           crash_after: int | None = None, durable: bool = False):
+           crash_after: int | None = None, durable: bool = False, checkpoint_every: int | None = None):
     """One session of a recorded run (as `thrifty tune` records it), resumed from `resume` if given: asked to
     stop after `stop_after` results of this session, or crashing after `crash_after`; `durable`: every
-    result checkpointed (as the local executor does), else only suspends checkpoint."""
+    result checkpointed (as the local executor does), else only suspends checkpoint (or every
+    `checkpoint_every` results)."""
     log = EventLog(log_path)
     executor = SimulatedExecutor(SyntheticWorkload(step_s=1.0), startup_s=0.5,
-                                 checkpoint_every=1 if durable else None)
+                                 checkpoint_every=1 if durable else checkpoint_every)
     on_event, stop = session_ending(stop_after, crash_after)
     recorder = RecordingExecutor(executor, log, t0=executor.clock.now() - (resume.elapsed_s if resume else 0.0),
                                  on_event=on_event)
@@ -180,6 +181,22 @@ def test_every_scheduler_resumes_a_run_killed_at_any_line(tmp_path, name, durabl
         resume_and_check(log, name, durable)
         if durable:
             check_decisions_carried_out(whole_events, cut, read_events(log)[cut:])
+
+
+def test_results_newer_than_the_last_checkpoint_are_dropped_listed_and_trained_again(tmp_path):
+    # checkpoint_every 2: a run killed after an odd iteration's result goes back to the even one before it
+    whole = tmp_path / "whole.jsonl"
+    record(whole, "fifo", checkpoint_every=2)
+    events = read_events(whole)
+    cut = next(i for i, e in enumerate(events) if e["event"] == "result" and e["iteration"] == 3) + 1
+    tid = events[cut - 1]["trial"]
+    log = tmp_path / "cut.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events[:cut]))
+    history = read_history(events[:cut], MAX_ITERATIONS)
+    assert history.dropped == {tid: (3, 3)} and history.trials[tid].iteration == 2
+    record(log, "fifo", resume=history, checkpoint_every=2)
+    after = read_events(log)[cut:]
+    assert set(results_of(after)) & set(results_of(events[:cut])) == {(tid, 3)}   # only the dropped one again
 
 
 def check_decisions_carried_out(whole: list[dict], cut: int, after: list[dict]) -> None:
@@ -461,6 +478,7 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
     assert driver.returncode in ((code, 4) if way == "end" else (code,)), err[-2000:]
+    unheard = forget_a_checkpointed_result(log) if way == "sigkill" else None
     before = read_events(log)
     assert before
     if way in ("sigint", "sigterm"):
@@ -486,9 +504,28 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
     after = read_events(log)[len(before):]
     assert after
     check_real_resume(before, after)
+    if unheard is not None:  # read back from the trial's checkpoint, not trained again
+        assert [(e["trial"], e["iteration"]) for e in after if e.get("recovered")] == [unheard]
+        assert f"trial {unheard[0]}: iteration {unheard[1]}'s result was checkpointed" in resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["finished"] is True and summary["elapsed_s"] >= max(e["t"] for e in before)  # the clock carries
     assert plot.is_file()  # the plot the run was started with, without --plot again
+
+
+def forget_a_checkpointed_result(log: Path) -> tuple[int, int] | None:
+    """The log of a killed run as if the kill had come after a running trial's last iteration was checkpointed
+    and before its result was recorded (that line left out): (trial, iteration), or None if no running
+    trial's last line is a result."""
+    events = read_events(log)
+    last = {}
+    for i, e in enumerate(events):
+        last[e["trial"]] = i
+    candidates = [i for i in last.values() if events[i]["event"] == "result" and events[i]["iteration"] > 1]
+    if not candidates:
+        return None
+    gone = events.pop(max(candidates))
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return gone["trial"], gone["iteration"]
 
 
 def check_real_resume(before, after) -> None:
@@ -512,6 +549,45 @@ def check_real_resume(before, after) -> None:
     final = read_history(before + after, 6)
     assert len(final.trials) == 4 and not final.running
     assert all(t.state in ENDED or t.state == TrialState.PAUSED for t in final.trials)
+
+
+def test_a_result_checkpointed_but_not_recorded_is_recovered_from_the_checkpoint(tmp_path):
+    # the ranks checkpoint an iteration, with its result, before posting the result: a driver killed in between
+    # leaves the trial's checkpoint one iteration ahead of its log; the resume reads the result back from it
+    from thrifty.runtime.ddp.checkpoint import save_checkpoint
+    from thrifty.runtime.tuning.executor_local import checkpointed_result, trial_checkpoint
+    from thrifty.runtime.tuning.record import unheard_results
+
+    workdir = tmp_path / "trials"
+
+    def find(tid, after):
+        return checkpointed_result(workdir, tid, after)
+
+    def line(event, trial, t, **fields):
+        return {"t": t, "event": event, "trial": trial, **fields}
+
+    def result(trial, iteration, t):
+        return line("result", trial, t, iteration=iteration, metric=-0.5, iteration_s=0.1, atoms=2, overhead_s=0.0,
+                    at=t, checkpoint={"path": str(trial_checkpoint(workdir, trial)), "iteration": iteration})
+
+    events = [line("launch", 0, 0.0, atoms=2, from_iteration=0, config={"lr": 0.1}), result(0, 1, 1.0),
+              result(0, 2, 2.0), line("launch", 1, 2.5, atoms=1, from_iteration=0, config={"lr": 0.2}),
+              result(1, 1, 3.0), line("terminate", 1, 3.5, iteration=1)]
+    for trial, iteration in ((0, 3), (1, 2)):
+        path = trial_checkpoint(workdir, trial)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(str(path), {"iteration": iteration, "result": {"metric": 0.25, "iteration_s": 0.2}})
+    lines = unheard_results(events, find, value=lambda score: -score)   # trial 1 ended: nothing to recover
+    assert [(e["trial"], e["iteration"], e["metric"], e["recovered"], e["t"]) for e in lines] == [(0, 3, -0.25, True,
+                                                                                                  3.5)]
+    history = read_history(events + lines, 6, score=lambda value: -value)
+    trial = history.trials[0]
+    assert trial.metrics == [0.5, 0.5, 0.25] and trial.checkpoint["iteration"] == 3 and history.running == {0: 2}
+    # a checkpoint at the recorded iteration (the result was recorded), or without a result: nothing
+    save_checkpoint(str(trial_checkpoint(workdir, 0)), {"iteration": 2, "result": {"metric": 0.3, "iteration_s": 1}})
+    assert unheard_results(events, find) == []
+    save_checkpoint(str(trial_checkpoint(workdir, 0)), {"iteration": 3})
+    assert unheard_results(events, find) == []
 
 
 PLAN_WAYS = {"sigint": 130, "sigkill": -signal.SIGKILL}
