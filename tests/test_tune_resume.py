@@ -77,14 +77,10 @@ class Crashed(RuntimeError):
     """The driver's own failure, in the middle of a run."""
 
 
-def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = None,
-           crash_after: int | None = None):
-    """One session of a recorded run (as `thrifty tune` records it), resumed from `resume` if given: asked to
-    stop after `stop_after` results of this session, or crashing after `crash_after`."""
-    log = EventLog(log_path)
-    executor = SimulatedExecutor(SyntheticWorkload(step_s=1.0), startup_s=0.5)
-    seen = {"results": 0}
-    stop_reason = {"reason": None}
+def session_ending(stop_after: int | None, crash_after: int | None):
+    """The recorder's `on_event` and the run's `stop` of a session asked to stop (as Ctrl-C asks) after
+    `stop_after` results, or whose driver fails after `crash_after`."""
+    seen, stop_reason = {"results": 0}, {"reason": None}
 
     def on_event(event):
         if event["event"] == "result":
@@ -94,6 +90,19 @@ def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = N
             if seen["results"] == crash_after:
                 raise Crashed("the driver failed")
 
+    return on_event, lambda: stop_reason["reason"]
+
+
+def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = None,
+           crash_after: int | None = None, durable: bool = False, checkpoint_every: int | None = None):
+    """One session of a recorded run (as `thrifty tune` records it), resumed from `resume` if given: asked to
+    stop after `stop_after` results of this session, or crashing after `crash_after`; `durable`: every
+    result checkpointed (as the local executor does), else only suspends checkpoint (or every
+    `checkpoint_every` results)."""
+    log = EventLog(log_path)
+    executor = SimulatedExecutor(SyntheticWorkload(step_s=1.0), startup_s=0.5,
+                                 checkpoint_every=1 if durable else checkpoint_every)
+    on_event, stop = session_ending(stop_after, crash_after)
     recorder = RecordingExecutor(executor, log, t0=executor.clock.now() - (resume.elapsed_s if resume else 0.0),
                                  on_event=on_event)
     space = ConfigList(CONFIGS)
@@ -102,7 +111,7 @@ def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = N
     try:
         return run_experiment(SCHEDULERS[name](), recorder, space, total_atoms=ATOMS,
                               max_iterations=MAX_ITERATIONS, deadline=DEADLINE, resume=resume,
-                              keep_checkpoints=True, stop=lambda: stop_reason["reason"])
+                              keep_checkpoints=True, stop=stop)
     finally:
         log.close()
 
@@ -127,11 +136,12 @@ def check_resumed(before: list[dict], after: list[dict], *, graceful: bool) -> N
     assert all(t.state in ENDED or t.state == TrialState.PAUSED for t in final.trials)
 
 
-def resume_and_check(log: Path, name: str) -> None:
-    """Resume the run recorded in `log` (killed or crashed: not gracefully) and check it."""
+def resume_and_check(log: Path, name: str, durable: bool = False) -> None:
+    """Resume the run recorded in `log` (killed or crashed) and check it: with durable iterations, no
+    result at all is done again, as after a graceful stop."""
     before = read_events(log)
-    record(log, name, resume=read_history(before, MAX_ITERATIONS))
-    check_resumed(before, read_events(log)[len(before):], graceful=False)
+    record(log, name, resume=read_history(before, MAX_ITERATIONS), durable=durable)
+    check_resumed(before, read_events(log)[len(before):], graceful=durable)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
@@ -158,23 +168,68 @@ def test_every_scheduler_resumes_a_run_stopped_as_ctrl_c_or_sigterm_stops_it(tmp
     assert stopped_running
 
 
+@pytest.mark.parametrize("durable", [False, True], ids=["checkpoint-on-pause", "durable"])
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
-def test_every_scheduler_resumes_a_run_killed_at_any_line(tmp_path, name):
+def test_every_scheduler_resumes_a_run_killed_at_any_line(tmp_path, name, durable):
     whole = tmp_path / "whole.jsonl"
-    record(whole, name)
+    record(whole, name, durable=durable)
     lines = whole.read_text().splitlines(keepends=True)
-    for cut in range(3, len(lines), 5):   # SIGKILL leaves every line before the kill
+    whole_events = read_events(whole)
+    for cut in range(3, len(lines), 2 if durable else 5):   # SIGKILL leaves every line before the kill
         log = tmp_path / f"cut{cut}.jsonl"
         log.write_text("".join(lines[:cut]))
-        resume_and_check(log, name)
+        resume_and_check(log, name, durable)
+        if durable:
+            check_decisions_carried_out(whole_events, cut, read_events(log)[cut:])
 
 
+def test_results_newer_than_the_last_checkpoint_are_dropped_listed_and_trained_again(tmp_path):
+    # checkpoint_every 2: a run killed after an odd iteration's result goes back to the even one before it
+    whole = tmp_path / "whole.jsonl"
+    record(whole, "fifo", checkpoint_every=2)
+    events = read_events(whole)
+    cut = next(i for i, e in enumerate(events) if e["event"] == "result" and e["iteration"] == 3) + 1
+    tid = events[cut - 1]["trial"]
+    log = tmp_path / "cut.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events[:cut]))
+    history = read_history(events[:cut], MAX_ITERATIONS)
+    assert history.dropped == {tid: (3, 3)} and history.trials[tid].iteration == 2
+    record(log, "fifo", resume=history, checkpoint_every=2)
+    after = read_events(log)[cut:]
+    assert set(results_of(after)) & set(results_of(events[:cut])) == {(tid, 3)}   # only the dropped one again
+
+
+def check_decisions_carried_out(whole: list[dict], cut: int, after: list[dict]) -> None:
+    """A run killed after a trial's result and before the scheduler's answer to it was carried out (`cut`
+    lines of the `whole` run kept): the resumed run carries out that answer (the same scheduler, rebuilt,
+    answers the same): a stop or pause comes first for that trial, and nothing goes past max_iterations."""
+    assert all(e["iteration"] <= MAX_ITERATIONS for e in after if e["event"] == "result")
+    last: dict[int, dict] = {}
+    for e in whole[:cut]:
+        last[e["trial"]] = e
+    for tid, e in last.items():
+        if e["event"] != "result":
+            continue
+        answers = [n for n in whole[cut:] if n["trial"] == tid][:2]
+        if not answers or answers[0]["event"] not in ("terminate", "suspend") or answers[0].get("interrupted"):
+            continue
+        answer = answers[0]
+        if answer["event"] == "suspend" and len(answers) > 1 and answers[1]["event"] == "launch" \
+                and answers[1]["t"] == answer["t"]:
+            continue  # a resize: the trial goes on
+        first = next(n for n in after if n["trial"] == tid)
+        assert (first["event"], first["iteration"]) == (answer["event"], answer["iteration"]), (tid, cut)
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["checkpoint-on-pause", "durable"])
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
-def test_every_scheduler_resumes_a_run_whose_driver_crashed(tmp_path, name):
+def test_every_scheduler_resumes_a_run_whose_driver_crashed(tmp_path, name, durable):
     log = tmp_path / "events.jsonl"
-    with pytest.raises(Crashed):
-        record(log, name, crash_after=7)
-    resume_and_check(log, name)
+    for crash_after in (4, 7, 11):
+        log = tmp_path / f"events-{crash_after}.jsonl"
+        with pytest.raises(Crashed):
+            record(log, name, crash_after=crash_after, durable=durable)
+        resume_and_check(log, name, durable)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
@@ -198,6 +253,99 @@ def test_a_promoted_trial_is_in_no_lower_rung_s_queue_after_a_resume(tmp_path):
     cut = max(i for i, e in enumerate(events) if e["event"] == "launch" and e["trial"] in promoted) + 1
     (tmp_path / "cut.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events[:cut]))
     resume_and_check(tmp_path / "cut.jsonl", "asha")
+
+
+# --- in process: a RubberBand plan, stopped, killed or crashed, then resumed ------------------
+
+def plan_problem():
+    from thrifty.solver.problem import parse_problem
+
+    return parse_problem({"kind": "tuning", "experiment": {"algorithm": "sha", "trials": 8, "min_iters": 1,
+                                                          "max_iters": 7, "eta": 2},
+                          "model": "resnet50", "instance_type": "p3.8xlarge", "deadline_s": 60,
+                          "billing": "per_instance", "cloud": {"scale_latency_s": 5, "init_latency_s": 10},
+                          "samples": 60, "name": "sha8"})
+
+
+def plan_session(log_path: Path, plan, *, resume=None, stop_after: int | None = None,
+                 crash_after: int | None = None):
+    """One session of a recorded RubberBand plan run on the simulated backend (each iteration checkpointed),
+    as `thrifty tune` records it; resumed from `resume`, stopped after or crashing at `stop_after` /
+    `crash_after` results of this session."""
+    from thrifty.runtime.tuning import synthetic_search_space
+    from thrifty.runtime.tuning.executor_plan import execute_plan, recorded_cost_usd, simulated_backend
+
+    earlier = recorded_cost_usd(read_events(log_path)) if resume is not None else 0.0
+    backend = simulated_backend(plan_problem(), seed=1)
+    backend.executor.checkpoint_every = 1
+    on_event, stop = session_ending(stop_after, crash_after)
+    log = EventLog(log_path)
+    recorder = RecordingExecutor(backend.executor, log, on_event=on_event,
+                                 t0=backend.clock.now() - (resume.elapsed_s if resume else 0.0))
+    space = synthetic_search_space(seed=3)
+    for _ in range(len(resume.trials) if resume is not None else 0):
+        space.next_config()
+    try:
+        return execute_plan(plan, recorder, backend.provider, space, stage_hook=backend.stage_hook,
+                            catalog=backend.provider.catalog, min_billed_s=backend.min_billed_s, resume=resume,
+                            stop=stop, earlier_cost_usd=earlier)
+    finally:
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def sha_plan():
+    from thrifty.solver.tuning_plan import solve_tuning
+
+    plan = solve_tuning(plan_problem())
+    assert plan.feasible and [s["trials"] for s in plan.stages] == [8, 4, 2]
+    return plan
+
+
+def check_plan_resumed(whole, before: list[dict], after: list[dict], resumed) -> None:
+    """The resumed plan run ends as the uninterrupted one (`whole`): the same trials in each stage, the same
+    survivor, each trial trained to the same iteration; no recorded iteration trained again, no finished
+    stage run again; the clock and the cost carry on."""
+    assert resumed.stopped is None
+    assert [r.trial_ids for r in resumed.stages] == [r.trial_ids for r in whole.stages]
+    assert [(t.trial_id, t.iteration, t.state) for t in resumed.trials] == \
+        [(t.trial_id, t.iteration, t.state) for t in whole.trials]
+    assert resumed.best_trial_id == whole.best_trial_id
+    assert not set(results_of(after)) & set(results_of(before))
+    reached = {}
+    for e in before:
+        if e["event"] == "result":
+            reached[e["trial"]] = e["iteration"]
+    target = 0
+    for record in resumed.stages:  # a stage whose trials had all trained before is not run again
+        target += record.iters_per_trial  # one bracket: its trials' iterations by the stage's end
+        assert record.done_before == all(reached.get(t, 0) >= target for t in record.trial_ids)
+        assert not record.done_before or not record.machines
+    assert min((e["t"] for e in after), default=math.inf) >= max(e["t"] for e in before) - 1e-6
+    assert resumed.jct_s >= max(e["t"] for e in before)
+    assert resumed.cost_usd > sum(m.cost_usd(min_billed_s=60.0) for m in resumed.machines)  # the earlier session's
+
+
+@pytest.mark.parametrize("ending", ["stop", "crash", "kill"])
+def test_a_plan_run_resumes_after_it_is_stopped_crashes_or_is_killed(tmp_path, sha_plan, ending):
+    whole = plan_session(tmp_path / "whole.jsonl", sha_plan)
+    lines = (tmp_path / "whole.jsonl").read_text().splitlines(keepends=True)
+    total = len(results_of(read_events(tmp_path / "whole.jsonl")))
+    points = range(3, total, 4) if ending != "kill" else range(5, len(lines) - 1, 3)
+    for n in points:
+        log = tmp_path / f"{ending}-{n}.jsonl"
+        if ending == "stop":
+            first = plan_session(log, sha_plan, stop_after=n)
+            assert first.stopped == "interrupted"
+            assert all(t.state != TrialState.RUNNING for t in first.trials)
+        elif ending == "crash":
+            with pytest.raises(Crashed):
+                plan_session(log, sha_plan, crash_after=n)
+        else:
+            log.write_text("".join(lines[:n]))
+        before = read_events(log)
+        resumed = plan_session(log, sha_plan, resume=read_history(before, 7))
+        check_plan_resumed(whole, before, read_events(log)[len(before):], resumed)
 
 
 # --- scheduler rules for any sign of score ----------------------------------------------------
@@ -330,6 +478,7 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
     assert driver.returncode in ((code, 4) if way == "end" else (code,)), err[-2000:]
+    unheard = forget_a_checkpointed_result(log) if way == "sigkill" else None
     before = read_events(log)
     assert before
     if way in ("sigint", "sigterm"):
@@ -338,6 +487,12 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
         summary = json.loads((out / "summary.json").read_text())
         assert summary["finished"] is False and summary["end_reason"] == {"sigint": "interrupted",
                                                                            "sigterm": "terminated"}[way]
+    if way == "crash":  # the driver's failure saved what it had
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["finished"] is False and summary["end_reason"] == "crashed"
+        assert "the driver crashed" in summary["error"] and summary["results"] >= 3  # the 4th raised in the log
+    if way in ("sigkill", "crash"):  # every recorded result has its checkpoint (each iteration is durable)
+        assert all(e.get("checkpoint") for e in before if e["event"] == "result")
     snapshot = log.read_bytes()
 
     resumed = subprocess.run([sys.executable, "-m", "thrifty.runtime.cli", "tune", "--resume", str(out), "--json"],
@@ -348,23 +503,151 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
         return
     after = read_events(log)[len(before):]
     assert after
-    check_real_resume(before, after, graceful=way in ("sigint", "sigterm"))
+    check_real_resume(before, after)
+    if unheard is not None:  # read back from the trial's checkpoint, not trained again
+        assert [(e["trial"], e["iteration"]) for e in after if e.get("recovered")] == [unheard]
+        assert f"trial {unheard[0]}: iteration {unheard[1]}'s result was checkpointed" in resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["finished"] is True and summary["elapsed_s"] >= max(e["t"] for e in before)  # the clock carries
     assert plot.is_file()  # the plot the run was started with, without --plot again
 
 
-def check_real_resume(before, after, *, graceful: bool) -> None:
+def forget_a_checkpointed_result(log: Path) -> tuple[int, int] | None:
+    """The log of a killed run as if the kill had come after a running trial's last iteration was checkpointed
+    and before its result was recorded (that line left out): (trial, iteration), or None if no running
+    trial's last line is a result."""
+    events = read_events(log)
+    last = {}
+    for i, e in enumerate(events):
+        last[e["trial"]] = i
+    candidates = [i for i in last.values() if events[i]["event"] == "result" and events[i]["iteration"] > 1]
+    if not candidates:
+        return None
+    gone = events.pop(max(candidates))
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return gone["trial"], gone["iteration"]
+
+
+def check_real_resume(before, after) -> None:
+    """Nothing finished is done again, whichever way the run ended: no ended trial launched, no recorded
+    iteration trained again (the trials checkpoint every iteration before its result is recorded), every
+    running trial launched again from the last iteration it recorded; the clock carries on."""
     kept = read_history(before, 6)
     ended = {t.trial_id for t in kept.trials if t.state in ENDED}
     assert not any(e["trial"] in ended for e in after if e["event"] == "launch")
-    assert not set(results_of(after)) & {(r.trial_id, r.iteration) for r in kept.results}
-    if graceful:
-        assert not set(results_of(after)) & set(results_of(before))
+    assert not kept.dropped
+    assert not set(results_of(after)) & set(results_of(before))
+    reached = {}
+    for trial, iteration in results_of(before):
+        reached[trial] = max(reached.get(trial, 0), iteration)
+    recovered = {e["trial"] for e in after if e["event"] == "result" and e.get("recovered")}
+    for tid in kept.running:
+        first = next((e for e in after if e["event"] == "launch" and e["trial"] == tid), None)
+        if first is not None:  # from its last recorded iteration (or the one recovered from its checkpoint)
+            assert first["from_iteration"] == reached.get(tid, 0) + (tid in recovered)
     assert min(e["t"] for e in after) >= max(e["t"] for e in before) - 1e-6
     final = read_history(before + after, 6)
     assert len(final.trials) == 4 and not final.running
     assert all(t.state in ENDED or t.state == TrialState.PAUSED for t in final.trials)
+
+
+def test_a_result_checkpointed_but_not_recorded_is_recovered_from_the_checkpoint(tmp_path):
+    # the ranks checkpoint an iteration, with its result, before posting the result: a driver killed in between
+    # leaves the trial's checkpoint one iteration ahead of its log; the resume reads the result back from it
+    from thrifty.runtime.ddp.checkpoint import save_checkpoint
+    from thrifty.runtime.tuning.executor_local import checkpointed_result, trial_checkpoint
+    from thrifty.runtime.tuning.record import unheard_results
+
+    workdir = tmp_path / "trials"
+
+    def find(tid, after):
+        return checkpointed_result(workdir, tid, after)
+
+    def line(event, trial, t, **fields):
+        return {"t": t, "event": event, "trial": trial, **fields}
+
+    def result(trial, iteration, t):
+        return line("result", trial, t, iteration=iteration, metric=-0.5, iteration_s=0.1, atoms=2, overhead_s=0.0,
+                    at=t, checkpoint={"path": str(trial_checkpoint(workdir, trial)), "iteration": iteration})
+
+    events = [line("launch", 0, 0.0, atoms=2, from_iteration=0, config={"lr": 0.1}), result(0, 1, 1.0),
+              result(0, 2, 2.0), line("launch", 1, 2.5, atoms=1, from_iteration=0, config={"lr": 0.2}),
+              result(1, 1, 3.0), line("terminate", 1, 3.5, iteration=1)]
+    for trial, iteration in ((0, 3), (1, 2)):
+        path = trial_checkpoint(workdir, trial)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(str(path), {"iteration": iteration, "result": {"metric": 0.25, "iteration_s": 0.2}})
+    lines = unheard_results(events, find, value=lambda score: -score)   # trial 1 ended: nothing to recover
+    assert [(e["trial"], e["iteration"], e["metric"], e["recovered"], e["t"]) for e in lines] == [(0, 3, -0.25, True,
+                                                                                                  3.5)]
+    history = read_history(events + lines, 6, score=lambda value: -value)
+    trial = history.trials[0]
+    assert trial.metrics == [0.5, 0.5, 0.25] and trial.checkpoint["iteration"] == 3 and history.running == {0: 2}
+    # a checkpoint at the recorded iteration (the result was recorded), or without a result: nothing
+    save_checkpoint(str(trial_checkpoint(workdir, 0)), {"iteration": 2, "result": {"metric": 0.3, "iteration_s": 1}})
+    assert unheard_results(events, find) == []
+    save_checkpoint(str(trial_checkpoint(workdir, 0)), {"iteration": 3})
+    assert unheard_results(events, find) == []
+
+
+PLAN_WAYS = {"sigint": 130, "sigkill": -signal.SIGKILL}
+
+
+@pytest.mark.parametrize("way", sorted(PLAN_WAYS))
+def test_a_real_plan_run_resumes_after_ctrl_c_or_sigkill(tmp_path, way):
+    # RubberBand's stages (4, 2, 1 trials) on the local provider, stopped after 3 results, then resumed: the
+    # recorded plan goes on (plan.json), nothing recorded is trained again, and the clock carries on
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"format": "thrifty.scaling_profile/1", "model": "example",
+                                   "instance_type": "local-a", "startup_s": 1.0,
+                                   "points": [{"gpus": 1, "iteration_s": 0.3}, {"gpus": 2, "iteration_s": 0.2}]}))
+    path = experiment_file(tmp_path, {"name": "plan", "min_iterations": 1, "eta": 2})
+    spec = json.loads(path.read_text())
+    spec.update(max_iterations=4, deadline_s=120, resources={
+        "instance_type": "local-a", "catalog": str(ROOT / "datasets" / "examples" / "local-demo-catalog.json"),
+        "max_instances": 2, "model": str(profile)})
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    log = out / "events.jsonl"
+    driver = start_driver([str(path), "--out", str(out), "--no-progress"])
+    try:
+        wait_for_results(log, 3, driver)
+        if way == "sigint":
+            os.kill(driver.pid, signal.SIGINT)
+        else:
+            os.killpg(driver.pid, signal.SIGKILL)
+        _, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == PLAN_WAYS[way], err[-2000:]
+    if way == "sigint":
+        assert f"resume with: thrifty tune --resume {out} --no-progress" in err
+        assert json.loads((out / "summary.json").read_text())["finished"] is False
+    before = read_events(log)
+    assert (out / "plan.json").is_file() and len(results_of(before)) >= 3
+    assert all(e.get("checkpoint") for e in before if e["event"] == "result")
+    resumed = subprocess.run([sys.executable, "-m", "thrifty.runtime.cli", "tune", "--resume", str(out), "--json"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode in (0, 4), resumed.stderr[-2000:]
+    after = read_events(log)[len(before):]
+    assert not set(results_of(after)) & set(results_of(before))            # nothing recorded trained again
+    assert min(e["t"] for e in after) >= max(e["t"] for e in before) - 1e-6   # the clock carries on
+    summary = json.loads(resumed.stdout)
+    assert summary["finished"] is True and summary["end_reason"].startswith("plan")
+    assert summary["elapsed_s"] >= max(e["t"] for e in before) and summary["cost_usd"] > 0
+    # the recorded plan's stages carried out: each stage's trials trained to the stage's end, one survivor
+    stages = json.loads((out / "plan.json").read_text())["stages"]
+    assert [s["trials"] for s in stages] == [4, 2, 1]
+    ends = [sum(s["iters_per_trial"] for s in stages[:k + 1]) for k in range(3)]
+    final = {t["trial"]: t for t in summary["per_trial"]}
+    assert sorted(t["iterations"] for t in final.values()) == [ends[0], ends[0], ends[1], ends[2]]
+    assert [t["state"] for t in final.values()].count("completed") == 1
+    reached = {}
+    for trial, iteration in results_of(before + after):
+        assert iteration == reached.get(trial, 0) + 1   # each iteration once, in order
+        reached[trial] = iteration
 
 
 # --- the command line -------------------------------------------------------------------------

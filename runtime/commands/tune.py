@@ -283,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if live is not None and live.live.is_started:
             live.stop()
+    for note in result.notes:
+        print(f"thrifty tune: resumed: {note}", file=sys.stderr)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -295,12 +297,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"results: {result.out} (summary.json, events.jsonl, best/)" +
               (f"; plot: {result.plot}" if result.plot else ""))
     if result.stopped:
-        if e.scheduler.name == "plan":
-            print(f"thrifty tune: {result.end_reason}; a `plan` run cannot be resumed (its stages were solved "
-                  "for a fresh start): start it again, with a shorter deadline_s", file=sys.stderr)
-        else:
-            print(f"thrifty tune: {result.end_reason}; resume with: {_resume_command(args, result.out)}",
-                  file=sys.stderr)
+        print(f"thrifty tune: {result.end_reason}; resume with: {_resume_command(args, result.out)}",
+              file=sys.stderr)
         return EXIT_STOPPED[result.end_reason]
     if result.trials and all(t.error for t in result.trials):
         print("every trial failed; see the worker logs under " + str(result.out / "trials"), file=sys.stderr)

@@ -20,7 +20,10 @@ and trains iteration after iteration:
   checkpoints after the same iteration;
 - rank 0 writes atomic checkpoints (model, optimizer, data position and every
   rank's random state) every `checkpoint_every` iterations or
-  `checkpoint_every_s` seconds, when asked, and at the job's end;
+  `checkpoint_every_s` seconds, when asked, and at the job's end; a job
+  that evaluates (a tuning trial) writes an iteration's due checkpoint,
+  holding the iteration's result, before it posts the result, so that a
+  result its starter heard is never lost with the starter;
 - about every `metrics_every_s` the ranks report the training loss (the
   global-batch mean) and the trainer's metrics, gathered on rank 0; a job
   that `evaluate`s has rank 0 compute the trainer's validation metric after
@@ -218,8 +221,15 @@ def _train(me: _Rank, faults: list[WorkerFault]) -> dict[str, Any] | None:
             _report(me, loss, outputs, targets)
             last_report_at = time.monotonic()
         del loss, outputs
-        if job.evaluate and me.rank == 0:
-            _evaluate(me, started_at, t0, first)
+        due = job.checkpoint_every is not None and me.iteration % job.checkpoint_every == 0
+        saved = False
+        if job.evaluate:  # a trial's result is posted once its iteration is durable (checkpointed, when due)
+            metric = _metric(me) if me.rank == 0 else math.nan
+            if due:
+                _checkpoint(me, {"metric": metric, "iteration_s": time.perf_counter() - t0})
+                saved = True
+            if me.rank == 0:
+                _evaluate(me, metric, started_at, t0, first, saved)
         first = False
         if me.iteration == start + TIMING_WARMUP:
             timing_from = (me.iteration, time.perf_counter())
@@ -230,8 +240,7 @@ def _train(me: _Rank, faults: list[WorkerFault]) -> dict[str, Any] | None:
             flags[2] = int(job.metrics_every_s is not None and time.monotonic() - last_report_at >= job.metrics_every_s)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         stopped, report_next = bool(flags[0].item()), bool(flags[2].item())
-        due = job.checkpoint_every is not None and me.iteration % job.checkpoint_every == 0
-        if bool(flags[1].item()) or due or me.iteration == job.iterations:
+        if (bool(flags[1].item()) or due or me.iteration == job.iterations) and not saved:
             _checkpoint(me)
             last_checkpoint_at = time.monotonic()
         if me.rank == 0:
@@ -271,17 +280,24 @@ def _decide(me: _Rank, last_checkpoint_at: float) -> tuple[bool, bool]:
     return stop, stop or timed
 
 
-def _evaluate(me: _Rank, started_at: float, t0: float, first: bool) -> None:
-    """Rank 0: the trainer's validation metric on the unwrapped model, posted
-    with the iteration's time (and, after a launch's first iteration, when it
-    started and what the restore cost)."""
+def _metric(me: _Rank) -> float:
+    """Rank 0: the trainer's validation metric on the unwrapped model."""
     model = me.ddp.module
     model.eval()
     with torch.no_grad():
         metric = float(me.metric(model)) if me.metric is not None else math.nan
     model.train()
+    return metric
+
+
+def _evaluate(me: _Rank, metric: float, started_at: float, t0: float, first: bool, saved: bool) -> None:
+    """Rank 0: the iteration's result, posted with its time (checkpoint
+    included), whether it is `checkpointed` (then the checkpoint holds it),
+    and, after a launch's first iteration, when it started and what the
+    restore cost."""
     extra = {"started_at": started_at, "restore_s": me.restore_s} if first else {}
-    me.channel.post("result", iteration=me.iteration, metric=metric, iteration_s=time.perf_counter() - t0, **extra)
+    me.channel.post("result", iteration=me.iteration, metric=metric, iteration_s=time.perf_counter() - t0,
+                    checkpointed=saved, **extra)
 
 
 def _report(me: _Rank, loss: Any, outputs: Any, targets: Any) -> None:
@@ -294,8 +310,11 @@ def _report(me: _Rank, loss: Any, outputs: Any, targets: Any) -> None:
                                      **combine_reports(gathered, me.batches)})
 
 
-def _checkpoint(me: _Rank) -> None:
-    """Every rank's random state to rank 0, which writes the checkpoint atomically."""
+def _checkpoint(me: _Rank, result: dict[str, float] | None = None) -> None:
+    """Every rank's random state to rank 0, which writes the checkpoint
+    atomically; with the iteration's `result` (metric, time) when it is
+    written before the result is posted, so that a starter killed in between
+    finds the result in the checkpoint."""
     job = me.job
     states: list[Any] = [None] * me.channel.world_size
     dist.all_gather_object(states, capture_rng(me.cuda_device))
@@ -306,6 +325,7 @@ def _checkpoint(me: _Rank) -> None:
         "global_batch": me.global_batch, "trainer": job.trainer, "trainer_args": job.trainer_args,
         "seed": job.seed, "model": me.ddp.module.state_dict(), "optimizer": me.optimizer.state_dict(),
         "rng": {"batches": me.batches, "states": states}, "saved_at": time.time(),
+        **({"result": result} if result is not None else {}),
     })
     me.channel.post("checkpoint", iteration=me.iteration, save_s=seconds, bytes=size)
 

@@ -28,8 +28,10 @@ their iteration and are checkpointed, the summary is written with
 ``resume=DIR``, with the cluster and plot it was started with unless given
 again: finished trials are kept, the trials that were running go on first
 from their last checkpoint, paused ones when their scheduler promotes them,
-and the time already spent counts against the deadline (not supported for
-``plan``, whose stages are solved for a fresh start). A run that finished,
+and the time already spent counts against the deadline; a ``plan`` run
+goes on with the plan it ran (``plan.json``; `executor_plan`, 6). A run
+whose driver fails writes its summary on the way out (``end_reason``
+``crashed``, ``finished: false``, the error). A run that finished,
 resumed, returns its summary's figures (`TuneResult.already_finished`)
 without running or writing anything.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 import shutil
 import signal
@@ -52,8 +55,11 @@ from thrifty.datasets.io import atomic_write_text
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     load_experiment, parse_experiment, resolve_trainer)
 from thrifty.runtime.tuning.search_space import SearchSpace
-from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history
+from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history, \
+    unheard_results
 from thrifty.runtime.tuning.trial import Trial, TrialState
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable", "EXPERIMENT_COPY", "SUMMARY",
            "OPTIONS", "STOPPED", "finished_run", "stored_options", "newest_run"]
@@ -61,9 +67,11 @@ __all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable",
 EXPERIMENT_COPY = "experiment.json"
 SUMMARY = "summary.json"
 OPTIONS = "options.json"   # what the run was started with besides the experiment: cluster, plot
+PLAN = "plan.json"         # the stage plan a `plan` run carries out (a resumed run goes on with it)
 RUNS = Path("thrifty-runs")  # where runs go by default (``thrifty-runs/NAME-TIME``)
 # how a run that was stopped before its end ends, by signal (SIGINT: Ctrl-C; SIGTERM: a kill, a scheduler)
 STOPPED = {"interrupted": signal.SIGINT, "terminated": signal.SIGTERM}
+CRASHED = "crashed"  # the end_reason of a run whose driver failed (its summary is written on the way out)
 
 
 class GoalInfeasible(ThriftyError):
@@ -106,6 +114,8 @@ class TuneResult:
     plot: str | None = None
     results: int = 0
     already_finished: bool = False   # a resumed run that had finished: nothing ran (`finished_run`)
+    error: str | None = None         # the driver's own failure (end_reason ``crashed``)
+    notes: list[str] = field(default_factory=list)  # what a resume found (results recovered or redone)
 
     @property
     def stopped(self) -> bool:
@@ -136,8 +146,8 @@ class TuneResult:
             counts[t.state.value] = counts.get(t.state.value, 0) + 1
         return {
             "format": "thrifty.tune_summary/1", "name": e.name, "scheduler": e.scheduler.name,
-            "metric": e.metric, "mode": e.mode, "end_reason": self.end_reason, "finished": not self.stopped,
-            "elapsed_s": self.elapsed_s,
+            "metric": e.metric, "mode": e.mode, "end_reason": self.end_reason,
+            "finished": not self.stopped and self.end_reason != CRASHED, "elapsed_s": self.elapsed_s,
             "cost_usd": self.cost_usd, "goal": {"deadline_s": e.deadline_s, "target": e.target,
                                                 "budget_usd": e.budget_usd, "met": self.goal_met},
             "predicted": {"time_s": self.preview.predicted_s, "cost_usd": self.preview.predicted_usd},
@@ -145,6 +155,7 @@ class TuneResult:
                      "checkpoint": self.best_checkpoint},
             "trials": counts, "results": self.results,
             "per_trial": [_trial_summary(t, e) for t in self.trials],
+            **({"error": self.error} if self.error is not None else {}),
         }
 
 
@@ -328,12 +339,14 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
             return _finished(Path(resume), e, summary)
     check_startable(e, cluster)
     folder = _results_folder(e, out, resume)
-    if resume is not None and isinstance(e.scheduler, PlanSpec):
-        raise ProblemError("a `plan` run cannot be resumed: its stages were solved for a fresh start; "
-                           "start it again with a shorter deadline_s", path="scheduler.name")
     if cluster != "local":
         e = e.model_copy(update={"cluster": cluster})
     shown = preview(e, cluster)
+    if resume is not None and (folder / PLAN).is_file():  # a plan run goes on with the plan it ran
+        from thrifty.solver.tuning_plan import TuningPlan
+
+        shown.plan = TuningPlan.from_dict(json.loads((folder / PLAN).read_text(encoding="utf-8")),
+                                          source=str(folder / PLAN))
     result = TuneResult(folder, e, shown)
     if dry_run:
         return result
@@ -341,13 +354,13 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     folder.mkdir(parents=True, exist_ok=True)
     if resume is None:
         atomic_write_text(folder / EXPERIMENT_COPY, json.dumps(e.model_dump(mode="json"), indent=1) + "\n")
+        if shown.plan is not None:
+            atomic_write_text(folder / PLAN, shown.plan.to_json() + "\n")
     options = {"cluster": cluster, "plot": None if plot is None else str(Path(plot).resolve())}
     atomic_write_text(folder / OPTIONS, json.dumps({k: v for k, v in options.items() if v}, indent=1) + "\n")
-    history = None
-    if resume is not None and (folder / EVENTS).exists():
-        history = read_history(read_events(folder / EVENTS), e.max_iterations, e.score)
     log = EventLog(folder / EVENTS)
-    signals = _Signals(graceful=not isinstance(e.scheduler, PlanSpec))
+    history = _history(e, folder, log, result.notes) if resume is not None and (folder / EVENTS).exists() else None
+    signals = _Signals()
     recorder: RecordingExecutor | None = None
     try:
         with signals, _backend(e, folder, cluster) as (executor, provider):
@@ -360,13 +373,56 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
                 _run(e, recorder, provider, shown, history, result, signals.stop(on_stop))
             except KeyboardInterrupt:  # a second signal, or one the plan executor cannot wait out
                 result.end_reason = signals.reason() or "interrupted"
-                result.trials = [recorder.trials[tid] for tid in sorted(recorder.trials)]
-                result.results = sum(t.iteration for t in result.trials)
+                _recorded_trials(result, recorder)
+            except Exception as err:  # the driver's own failure: what it has is saved, then it goes on up
+                result.elapsed_s = clock.now() - t0
+                _crashed(result, recorder, err)
+                raise
             result.elapsed_s = clock.now() - t0
     finally:
         log.close()
     _finish(result, plot)
     return result
+
+
+def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -> Any:
+    """The recorded run in `folder` to go on from: first the results its trials checkpointed but the killed
+    driver never heard (appended to the log, `unheard_results`), then `read_history`; `notes` say what was
+    recovered, and which results are trained again (newer than their trial's last checkpoint)."""
+    from thrifty.runtime.tuning.executor_local import checkpointed_result
+
+    events = read_events(folder / EVENTS)
+    trials = folder / "trials"
+    for line in unheard_results(events, lambda tid, after: checkpointed_result(trials, tid, after), e.value):
+        log.write(line)
+        events.append(line)
+        notes.append(f"trial {line['trial']}: iteration {line['iteration']}'s result was checkpointed but not "
+                     "recorded when the run ended; recovered from its checkpoint")
+    history = read_history(events, e.max_iterations, e.score)
+    for tid, (first, last) in sorted(history.dropped.items()):
+        its = f"iteration {first}" if first == last else f"iterations {first}-{last}"
+        notes.append(f"trial {tid}: {its} had no checkpoint when the run ended (checkpoint_every is "
+                     f"{e.checkpoint_every}); trained again")
+    return history
+
+
+def _recorded_trials(result: TuneResult, recorder: RecordingExecutor | None) -> None:
+    """The trials as the recorder saw them (the loop did not return its own)."""
+    if recorder is not None and not result.trials:
+        result.trials = [recorder.trials[tid] for tid in sorted(recorder.trials)]
+        result.results = sum(t.iteration for t in result.trials)
+
+
+def _crashed(result: TuneResult, recorder: RecordingExecutor | None, err: BaseException) -> None:
+    """The summary of a run whose driver failed (``finished: false``, end_reason ``crashed``, the error),
+    from what the recorder saw; written on the way out of the failure, so it never raises itself (a summary
+    that cannot be written is left out: the event log has everything a resume needs)."""
+    try:
+        result.end_reason, result.error = CRASHED, f"{type(err).__name__}: {err}"
+        _recorded_trials(result, recorder)
+        _finish(result, None, draw=False)
+    except Exception as failure:  # noqa: BLE001 - the hook must not hide the crash it reports
+        logger.warning("no summary.json for the crashed run: %s: %s", type(failure).__name__, failure)
 
 
 def _finished(folder: Path, e: ExperimentFile, summary: dict[str, Any]) -> TuneResult:
@@ -387,8 +443,7 @@ class _Signals:
     """SIGINT (Ctrl-C) and SIGTERM while a run runs (in the main thread): the first asks the loop to stop
     (`reason`: ``interrupted`` or ``terminated``; running trials finish their iteration and are suspended),
     a second stops at once (KeyboardInterrupt; the trials go back to their last checkpoint). Without
-    `graceful` (the plan executor, which cannot be asked), the first stops at once. The previous handlers
-    come back on exit."""
+    `graceful`, the first stops at once. The previous handlers come back on exit."""
 
     def __init__(self, graceful: bool = True):
         self.graceful = graceful
@@ -442,7 +497,8 @@ class _backend:
         from thrifty.runtime.tuning.executor_local import RANK_PRELOAD, LocalExecutor
 
         e = self.e
-        options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed}
+        options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed,
+                                   "checkpoint_every": e.checkpoint_every}
         if self.cluster == "local":
             if isinstance(e.scheduler, PlanSpec):
                 from thrifty.runtime.providers.local import LocalProvider
@@ -498,9 +554,17 @@ def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: P
     if isinstance(e.scheduler, PlanSpec):
         from thrifty.runtime.tuning.executor_plan import execute_plan
 
-        plan_result = execute_plan(shown.plan, executor, provider, space)
+        from thrifty.runtime.tuning.executor_plan import recorded_cost_usd
+
+        earlier = recorded_cost_usd(read_events(result.out / EVENTS)) if history is not None else 0.0
+        plan_result = execute_plan(shown.plan, executor, provider, space, resume=history, stop=stop,
+                                   earlier_cost_usd=earlier)
         result.trials = plan_result.trials
-        result.end_reason = "plan" if plan_result.met_deadline else "plan (past the deadline)"
+        result.results = sum(t.iteration for t in result.trials)
+        if plan_result.stopped is not None:
+            result.end_reason = plan_result.stopped
+        else:
+            result.end_reason = "plan" if plan_result.met_deadline else "plan (past the deadline)"
         result.cost_usd = plan_result.cost_usd
         result.best_trial_id = plan_result.best_trial_id
         return
@@ -516,8 +580,8 @@ def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: P
     result.best_trial_id = outcome.best_trial_id
 
 
-def _finish(result: TuneResult, plot: str | Path | None) -> None:
-    """Best configuration and checkpoint, summary, plot."""
+def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> None:
+    """Best configuration and checkpoint, summary, plot (unless not `draw`)."""
     e, folder = result.experiment, result.out
     if result.cost_usd == 0.0 and not isinstance(e.scheduler, PlanSpec):
         result.cost_usd = e.usd(result.elapsed_s)
@@ -538,10 +602,11 @@ def _finish(result: TuneResult, plot: str | Path | None) -> None:
             result.best_checkpoint = str(target)
     path = Path(plot) if plot is not None else folder / "tuning.png"
     try:
-        from thrifty.runtime.tuning.run_plot import plot_tuning_run
+        if draw:
+            from thrifty.runtime.tuning.run_plot import plot_tuning_run
 
-        plot_tuning_run(read_events(folder / EVENTS), e, path)
-        result.plot = str(path)
+            plot_tuning_run(read_events(folder / EVENTS), e, path)
+            result.plot = str(path)
     except ImportError:  # matplotlib is part of the install; a stripped environment still gets its results
         result.plot = None
     atomic_write_text(folder / SUMMARY, json.dumps(json_safe(result.summary()), indent=1, allow_nan=False,

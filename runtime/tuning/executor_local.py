@@ -17,8 +17,19 @@ HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
   (validation accuracy, higher is better) and reports it; the world then waits
   for the loop's decision;
 - *proceed*: the next iteration; *suspend* (pause, or the first half of a
-  resize): rank 0 writes an atomic checkpoint and the world exits; *terminate*:
-  the world exits without one (or is killed);
+  resize): rank 0 writes an atomic checkpoint (unless the iteration's is
+  written already) and the world exits; *terminate*: the world exits without
+  one (or is killed);
+- *durable iterations*: every `checkpoint_every` iterations (default 1:
+  each) the ranks checkpoint the iteration *before* rank 0 posts its result,
+  and the report carries the checkpoint's reference (`Report.checkpoint`),
+  so every result the loop hears, and records, has its checkpoint: a driver
+  killed at any moment loses no iteration a record holds. The checkpoint
+  holds the result too (`checkpointed_result`): a driver killed after the
+  checkpoint was written and before it heard the result finds it there when
+  resumed. With ``checkpoint_every`` > 1 (cheaper on big models), a
+  resumed trial goes back to its last checkpoint and redoes the iterations
+  after it (the resume says so);
 - *resize*: suspend, then launch with another number of ranks. The global
   batch is the trainer's `batch_size` whatever the ranks (split by
   `sharding.split_batch`, gradients batch-weighted by `reweight`), so a
@@ -86,7 +97,8 @@ from thrifty.runtime.tuning.trial import Crash, Report, Trial
 if TYPE_CHECKING:
     from thrifty.runtime.providers.base import Provider
 
-__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer"]
+__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer",
+           "trial_checkpoint", "checkpointed_result"]
 
 log = logging.getLogger(__name__)
 RANK_ENTRY = "thrifty.runtime.tuning.executor_local:_rank_main"
@@ -169,6 +181,35 @@ def _rank_main(argv: list[str]) -> None:  # pragma: no cover - runs in a trial's
 
 
 # --- the executor side ------------------------------------------------------------------------
+
+def trial_checkpoint(workdir: str | Path, trial_id: int) -> Path:
+    """Where a trial's checkpoint is, under the executor's `workdir`."""
+    return Path(workdir) / f"trial-{trial_id}" / "checkpoint.pt"
+
+
+def checkpointed_result(workdir: str | Path, trial_id: int, after: int) -> dict[str, Any] | None:
+    """The result of iteration ``after + 1`` of the trial, when its checkpoint
+    holds it: the driver was killed after the iteration was checkpointed and
+    before the result was heard (the ranks write a due checkpoint, with the
+    result, before posting the result). None when the checkpoint is not one
+    iteration ahead (or there is none, or it cannot be read). Reads the
+    checkpoint with torch (only a resume of a killed run calls this)."""
+    from thrifty.datasets.errors import ThriftyError
+    from thrifty.runtime.ddp.checkpoint import load_checkpoint
+
+    path = trial_checkpoint(workdir, trial_id)
+    if not path.is_file():
+        return None
+    try:
+        state = load_checkpoint(str(path))
+    except ThriftyError:
+        return None
+    if state is None or int(state.get("iteration", -1)) != after + 1 or not isinstance(state.get("result"), dict):
+        return None
+    result = state["result"]
+    return {"iteration": after + 1, "metric": float(result["metric"]), "iteration_s": float(result["iteration_s"]),
+            "checkpoint": {"path": str(path), "iteration": after + 1}}
+
 
 @dataclass
 class LaunchRecord:
@@ -260,6 +301,10 @@ class _World:
     pending: deque = field(default_factory=deque)
     expected_s: float | None = None  # the last iteration's time: when the next result is due
 
+    def saved_now(self) -> bool:
+        """Is the checkpoint of the iteration last reported written?"""
+        return self.saved is not None and int(self.saved["iteration"]) == self.iteration
+
     def due_in(self, now: float) -> float | None:
         """Seconds (monotonic) until the next result may arrive: a little before
         the last iteration's time has passed since "go"; None if not known."""
@@ -281,9 +326,12 @@ class LocalExecutor:
                  seed: int = 0, threads: int = 1, start_timeout_s: float = 120.0,
                  iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
                  decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0, provider: Provider | None = None,
-                 slots_per_machine: int | None = None):
+                 slots_per_machine: int | None = None, checkpoint_every: int | None = 1):
         if not isinstance(threads, int) or threads < 1:
             raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
+        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+            raise ProblemError(f"`checkpoint_every` is {checkpoint_every!r}, but must be a positive integer "
+                               "(or None: only when paused)", path="checkpoint_every")
         for name, value in (("start_timeout_s", start_timeout_s), ("iteration_timeout_s", iteration_timeout_s),
                             ("save_timeout_s", save_timeout_s), ("decision_timeout_s", decision_timeout_s),
                             ("stop_grace_s", stop_grace_s)):
@@ -296,6 +344,7 @@ class LocalExecutor:
         self.start_timeout_s, self.iteration_timeout_s = start_timeout_s, iteration_timeout_s
         self.save_timeout_s, self.decision_timeout_s = save_timeout_s, decision_timeout_s
         self.stop_grace_s = stop_grace_s
+        self.checkpoint_every = checkpoint_every
         self.provider = provider
         self.slots = MachineSlots(provider, slots_per_machine) if provider is not None else None
         self.launches: list[LaunchRecord] = []
@@ -310,16 +359,16 @@ class LocalExecutor:
         record = LaunchRecord(trial.trial_id, atoms, 0 if checkpoint is None else int(checkpoint["iteration"]),
                               save_s=0.0 if checkpoint is None else float(checkpoint.get("save_s", 0.0)))
         self.launches.append(record)
-        folder = self.workdir / f"trial-{trial.trial_id}"
+        folder = trial_checkpoint(self.workdir, trial.trial_id).parent
         folder.mkdir(parents=True, exist_ok=True)
         if checkpoint is not None and checkpoint.get("error"):
             record.ended = "crashed"
             self._ready.append(Crash(trial.trial_id, f"cannot resume: {checkpoint['error']}", self.clock.now()))
             return
         job = JobSpec(trainer=self.trainer, trainer_args=dict(trial.config),
-                      checkpoint_path=str(folder / "checkpoint.pt"),
+                      checkpoint_path=str(trial_checkpoint(self.workdir, trial.trial_id)),
                       restore="required" if checkpoint is not None else "never", steps_per_iteration=None,
-                      checkpoint_every=None, evaluate=True, await_decision=True, metrics_every_s=None,
+                      checkpoint_every=self.checkpoint_every, evaluate=True, await_decision=True, metrics_every_s=None,
                       weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
                       timeout_s=self.decision_timeout_s)
         launcher = None
@@ -353,25 +402,30 @@ class LocalExecutor:
 
     def suspend(self, trial: Trial) -> dict[str, Any]:
         """Checkpoint and stop; the reference carries an `error` (and the trial
-        fails at its next launch) if the checkpoint could not be written."""
-        world = self._worlds.pop(trial.trial_id)
-        reference: dict[str, Any] = {"path": str(self.workdir / f"trial-{trial.trial_id}" / "checkpoint.pt"),
+        fails at its next launch) if the checkpoint could not be written. A
+        trial that does not run (one a resumed run settles from its last
+        result) is where its last checkpoint is: `trial.checkpoint`."""
+        world = self._worlds.pop(trial.trial_id, None)
+        if world is None:
+            return trial.checkpoint
+        reference: dict[str, Any] = {"path": str(trial_checkpoint(self.workdir, trial.trial_id)),
                                      "iteration": world.iteration}
         if world.error is None and world.world.procs:
             world.world.command(COMMAND.format(world.iteration), "save")
             limit = time.monotonic() + self.save_timeout_s
-            while world.saved is None and world.error is None and time.monotonic() < limit:
+            while not world.saved_now() and world.error is None and time.monotonic() < limit:
                 self._read_events(world)
-                if world.saved is None and all(c is not None for c in world.world.exit_codes()):
+                if not world.saved_now() and all(c is not None for c in world.world.exit_codes()):
                     self._read_events(world)
                     break
                 time.sleep(POLL_S)
-        if world.saved is not None:
+        if world.saved_now():
+            assert world.saved is not None
             reference.update(save_s=float(world.saved["save_s"]), bytes=int(world.saved["bytes"]))
         else:
             reference["error"] = world.error or f"no checkpoint written within {self.save_timeout_s:g} s"
         world.record.ended = "suspended"
-        self._end(world, graceful=world.saved is not None)
+        self._end(world, graceful=world.saved_now())
         return reference
 
     def terminate(self, trial: Trial) -> None:
@@ -480,8 +534,14 @@ class LocalExecutor:
         world.iteration = int(event["iteration"])
         world.expected_s = float(event["iteration_s"])
         world.idle = True
+        checkpoint = None
+        if event.get("checkpointed"):  # written before the result was posted: its checkpoint event came first
+            checkpoint = {"path": str(trial_checkpoint(self.workdir, world.trial_id)), "iteration": world.iteration}
+            if world.saved_now():
+                assert world.saved is not None
+                checkpoint.update(save_s=float(world.saved["save_s"]), bytes=int(world.saved["bytes"]))
         return Report(world.trial_id, world.iteration, float(event["metric"]), float(event["iteration_s"]),
-                      world.world.size, self.clock.now(), overhead)
+                      world.world.size, self.clock.now(), overhead, checkpoint)
 
     def _crash(self, world: _World, message: str) -> None:
         world.record.ended = "crashed"

@@ -41,6 +41,27 @@ the problem's cloud variables, and trials whose iteration times are drawn
 from the problem's scaling profile (`ProfileWorkload`), so a realistic plan
 (32 trials of ResNet-101 on p3.8xlarge) runs in milliseconds.
 
+6. *Stopping and resuming.* `stop()` (Ctrl-C, SIGTERM), asked between
+   events, stops the run: no trial starts, each running trial finishes the
+   iteration it is in and is suspended with a checkpoint, marked
+   ``interrupted``, and the machines are released (`PlanResult.stopped`).
+   A run that stopped, was killed or crashed goes on from its record
+   (`resume`, a `Resumed` from `record.read_history`): RubberBand plans a
+   job offline, before it runs, and its executor carries the plan out (4.3,
+   5), so a resumed run *continues the recorded plan*, on the clock carried
+   from the run (the deadline counts the time already spent; the machines
+   the earlier sessions billed, recorded as ``provision`` and ``release``
+   events, are counted in the cost). Stage by stage it takes the same
+   trials the run took (a bracket's trials in the order they were drawn;
+   the survivors ranked by their metric at the end of the previous stage),
+   keeps every iteration they recorded (with durable iterations, each is
+   checkpointed), trains only the trials that have not reached the stage's
+   iterations (from their checkpoints) and skips a stage that has nothing
+   left to train, so no finished stage or trial is redone. It does not
+   re-solve the remaining stages for the time left: the paper's planner has
+   no entry point for a job partly done, and a plan re-solved on a shorter
+   deadline would change stages that the recorded trials already followed.
+
 Deviations, stated: Hyperband brackets are told apart by stage sizes, as the
 plan JSON does not mark them; instances that a stage does not use are
 released at the stage's start, never in the middle of it.
@@ -65,7 +86,7 @@ from thrifty.runtime.placement import place
 from thrifty.runtime.providers.base import Machine, Market, Provider
 from thrifty.runtime.tuning.clock import Clock, VirtualClock
 from thrifty.runtime.tuning.executor_sim import SimulatedExecutor, SyntheticWorkload, Workload
-from thrifty.runtime.tuning.loop import Executor
+from thrifty.runtime.tuning.loop import STOP_POLL_S, Executor, Resumed
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
 
@@ -73,7 +94,8 @@ if TYPE_CHECKING:  # the solver takes longer to import than this package: it is 
     from thrifty.solver.tuning_plan import TuningPlan, TuningStage
 
 __all__ = ["PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "VirtualProvider", "ProfileWorkload",
-           "SimulatedBackend", "simulated_backend", "runnable_plan", "stage_trials", "record_result"]
+           "SimulatedBackend", "simulated_backend", "runnable_plan", "stage_trials", "record_result",
+           "recorded_cost_usd"]
 
 MIN_FRACTION = 0.05  # truncation of a drawn iteration time, as the planner's simulator does
 
@@ -138,6 +160,7 @@ class StageRecord:
     cost_usd: float = 0.0
     predicted_s: float | None = None
     predicted_cost_usd: float | None = None
+    done_before: bool = False                                 # a resumed run found it trained already
 
     @property
     def actual_s(self) -> float:
@@ -160,6 +183,7 @@ class PlanResult:
     deadline_s: float | None
     best_trial_id: int | None
     failed: dict[int, str | None]           # each failed trial's `Trial.error`
+    stopped: str | None = None              # why `stop()` stopped it before its end (resume goes on)
 
     @property
     def best_metric(self) -> float:
@@ -195,13 +219,17 @@ class PlanExecutor:
     `catalog` gives GPUs per instance (default: the provider's catalog, else
     the shipped one); `stage_hook(stage)` (a `TuningStage`) is called before
     each stage trains (the simulated backend uses it to time iterations on the
-    stage's type). The plan is read with `runnable_plan`.
+    stage's type). The plan is read with `runnable_plan`. `stop()` is asked
+    between events and `resume` is a previous run of the same plan to go on
+    from, whose earlier sessions billed `earlier_cost_usd` (see the module
+    docstring, 6).
     """
 
     def __init__(self, plan: TuningPlan | Mapping[str, Any], executor: Executor, provider: Provider,
                  search_space: SearchSpace, *, market: Market = "on_demand", catalog: Catalog | None = None,
                  instance_type: str | None = None, min_billed_s: float = 60.0, provision_timeout_s: float = 600.0,
-                 stage_hook: Callable[[TuningStage], None] | None = None):
+                 stage_hook: Callable[[TuningStage], None] | None = None, resume: Resumed | None = None,
+                 stop: Callable[[], str | None] | None = None, earlier_cost_usd: float = 0.0):
         self.plan = runnable_plan(plan, instance_type)
         self.stages = self.plan.stages
         predicted = self.plan.predicted
@@ -223,33 +251,49 @@ class PlanExecutor:
         self._held: list[Machine] = []       # in launch order
         self._released: list[Machine] = []
         self._billing_now: Callable[[], float] = getattr(provider, "now", time.time)
+        self.stop = stop
+        self.stopped: str | None = None
+        self.earlier_cost_usd = earlier_cost_usd
+        self._elapsed = resume.elapsed_s if resume is not None else 0.0
+        self._resumed: list[Trial] = list(resume.trials) if resume is not None else []  # not yet in a stage
+        self.trials = list(self._resumed)
+        self._bracket_iters = 0   # iterations a trial of the current bracket has reached by the current stage
+        self._note: Callable[[dict[str, Any]], None] | None = getattr(executor, "note", None)
 
     # --- the whole plan -----------------------------------------------------------------------
     def run(self) -> PlanResult:
-        started = self.clock.now()
+        started = self.clock.now() - self._elapsed
+        for trial in self._resumed:  # its times were relative to the experiment's start
+            trial.created_at += started
+            trial.reported_at = [started + at for at in trial.reported_at]
+            trial.ended_at = None if trial.ended_at is None else trial.ended_at + started
         running: dict[int, Trial] = {}
         try:
             previous: list[Trial] = []
             for k, stage in enumerate(self.stages):
                 previous = self._run_stage(k, stage, previous, running)
+                if self.stopped is not None:
+                    break
         finally:
-            for trial in list(running.values()):
+            for trial in list(running.values()):  # stopped where they are: a resumed run goes on with them
+                trial.interrupted = True
                 self.executor.terminate(trial)
-                trial.state = TrialState.TERMINATED
+                trial.state = TrialState.PAUSED if trial.checkpoint is not None else TrialState.PENDING
             self._release(list(self._held))
         survivors = {t.trial_id for t in previous}
         for trial in self.trials:
-            if trial.state == TrialState.PAUSED:
+            if trial.state == TrialState.PAUSED and self.stopped is None:
                 trial.state = TrialState.COMPLETED if trial.trial_id in survivors else TrialState.TERMINATED
                 trial.ended_at = trial.ended_at or self.clock.now()
         done = [t for t in self.trials if t.state != TrialState.FAILED and t.metrics]
         best = max(done, key=lambda t: (t.iteration, t.last_metric, -t.trial_id), default=None)
         machines = list(self._released)
         return PlanResult(self.records, list(self.trials), machines, self.clock.now() - started,
-                          sum(m.cost_usd(min_billed_s=self.min_billed_s) for m in machines),
+                          self.earlier_cost_usd + sum(m.cost_usd(min_billed_s=self.min_billed_s) for m in machines),
                           self.predicted_jct_s, self.predicted_cost_usd, self.deadline_s,
                           None if best is None else best.trial_id,
-                          {t.trial_id: t.error for t in self.trials if t.state == TrialState.FAILED})
+                          {t.trial_id: t.error for t in self.trials if t.state == TrialState.FAILED},
+                          self.stopped)
 
     def _run_stage(self, k: int, stage: TuningStage, previous: list[Trial],
                    running: dict[int, Trial]) -> list[Trial]:
@@ -265,6 +309,13 @@ class PlanExecutor:
         self.records.append(record)
 
         trials = self._stage_trials(stage, new_bracket, previous, record)
+        if self.stop is not None and self.stopped is None:
+            self.stopped = self.stop()
+        if self.stopped is not None or all(t.iteration >= self._bracket_iters or t.state == TrialState.FAILED
+                                           for t in trials):  # stopped, or trained before a resume
+            record.done_before = self.stopped is None
+            record.scaled_at = record.ended_at = self.clock.now()
+            return [t for t in trials if t.state != TrialState.FAILED]
         before = {m.id for m in self._held}
         self._scale(instance_type, stage.instances, record)
         record.machines = [m.id for m in self._held]
@@ -284,9 +335,14 @@ class PlanExecutor:
         for trial in previous:
             if new_bracket:  # the last stage of a bracket: its survivors are done
                 trial.state, trial.ended_at = TrialState.COMPLETED, self.clock.now()
+        reached = self._bracket_iters  # the previous stage's iterations
+        self._bracket_iters = stage.iters_per_trial + (0 if new_bracket else reached)
         if new_bracket:
             trials = []
             for _ in range(stage.trials):
+                if self._resumed:  # the trials the resumed run drew, in the order it drew them
+                    trials.append(self._resumed.pop(0))
+                    continue
                 config = self.search_space.next_config()
                 if config is None:
                     break
@@ -295,8 +351,8 @@ class PlanExecutor:
                 trials.append(trial)
             if not trials:
                 raise ProblemError("the search space produced no configuration", path="search_space")
-        else:
-            ranked = sorted(previous, key=lambda t: (-t.last_metric, t.trial_id))
+        else:  # by the metric at the previous stage's end (a resumed trial may have trained past it since)
+            ranked = sorted(previous, key=lambda t: (-_metric_at(t, reached), t.trial_id))
             trials = ranked[: stage.trials]
             for trial in ranked[stage.trials:]:
                 trial.state, trial.ended_at = TrialState.TERMINATED, self.clock.now()
@@ -318,6 +374,9 @@ class PlanExecutor:
         missing = instances - len(self._held)
         if missing > 0:
             made = self.provider.provision(instance_type, missing, self.market, timeout_s=self.provision_timeout_s)
+            if self._note is not None:
+                self._note({"event": "provision", "machines": [m.id for m in made], "instance_type": instance_type,
+                            "usd_per_hour": [m.price_per_hour for m in made]})
             if len(made) != missing:
                 self._release(made)
                 raise ProviderError(f"asked for {missing} {instance_type}, got {len(made)}")
@@ -328,6 +387,8 @@ class PlanExecutor:
             return
         ids = {m.id for m in machines}
         ended = self.provider.terminate(machines)
+        if self._note is not None:
+            self._note({"event": "release", "machines": sorted(ids)})
         self._held = [m for m in self._held if m.id not in ids]
         self._released.extend(ended)
 
@@ -347,12 +408,17 @@ class PlanExecutor:
     # --- training within a stage -------------------------------------------------------------------
     def _train(self, trials: list[Trial], stage: TuningStage, nodes: dict[str, int], record: StageRecord,
                running: dict[int, Trial]) -> None:
-        g, iters = stage.gpus_per_trial, stage.iters_per_trial
-        queue = list(trials)
-        target = {t.trial_id: t.iteration + iters for t in trials}
+        g, target = stage.gpus_per_trial, self._bracket_iters
+        queue = [t for t in trials if t.iteration < target and t.state != TrialState.FAILED]
         placement: dict[str, dict[str, int]] = {}
         full = False  # once a trial did not fit, the ones placed later had to wait
         while queue or running:
+            if self.stop is not None and self.stopped is None:
+                self.stopped = self.stop()
+            if self.stopped is not None:  # no trial starts; the running ones finish their iteration
+                queue.clear()
+                if not running:
+                    return
             while queue:  # place the next queued trial beside the running ones, if it fits
                 name = str(queue[0].trial_id)
                 attempt = place({**{str(tid): g for tid in running}, name: g}, placement, nodes)
@@ -367,8 +433,10 @@ class PlanExecutor:
                 record.placements.append({t: dict(where) for t, where in placement.items()})
                 record.queued += int(full)
                 self._launch(queue.pop(0), g, running, placement[name])
-            event = self.executor.next_event(None)
+            event = self.executor.next_event(None if self.stop is None else self.clock.now() + STOP_POLL_S)
             if event is None:
+                if self.stop is not None:
+                    continue
                 raise ProviderError(f"stage {record.index}: the executor returned no event while "
                                     f"{len(running)} trials run")
             trial = running[event.trial_id]
@@ -381,14 +449,15 @@ class PlanExecutor:
                 continue
             record_result(trial, event)
             record.busy_gpu_s += (event.iteration_s + event.overhead_s) * event.atoms
-            if trial.iteration >= target[trial.trial_id]:
+            if trial.iteration >= target or self.stopped is not None:
+                trial.interrupted = trial.iteration < target  # the run stops: it goes on from here
                 trial.checkpoint = self.executor.suspend(trial)
                 self._end(trial, TrialState.PAUSED, running, placement)
             else:
                 self.executor.proceed(trial)
 
     def _launch(self, trial: Trial, atoms: int, running: dict[int, Trial], where: Mapping[str, int]) -> None:
-        trial.state, trial.atoms = TrialState.RUNNING, atoms
+        trial.state, trial.atoms, trial.interrupted = TrialState.RUNNING, atoms, False
         if trial.launches and trial.iteration_atoms and trial.iteration_atoms[-1] != atoms:
             trial.resizes += 1
         trial.launches += 1
@@ -405,6 +474,33 @@ class PlanExecutor:
             trial.ended_at = self.clock.now()
 
 
+def _metric_at(trial: Trial, iteration: int) -> float:
+    """The trial's metric after `iteration` iterations (its last one if it has fewer)."""
+    return trial.metrics[iteration - 1] if 0 < iteration <= len(trial.metrics) else trial.last_metric
+
+
+def recorded_cost_usd(events: Sequence[Mapping[str, Any]], min_billed_s: float = 60.0) -> float:
+    """What the machines of a recorded plan run cost (its ``provision`` and
+    ``release`` events; times on the experiment's clock): each billed per
+    second with the minimum, until its release or, when the run ended without
+    releasing it (killed), until the record's last event."""
+    from thrifty.runtime.providers.base import billed_cost_usd
+
+    last_t = max((float(e["t"]) for e in events if "t" in e), default=0.0)
+    held: dict[str, tuple[float, float]] = {}   # machine -> (price per hour, provisioned at)
+    cost = 0.0
+    for e in events:
+        if e.get("event") == "provision":
+            for machine, price in zip(e.get("machines", []), e.get("usd_per_hour", [])):
+                held[str(machine)] = (float(price), float(e["t"]))
+        elif e.get("event") == "release":
+            for machine in e.get("machines", []):
+                if str(machine) in held:
+                    price, since = held.pop(str(machine))
+                    cost += billed_cost_usd(price, float(e["t"]) - since, min_billed_s)
+    return cost + sum(billed_cost_usd(price, last_t - since, min_billed_s) for price, since in held.values())
+
+
 def record_result(trial: Trial, report: Report) -> None:
     """One result into the trial's history, as the loop records it (for drivers
     other than the loop: the plan executor, the Ray Tune adapter)."""
@@ -413,6 +509,8 @@ def record_result(trial: Trial, report: Report) -> None:
     trial.iteration_atoms.append(report.atoms)
     trial.reported_at.append(report.at)
     trial.train_s += report.iteration_s
+    if report.checkpoint is not None:
+        trial.checkpoint = report.checkpoint
     trial.iterations_since_launch += 1
     if trial.iterations_since_launch == 1:
         trial.overheads_s.append(report.overhead_s)

@@ -8,7 +8,9 @@ jumps from event to event and a whole experiment costs only the scheduler's
 own work; with a `RealClock` the executor sleeps until each event, so the same
 loop and scheduler run in real time. Launching, resuming or resizing a trial
 costs `startup_s` before its next iteration (HyperSched 6.2's "startup
-delay"), reported as the measured overhead.
+delay"), reported as the measured overhead. With `checkpoint_every`, every
+that many iterations a report carries a checkpoint reference (as the local
+executor's durable iterations do); otherwise only a suspend checkpoints.
 
 Workloads say what a trial reports after its k-th iteration and how long that
 iteration takes on `a` atoms:
@@ -147,12 +149,14 @@ class _Run:
 class SimulatedExecutor:
     """The executor interface of `loop.py` over a `Workload` and a clock."""
 
-    def __init__(self, workload: Workload, *, clock: Clock | None = None, startup_s: float = 0.0):
+    def __init__(self, workload: Workload, *, clock: Clock | None = None, startup_s: float = 0.0,
+                 checkpoint_every: int | None = None):
         if startup_s < 0:
             raise ProblemError(f"`startup_s` is {startup_s!r}, but must be >= 0", path="startup_s")
         self.workload = workload
         self.clock = clock if clock is not None else VirtualClock()
         self.startup_s = float(startup_s)
+        self.checkpoint_every = checkpoint_every
         self._runs: dict[int, _Run] = {}
         self._heap: list[tuple[float, int, int, int, Report | Crash]] = []
         self._seq = 0
@@ -168,9 +172,9 @@ class SimulatedExecutor:
     def proceed(self, trial: Trial) -> None:
         self._schedule(self._runs[trial.trial_id], 0.0)
 
-    def suspend(self, trial: Trial) -> dict[str, int]:
-        run = self._runs.pop(trial.trial_id)
-        return {"iteration": run.iteration}
+    def suspend(self, trial: Trial) -> Any:
+        run = self._runs.pop(trial.trial_id, None)
+        return trial.checkpoint if run is None else {"iteration": run.iteration}
 
     def terminate(self, trial: Trial) -> None:
         self._runs.pop(trial.trial_id, None)
@@ -194,7 +198,9 @@ class SimulatedExecutor:
             except Exception as e:
                 event = Crash(tid, f"{type(e).__name__}: {e}", due)
             else:
-                event = Report(tid, k, metric, duration, run.atoms, due, overhead_s)
+                every = self.checkpoint_every
+                event = Report(tid, k, metric, duration, run.atoms, due, overhead_s,
+                               {"iteration": k} if every is not None and k % every == 0 else None)
         self._seq += 1
         heapq.heappush(self._heap, (due, self._seq, tid, run.generation, event))
 

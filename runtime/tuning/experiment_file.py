@@ -172,6 +172,10 @@ class ExperimentFile(_Spec):
     cluster: str = "local"
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] = Field(1, description="torch threads per worker")
     iteration_timeout_s: Seconds = 600.0
+    checkpoint_every: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)] = Field(
+        1, description="checkpoint each trial every this many iterations, before the result is recorded (1: "
+                       "a killed run redoes no finished iteration; more: cheaper for big models, and a resumed "
+                       "trial redoes up to this many less one)")
 
     @model_validator(mode="before")
     @classmethod

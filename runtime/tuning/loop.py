@@ -59,9 +59,13 @@ ends through ``on_trial_end``; its answers are ignored: what happened is
 recorded), each shown as the scheduler saw it: the trials in the states
 they had (the running ones running, on their atoms), every trial's history
 up to that result and the clock at its arrival (a forecast from a trial's
-whole curve would not be the one that was made); then ``on_restored()``
-lets it make its queues agree with the trials' states. Time already spent
-counts against the deadline.
+whole curve would not be the one that was made). A trial that was running
+at the end and whose last kept step is a result (executors with durable
+iterations checkpoint every result, so a kill can fall between a result
+and the answer to it) gets that answer carried out (`_settle`): it
+completes, stops, pauses, or is launched first on the atoms asked. Then
+``on_restored()`` lets the scheduler make its queues agree with the
+trials' states. Time already spent counts against the deadline.
 """
 
 from __future__ import annotations
@@ -159,7 +163,9 @@ class Resumed:
     arrival order; `steps` what the run's scheduler heard, in order (None:
     only the results are known, replayed as if each trial ran alone);
     `running` the trials that were running when the run ended (trial id ->
-    atoms), launched again first. Every time (`reported_at`, `created_at`,
+    atoms), launched again first; `dropped` the results of those trials that
+    were newer than their last checkpoint, left out (trial id -> first and
+    last iteration): they are trained again. Every time (`reported_at`, `created_at`,
     `ended_at`, `Report.at`) is relative to the experiment's start;
     `elapsed_s` is how long the previous runs took together.
     """
@@ -169,6 +175,7 @@ class Resumed:
     elapsed_s: float
     steps: list[ReplayStep] | None = None
     running: dict[int, int] = field(default_factory=dict)
+    dropped: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class Experiment(ExperimentState):
@@ -253,11 +260,13 @@ class Experiment(ExperimentState):
         for trial in self.trial_list:
             whole[trial.trial_id].show(trial, 0)
             trial.state = TrialState.PENDING
+        answers: dict[int, tuple[Decision, int] | None] = {}  # each trial's last step, if a result: its answer
         live, self.clock = self.clock, _AtResult()
         try:
             for step in steps:
                 trial = self.trial_list[step.trial_id]
                 self.clock.at = self.started_at + step.at
+                answers[trial.trial_id] = None
                 if step.kind == "launch":
                     self._replay_release(trial, TrialState.PAUSED)
                     trial.state, trial.atoms, trial.iterations_since_launch = TrialState.RUNNING, step.atoms, 0
@@ -265,7 +274,7 @@ class Experiment(ExperimentState):
                     self.used_atoms += step.atoms
                     self.scheduler.on_trial_start(trial)
                 elif step.kind == "result" and step.report is not None:
-                    self._replay_result(trial, step.report, whole[trial.trial_id])
+                    answers[trial.trial_id] = self._replay_result(trial, step.report, whole[trial.trial_id])
                 elif step.kind == "pause":
                     self._replay_release(trial, TrialState.PAUSED)
                 elif step.kind == "end":
@@ -279,9 +288,43 @@ class Experiment(ExperimentState):
                 whole[trial.trial_id].show(trial, None)
                 trial.state, trial.iterations_since_launch = final[trial.trial_id]
                 trial.atoms = 0
+        self._settle({tid: answer for tid, answer in answers.items() if answer is not None})
         self.scheduler.on_restored()
 
-    def _replay_result(self, trial: Trial, report: Report, history: _History) -> None:
+    def _settle(self, answers: dict[int, tuple[Decision, int]]) -> None:
+        """The trials that were running when the resumed run ended, whose last step is a result: the run's
+        scheduler may never have carried out its answer to it (the driver was killed or crashed in between;
+        with durable iterations a trial's every result is kept), so the answer the replay gave (`answers`:
+        decision and target atoms) is carried out now, as `_on_report` would have: a trial at
+        `max_iterations` completes, STOP ends it, PAUSE leaves it paused at its checkpoint (both recorded
+        through the executor, for which it does not run), CONTINUE launches it first on the atoms asked."""
+        relaunch = []
+        for trial_id, atoms in self._relaunch:
+            trial = self.trial_list[trial_id]
+            answer = answers.get(trial_id)
+            if answer is None or trial.state != TrialState.PAUSED:
+                relaunch.append((trial_id, atoms))
+                continue
+            decision, target = answer
+            if trial.iteration < self.max_iterations and decision == Decision.CONTINUE:
+                relaunch.append((trial_id, target if isinstance(target, int) and target >= 1 else atoms))
+                continue
+            trial.interrupted = False
+            if trial.iteration >= self.max_iterations:
+                state = TrialState.COMPLETED
+            else:
+                state = TrialState.TERMINATED if decision == Decision.STOP else TrialState.PAUSED
+            if state == TrialState.PAUSED or (state == TrialState.COMPLETED and self.keep_checkpoints):
+                trial.checkpoint = self.executor.suspend(trial)
+            else:
+                self.executor.terminate(trial)
+            trial.state = state
+            if state in ENDED:
+                trial.ended_at = self.clock.now()
+                self.scheduler.on_trial_end(trial)
+        self._relaunch = relaunch
+
+    def _replay_result(self, trial: Trial, report: Report, history: _History) -> tuple[Decision, int]:
         report = Report(report.trial_id, report.iteration, report.metric, report.iteration_s, report.atoms,
                         self.started_at + report.at, report.overhead_s)
         if trial.trial_id not in self.running:  # a result without its launch (only results are known)
@@ -293,8 +336,8 @@ class Experiment(ExperimentState):
         if trial.iterations_since_launch == 1 and report.overhead_s > 0:  # the first result after a launch
             self.overheads.add(report.overhead_s)
         self._count(report)
-        if self.scheduler.on_result(trial, report) == Decision.CONTINUE:
-            self.scheduler.target_atoms(trial)
+        decision = self.scheduler.on_result(trial, report)
+        return decision, self.scheduler.target_atoms(trial) if decision == Decision.CONTINUE else trial.atoms
 
     def _replay_release(self, trial: Trial, state: TrialState) -> None:
         if self.running.pop(trial.trial_id, None) is not None:
@@ -456,6 +499,8 @@ class Experiment(ExperimentState):
         trial.iteration_atoms.append(report.atoms)
         trial.reported_at.append(report.at)
         trial.train_s += report.iteration_s
+        if report.checkpoint is not None:  # the iteration is durable
+            trial.checkpoint = report.checkpoint
         trial.iterations_since_launch += 1
         if trial.iterations_since_launch == 1:  # the first result after a launch carries its start-up time
             trial.overheads_s.append(report.overhead_s)

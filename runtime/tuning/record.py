@@ -9,7 +9,11 @@ leaves every event before the kill:
 - ``launch``: a trial starts or resumes (``config`` on its first launch,
   ``atoms``, ``from_iteration``, the machines ``where`` a plan placed it);
 - ``result``: one iteration's metric (in the metric's own units),
-  ``iteration_s``, ``atoms``, ``overhead_s``;
+  ``iteration_s``, ``atoms``, ``overhead_s``, and the ``checkpoint`` of
+  the iteration when the executor wrote one before reporting it (the local
+  executor's durable iterations; ``"recovered": true`` on a result a resumed
+  run found in the checkpoint of a trial whose driver was killed before it
+  heard it: `unheard_results`);
 - ``crash``: the trial's processes died or its code raised;
 - ``suspend``: a checkpoint was written (a pause, the first half of a
   resize, or a completed trial's final checkpoint), with its reference;
@@ -29,8 +33,10 @@ last word was ``terminate`` or ``crash`` is finished (completed when it
 reached ``max_iterations``); one last ``suspend``-ed is paused at its
 checkpoint; one still running when the run ended (the driver was killed, or
 its last suspend or stop is ``interrupted``) goes back to its last checkpoint
-if it has one (results after it are dropped), else starts again, and is
-launched again first, on the atoms it held. With the trials come the steps
+(a suspend's, or its last checkpointed result's: with durable iterations,
+its last result) if it has one (results after it are dropped, and listed in
+`Resumed.dropped`), else starts again, and is launched again first, on the
+atoms it held (the loop first settles its last result: `Experiment`). With the trials come the steps
 the run's scheduler heard (launches, results, its pauses and the trials'
 ends, in the order they happened), which the loop replays to rebuild it.
 """
@@ -50,7 +56,7 @@ from thrifty.runtime.tuning.executor_plan import record_result
 from thrifty.runtime.tuning.loop import Executor, ReplayStep, Resumed
 from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 
-__all__ = ["EventLog", "RecordingExecutor", "read_events", "read_history", "EVENTS"]
+__all__ = ["EventLog", "RecordingExecutor", "read_events", "read_history", "unheard_results", "EVENTS"]
 
 EVENTS = "events.jsonl"
 
@@ -142,12 +148,18 @@ class RecordingExecutor:
         if isinstance(event, Report):
             metric = event.metric
             shown = self.value(metric) if isinstance(metric, (int, float)) and math.isfinite(metric) else metric
-            self._write({"event": "result", "trial": event.trial_id, "iteration": event.iteration,
-                         "metric": shown, "iteration_s": event.iteration_s, "atoms": event.atoms,
-                         "overhead_s": event.overhead_s, "at": event.at - self.t0})
+            line = {"event": "result", "trial": event.trial_id, "iteration": event.iteration,
+                    "metric": shown, "iteration_s": event.iteration_s, "atoms": event.atoms,
+                    "overhead_s": event.overhead_s, "at": event.at - self.t0}
+            self._write(line if event.checkpoint is None else {**line, "checkpoint": event.checkpoint})
         elif isinstance(event, Crash):
             self._write({"event": "crash", "trial": event.trial_id, "message": event.message})
         return event
+
+    def note(self, event: dict[str, Any]) -> None:
+        """A line about something other than a trial (the plan executor's machines: ``provision``,
+        ``release``)."""
+        self._write(dict(event))
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)
@@ -195,6 +207,8 @@ def _replays(events: list[dict[str, Any]]) -> Iterator[tuple[int, _Replay]]:
         r.steps.append((line, e))
         if kind == "result":
             r.results.append(e)
+            if isinstance(e.get("checkpoint"), dict):  # a durable iteration
+                r.checkpoint, r.checkpoint_iteration = e["checkpoint"], int(e["iteration"])
             metric = e.get("metric")
             if not (isinstance(metric, (int, float)) and math.isfinite(metric)):
                 r.last, r.error = "crash", f"reported metric {metric!r} at iteration {e.get('iteration')}"
@@ -229,6 +243,7 @@ def read_history(events: list[dict[str, Any]], max_iterations: int,
     kept: list[tuple[float, int, Report]] = []
     steps: list[tuple[int, ReplayStep]] = []
     running: dict[int, int] = {}
+    dropped: dict[int, tuple[int, int]] = {}
     for expected, (tid, r) in enumerate(_replays(events)):
         if tid != expected:
             raise ProblemError(f"the event log has no launch of trial {expected} (it has trial {tid})",
@@ -237,6 +252,8 @@ def read_history(events: list[dict[str, Any]], max_iterations: int,
         results = r.results
         if r.last == "launch" or (r.last == "suspend" and r.interrupted):  # running when the run ended
             results = results[:r.checkpoint_iteration] if r.checkpoint is not None else []
+            if len(results) < len(r.results):
+                dropped[tid] = (len(results) + 1, len(r.results))
             trial.state = TrialState.PAUSED if r.checkpoint is not None else TrialState.PENDING
             trial.interrupted = True
             running[tid] = int(r.launches[-1].get("atoms", 1)) if r.launches else 1
@@ -262,7 +279,36 @@ def read_history(events: list[dict[str, Any]], max_iterations: int,
     kept.sort(key=lambda x: (x[0], x[2].trial_id, x[1]))
     steps.sort(key=lambda x: x[0])
     return Resumed(trials, [report for _, _, report in kept], elapsed, steps=[step for _, step in steps],
-                   running=running)
+                   running=running, dropped=dropped)
+
+
+def unheard_results(events: list[dict[str, Any]], find: Callable[[int, int], dict[str, Any] | None],
+                    value: Callable[[float], float] = float) -> list[dict[str, Any]]:
+    """Result lines for the iterations that trials running when a run was
+    killed had checkpointed, with their result, but the driver had not heard
+    (it was killed between the checkpoint and the result): `find(trial,
+    iteration)` is the executor's reader of a trial's checkpoint
+    (`executor_local.checkpointed_result`), giving the next iteration's
+    result or None (its metric as the executor reports it; `value` turns it
+    into the metric's units, as `RecordingExecutor` writes it). Each line is
+    dated at the log's last time, marked ``recovered``; append them to the
+    log before `read_history`."""
+    last_t = max((float(e["t"]) for e in events if "t" in e), default=0.0)
+    out = []
+    for tid, r in _replays(events):
+        if not (r.last == "launch" or (r.last == "suspend" and r.interrupted)):
+            continue
+        since = len(r.results)
+        if since and r.checkpoint_iteration != since:  # its last result was not durable: nothing newer is
+            continue
+        found = find(tid, since)
+        if found is None:
+            continue
+        atoms = int(r.launches[-1].get("atoms", 1)) if r.launches else 1
+        out.append({"t": last_t, "event": "result", "trial": tid, "iteration": int(found["iteration"]),
+                    "metric": value(found["metric"]), "iteration_s": found["iteration_s"], "atoms": atoms,
+                    "overhead_s": 0.0, "at": last_t, "checkpoint": found["checkpoint"], "recovered": True})
+    return out
 
 
 def _steps(trial: Trial, r: _Replay, kept: int, max_iterations: int,

@@ -48,7 +48,9 @@ class Report:
     first); `iteration_s` is the wall (or virtual) time that iteration took on
     `atoms` atoms; `overhead_s` is the start-up time paid just before it (0
     unless the trial was just launched, resumed or resized); `at` is the clock
-    time at which the result arrived.
+    time at which the result arrived; `checkpoint`, when the executor
+    checkpointed the iteration before reporting it, that checkpoint's
+    reference (the trial's `checkpoint` from then on).
     """
 
     trial_id: int
@@ -58,6 +60,7 @@ class Report:
     atoms: int
     at: float
     overhead_s: float = 0.0
+    checkpoint: Any = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class Trial:
     Per iteration (index i = iteration - 1): `metrics`, `iteration_s` (its
     time), `iteration_atoms` (the atoms it ran on), `reported_at` (clock time).
     `overheads_s` holds the start-up time of each launch (first start, resume,
-    resize); `checkpoint` the executor's reference from the last suspend;
+    resize); `checkpoint` the executor's reference from the last suspend or
+    checkpointed result;
     `iterations_since_launch` counts results since the last (re)launch
     (HyperSched's cooldown); `train_s` is the sum of `iteration_s`;
     `interrupted`: the run ended (an interruption, a crash) while the trial was
