@@ -49,6 +49,7 @@ def provider(nodes):
     nodes.refill()
     made = RayProvider("cluster-test", load_catalog(CATALOG), nodes.cluster.address, imds_interval_s=0.2,
                        preload=WORKER_PRELOAD)
+    nodes.warm(made)
     yield made
     made.close()
 

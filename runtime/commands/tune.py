@@ -150,17 +150,16 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from thrifty.datasets.errors import ProblemError
-    from thrifty.runtime.tuning.driver import EXPERIMENT_COPY, GoalInfeasible, check_startable, preview, tune
+    from thrifty.runtime.tuning.driver import EXPERIMENT_COPY, GoalInfeasible, check_startable, tune
     from thrifty.runtime.tuning.experiment_file import load_experiment
 
     if args.experiment is None and args.resume is None:
         raise ProblemError("give an experiment file, or --resume DIR", path="experiment")
     console = Console(stderr=True)
     e = load_experiment(args.experiment or f"{args.resume}/{EXPERIMENT_COPY}")
-    if args.dry_run:
-        check_startable(e, args.cluster or e.cluster)
+    if args.dry_run:  # every check the run makes before it starts (all problems at once), and nothing else
         try:
-            shown = preview(e, args.cluster)
+            shown = check_startable(e, args.cluster or e.cluster)
         except GoalInfeasible as err:
             return _infeasible(console, err)
         print(_preview_text(shown, e))

@@ -361,7 +361,7 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     if provider is None:
         from thrifty.runtime.cluster.spec import cluster_provider
 
-        provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
+        provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD, run_folder=folder)
     if provider.local_workers:  # local workers are forked by it: while machines boot, it imports torch
         start_zygote(WORKER_PRELOAD)
     try:
