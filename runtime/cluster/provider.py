@@ -26,6 +26,7 @@ goes there while the provider is open (`thrifty.runtime.cluster.driver_log`).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -283,6 +284,10 @@ class RayProvider(Provider):
         finally:
             try:
                 if self.ray.is_initialized():
+                    # Object refs and actor handles in garbage die now, while the core worker runs: Ray's own
+                    # GC thread collecting them while it shuts down exits the process ("The core worker has
+                    # already been shutdown ... The process will exit"), with code 1, after a finished run.
+                    gc.collect()
                     self.ray.shutdown()
                 if self.head is not None:
                     self.head.stop()
