@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,7 +115,9 @@ class RayStartCluster:
     def __init__(self, root: Path, nodes: list[dict[str, float]], *, num_cpus: int = 1,
                  timeout_s: float = 180.0) -> None:
         self.root = root
-        self.temp_dir = root / "ray"  # short: Ray's socket paths must fit in 107 bytes
+        # Ray's socket paths (TEMP/session_<date>_<pid>/sockets/plasma_store.1) must fit in 107 bytes: a short
+        # folder of /tmp, not one under pytest's deep temporary folders
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="thrifty-ray-", dir="/tmp"))
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.groups: list[int] = []
@@ -179,3 +183,4 @@ class RayStartCluster:
             deadline = time.monotonic() + grace_s
             while self.processes() and time.monotonic() < deadline:
                 time.sleep(0.2)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
