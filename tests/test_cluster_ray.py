@@ -55,6 +55,7 @@ def make_provider(nodes) -> RayProvider:
 @pytest.fixture
 def provider(nodes):
     made = make_provider(nodes)
+    nodes.warm(made)
     yield made
     made.close()
 

@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 def provider(nodes):  # noqa: F811 -- the fixture imported above
     nodes.refill()
     made = RayProvider("tuning-test", load_catalog(CATALOG), nodes.cluster.address, preload=RANK_PRELOAD)
+    nodes.warm(made)
     yield made
     made.close()
 

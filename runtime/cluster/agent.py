@@ -2,7 +2,10 @@
 
 The driver starts one agent per machine of a plan, pinned to that machine's
 node (by its ``thrifty-machine:<id>`` resource, or by node id), and keeps it
-for as long as it holds the machine, across re-plans. The agent:
+for as long as it holds the machine, across re-plans; a node of a running
+cluster that the driver gives back keeps its agent until the run ends, and
+a later lease of the node in the same run takes that agent, warm (`lease`).
+The agent:
 
 - starts the node's fork server at once (`thrifty.perfmodels.measure.worlds.zygote`:
   torch imported once per machine, while the rest of the plan's machines come
@@ -69,6 +72,11 @@ class MachineAgent:
 
             self._poller = ImdsPoller(instance_type, market, machine_id, base_url=url,
                                       interval_s=imds_interval_s).start()
+
+    def lease(self, machine_id: str) -> None:
+        """This node is now machine `machine_id` (the driver took it again after giving it back): the
+        fork server, warm, stays; spot notices name the new machine."""
+        self.machine_id = machine_id
 
     def info(self) -> dict[str, Any]:
         return {"machine_id": self.machine_id, "node_ip": self.node_ip, "node_id": self.node_id,
@@ -155,4 +163,4 @@ class MachineAgent:
             if wait_s > 0:
                 time.sleep(wait_s)
             return []
-        return [e.to_dict() for e in self._poller.events(wait_s)]
+        return [{**e.to_dict(), "machine_id": self.machine_id} for e in self._poller.events(wait_s)]

@@ -108,6 +108,7 @@ class RayLauncher:
         if self._store is not None and self._store[0] not in self._lost:
             refs.append(self._unique[self._store[0]].drop_store.remote(self._store[1]))
         self._wait_quietly(refs, 30.0)
+        self._pending.clear()  # no object ref of this world outlives it (nor the driver's Ray session)
 
     # -- watching ----------------------------------------------------------------------------
     def exit_code(self, rank: int) -> int | None:

@@ -19,19 +19,24 @@ when it is provisioned; `world_launcher` gives the training driver a
 reports, never blocking: spot notices the agents read from their machine's
 metadata service (``source="imds"``, with the time left), nodes the cluster
 reports dead (``source="node-lost"``), and what the source provider reports.
-Prices come from the catalog (or the source provider).
+Prices come from the catalog (or the source provider). With a `log_path`
+(the run's ``logs/driver.log``), what Ray and torch print in this process
+goes there while the provider is open (`thrifty.runtime.cluster.driver_log`).
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError, ProviderError
 from thrifty.runtime.cluster.connect import connect, import_ray
+from thrifty.runtime.cluster.driver_log import DriverLog
 from thrifty.runtime.cluster.launcher import RayLauncher
 from thrifty.runtime.cluster.resources import machine_resource, node_marks
 from thrifty.runtime.events import Preemption
@@ -40,7 +45,7 @@ from thrifty.runtime.providers.base import CapacityError, Machine, Market, Provi
 if TYPE_CHECKING:
     from thrifty.runtime.cluster.head import RayHead
 
-__all__ = ["RayProvider", "cluster_nodes"]
+__all__ = ["RayProvider", "cluster_nodes", "live_nodes", "lacking", "lacking_message"]
 
 NODE_CHECK_S = 1.0  # how often the cluster's node table is read for dead nodes
 NOTICE_POLL_S = 0.02  # how often the agents' open notice calls are checked (ray.wait, no waiting)
@@ -48,9 +53,15 @@ NOTICE_WAIT_S = 5.0  # each agent's notice call is a long poll of this length
 
 
 def cluster_nodes(ray: Any) -> list[dict[str, Any]]:
-    """The cluster's live nodes: ``{"node_id", "ip", "machine_id", "instance_type", "market", "resources"}``."""
+    """The live nodes of the cluster this process has joined (`live_nodes` of ``ray.nodes()``)."""
+    return live_nodes(ray.nodes())
+
+
+def live_nodes(table: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The live nodes of a node table (``ray.nodes()``, `thrifty.runtime.cluster.connect.read_nodes`):
+    ``{"node_id", "ip", "machine_id", "instance_type", "market", "resources"}``."""
     out = []
-    for node in ray.nodes():
+    for node in table:
         if not node.get("Alive"):
             continue
         machine_id, instance_type, market = node_marks(node.get("Resources", {}))
@@ -59,22 +70,52 @@ def cluster_nodes(ray: Any) -> list[dict[str, Any]]:
     return out
 
 
+def lacking(nodes: Sequence[Mapping[str, Any]], wanted: Iterable[tuple[str, str, int]]) -> list[str]:
+    """What live `nodes` lack of machines ``(instance type, market, count)``:
+    one ``"COUNT x TYPE (MARKET): the cluster has N"`` per shortfall."""
+    out = []
+    for instance_type, market, count in wanted:
+        have = sum(1 for n in nodes if (n["instance_type"], n["market"]) == (instance_type, market))
+        if have < count:
+            out.append(f"{count} x {instance_type} ({market}): the cluster has {have}")
+    return out
+
+
+def lacking_message(address: str, nodes: Sequence[Mapping[str, Any]], shortfalls: Sequence[str],
+                    what: str = "the plan") -> str:
+    """The error of a cluster at `address` whose `nodes` lack machines `what` needs (`lacking`), with how
+    a node offers them and what the nodes here offer."""
+    offered = sorted({f"{n['instance_type']} ({n['market']})" for n in nodes if n["instance_type"]})
+    return (f"the Ray cluster at {address} lacks machines {what} needs: {'; '.join(shortfalls)}. "
+            "A node offers an instance type with the resource "
+            "'thrifty-type:<type>' (and 'thrifty-market:spot' for spot), e.g. ray start "
+            "--resources='{\"thrifty-type:p3.8xlarge\": 1}'; "
+            f"nodes here offer: {', '.join(offered) or 'none'}")
+
+
 class RayProvider(Provider):
     name = "ray"
     local_workers = False
 
     def __init__(self, run_id: str, catalog: Catalog, address: str = "auto", *, source: Provider | None = None,
                  join_timeout_s: float = 600.0, imds_interval_s: float = 5.0, preload: Sequence[str] = (),
-                 head: RayHead | None = None):
+                 head: RayHead | None = None, log_path: str | Path | None = None):
         super().__init__(run_id)
         self.head = head  # a head this run started: stopped by `close`, after everything else
         self.catalog, self.address, self.source = catalog, address, source
         self.join_timeout_s, self.imds_interval_s = join_timeout_s, imds_interval_s
         self.preload = tuple(preload)
-        connect(address)
         self.ray = import_ray()
+        # from joining the cluster until `close`, what Ray and torch print here goes to the run's log
+        self.driver_log = DriverLog(log_path).start() if log_path is not None else None
+        try:
+            connect(address)
+        except BaseException:
+            self._stop_log()
+            raise
         self._agents: dict[str, Any] = {}
         self._node_of: dict[str, str] = {}  # machine id -> Ray node id
+        self._idle_agents: dict[str, Any] = {}  # Ray node id -> the agent of a pool node given back
         self._notice_calls: dict[str, Any] = {}
         self._reported: set[str] = set()
         self._node_checked = self._notices_checked = 0.0
@@ -109,19 +150,9 @@ class RayProvider(Provider):
         if self.source is not None:
             return
         nodes = cluster_nodes(self.ray)
-        lacking = []
-        for instance_type, market, count in allocations:
-            have = sum(1 for n in nodes if (n["instance_type"], n["market"]) == (instance_type, market))
-            if have < count:
-                lacking.append(f"{count} x {instance_type} ({market}): the cluster has {have}")
-        if lacking:
-            offered = sorted({f"{n['instance_type']} ({n['market']})" for n in nodes if n["instance_type"]})
-            raise ProblemError(
-                f"the Ray cluster at {self.address} lacks machines the plan needs: {'; '.join(lacking)}. "
-                "A node offers an instance type with the resource "
-                "'thrifty-type:<type>' (and 'thrifty-market:spot' for spot), e.g. ray start "
-                "--resources='{\"thrifty-type:p3.8xlarge\": 1}'; "
-                f"nodes here offer: {', '.join(offered) or 'none'}", path="cluster")
+        shortfalls = lacking(nodes, allocations)
+        if shortfalls:
+            raise ProblemError(lacking_message(self.address, nodes, shortfalls), path="cluster")
 
     def provision(self, instance_type: str, count: int, market: Market = "on_demand",
                   timeout_s: float = 600.0) -> list[Machine]:
@@ -178,19 +209,26 @@ class RayProvider(Provider):
         return made
 
     def _start_agents(self, machines: Sequence[Machine], nodes: Sequence[Mapping[str, Any]]) -> None:
+        """An agent for each machine: on a node of the pool that had one before in this run (given back,
+        taken again), that agent, whose fork server is warm, given the new lease; else a new one."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from thrifty.runtime.cluster.agent import MachineAgent
 
         actor = self.ray.remote(MachineAgent)
         for machine, node in zip(machines, nodes):
-            options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, "name": None,
-                                       "scheduling_strategy": NodeAffinitySchedulingStrategy(node["node_id"],
-                                                                                             soft=False)}
-            if node.get("machine_id"):
-                options["resources"] = {machine_resource(node["machine_id"]): 1}
-            self._agents[machine.id] = actor.options(**options).remote(
-                machine.id, machine.instance_type, machine.market, self.preload, self.imds_interval_s)
+            kept = self._idle_agents.pop(node["node_id"], None)
+            if kept is not None:
+                kept.lease.remote(machine.id)  # an actor runs one caller's calls in order: before any launch
+                self._agents[machine.id] = kept
+            else:
+                options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, "name": None,
+                                           "scheduling_strategy": NodeAffinitySchedulingStrategy(node["node_id"],
+                                                                                                 soft=False)}
+                if node.get("machine_id"):
+                    options["resources"] = {machine_resource(node["machine_id"]): 1}
+                self._agents[machine.id] = actor.options(**options).remote(
+                    machine.id, machine.instance_type, machine.market, self.preload, self.imds_interval_s)
             self._node_of[machine.id] = node["node_id"]
 
     def agent(self, machine_id: str) -> Any:
@@ -203,39 +241,62 @@ class RayProvider(Provider):
         return RayLauncher([self.agent(m) for m in machine_ids])
 
     def terminate(self, machines: Iterable[Machine]) -> list[Machine]:
+        """Give machines back: a source's are terminated with their agents; a pool node becomes free
+        again and keeps its agent (and the agent's warm fork server) for this run's next lease of it."""
         machines = list(machines)
         for m in machines:
-            self._drop_agent(m.id)
+            self._drop_agent(m.id, keep=self.source is None)
         if self.source is not None:
             ended = self.source.terminate(machines)
             self._own(ended)
             return ended
         return super().terminate(machines)
 
-    def _drop_agent(self, machine_id: str) -> None:
+    def _drop_agent(self, machine_id: str, keep: bool = False) -> None:
         agent = self._agents.pop(machine_id, None)
-        self._node_of.pop(machine_id, None)
+        node_id = self._node_of.pop(machine_id, None)
         self._notice_calls.pop(machine_id, None)
-        if agent is not None:
-            try:
-                self.ray.kill(agent)
-            except Exception:  # noqa: BLE001 - already gone with its node
-                pass
+        if agent is None:
+            return
+        if keep and node_id is not None:
+            self._idle_agents[node_id] = agent
+            return
+        self._kill(agent)
+
+    def _kill(self, agent: Any) -> None:
+        try:
+            self.ray.kill(agent)
+        except Exception:  # noqa: BLE001 - already gone with its node
+            pass
 
     def close(self) -> None:
         try:
             for machine_id in list(self._agents):
                 self._drop_agent(machine_id)
+            for agent in self._idle_agents.values():
+                self._kill(agent)
+            self._idle_agents = {}
             if self.source is not None:
                 self.source.close()
                 self._own(self.source.all_machines())
             else:
                 super().close()
         finally:
-            if self.ray.is_initialized():
-                self.ray.shutdown()
-            if self.head is not None:
-                self.head.stop()
+            try:
+                if self.ray.is_initialized():
+                    # Object refs and actor handles in garbage die now, while the core worker runs: Ray's own
+                    # GC thread collecting them while it shuts down exits the process ("The core worker has
+                    # already been shutdown ... The process will exit"), with code 1, after a finished run.
+                    gc.collect()
+                    self.ray.shutdown()
+                if self.head is not None:
+                    self.head.stop()
+            finally:
+                self._stop_log()
+
+    def _stop_log(self) -> None:
+        if self.driver_log is not None:
+            self.driver_log.stop()
 
     # -- interruptions --------------------------------------------------------------------------
     def poll_interruptions(self) -> list[Preemption]:
@@ -270,6 +331,8 @@ class RayProvider(Provider):
 
     def _dead_nodes(self) -> list[Preemption]:
         alive = {n["node_id"] for n in cluster_nodes(self.ray)}
+        for node_id in [n for n in self._idle_agents if n not in alive]:
+            del self._idle_agents[node_id]  # gone with its node
         out = []
         with self._lock:
             held = {m.id: m for m in self._machines.values() if m.terminated_at is None}

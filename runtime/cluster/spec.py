@@ -21,7 +21,7 @@ from thrifty.datasets.catalog import Catalog
 from thrifty.datasets.errors import ProblemError
 from thrifty.runtime.providers.base import Provider
 
-__all__ = ["cluster_kind", "cluster_provider"]
+__all__ = ["cluster_kind", "cluster_provider", "driver_log_path"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -45,21 +45,30 @@ def cluster_kind(cluster: str | Path | None) -> Literal["local", "ray", "config"
 
 
 def cluster_provider(cluster: str | Path | None, run_id: str, catalog: Catalog,
-                     preload: Sequence[str] = ()) -> Provider:
-    """The provider of the machines of `cluster` for run `run_id`."""
+                     preload: Sequence[str] = (), *, run_folder: Path | None = None) -> Provider:
+    """The provider of the machines of `cluster` for run `run_id`; on a Ray
+    cluster, what Ray and torch print in this process goes to
+    `driver_log_path(run_folder)` (given a `run_folder`), not to the terminal."""
     kind = cluster_kind(cluster)
     if kind == "local":
         from thrifty.runtime.providers.local import LocalProvider
 
         return LocalProvider(run_id, catalog)
+    log_path = driver_log_path(run_folder) if run_folder is not None else None
     if kind == "ray":
         from thrifty.runtime.cluster.provider import RayProvider
 
-        return RayProvider(run_id, catalog, str(cluster), preload=preload)
-    return config_provider(Path(str(cluster)), run_id, catalog, preload)
+        return RayProvider(run_id, catalog, str(cluster), preload=preload, log_path=log_path)
+    return config_provider(Path(str(cluster)), run_id, catalog, preload, log_path=log_path)
 
 
-def config_provider(path: Path, run_id: str, catalog: Catalog, preload: Sequence[str] = ()) -> Provider:
+def driver_log_path(run_folder: Path) -> Path:
+    """Where a run's driver keeps what Ray and torch print in it: ``RUN_FOLDER/logs/driver.log``."""
+    return Path(run_folder) / "logs" / "driver.log"
+
+
+def config_provider(path: Path, run_id: str, catalog: Catalog, preload: Sequence[str] = (), *,
+                    log_path: Path | None = None) -> Provider:
     """The machines of a cluster config (``provider: ec2``), as nodes of a Ray
     cluster: a head this driver starts on ``head_ip:ray_port`` (or the one at
     ``head_address``), instances whose user data joins it, and a
@@ -82,7 +91,7 @@ def config_provider(path: Path, run_id: str, catalog: Catalog, preload: Sequence
         script = join_script(config, address, env=head.auth_env if head is not None else None)
         source = Ec2Provider(run_id, config, user_data=script)
         return RayProvider(run_id, catalog, address, source=source, join_timeout_s=config.join_timeout_s,
-                           imds_interval_s=config.imds_interval_s, preload=preload, head=head)
+                           imds_interval_s=config.imds_interval_s, preload=preload, head=head, log_path=log_path)
     except BaseException:
         if source is not None:
             source.close()

@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
     from thrifty.datasets.errors import ProblemError
     from thrifty.runtime.tuning.driver import (EXPERIMENT_COPY, GoalInfeasible, check_startable, finished_run,
-                                               preview, stored_options, tune)
+                                               stored_options, tune)
     from thrifty.runtime.tuning.experiment_file import load_experiment
 
     resume = _resume_folder(args)
@@ -246,10 +246,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"thrifty tune: the run in {resume} finished ({done.get('end_reason')}) and has nothing to "
                   f"resume; its results: {resume}/summary.json", file=sys.stderr)
             return EXIT_OK
-    if args.dry_run:
-        check_startable(e, args.cluster or e.cluster)
+    if args.dry_run:  # every check the run makes before it starts (all problems at once), and nothing else
         try:
-            shown = preview(e, args.cluster)
+            shown = check_startable(e, args.cluster or e.cluster)
         except GoalInfeasible as err:
             return _infeasible(console, err)
         print(_preview_text(shown, e))

@@ -455,10 +455,10 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
 
     try:
         if provider is None and cluster_kind(cluster) != "config":  # a config's provider starts machines
-            provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
+            provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD, run_folder=folder)
         check_run(inputs, provider)  # every check --dry-run makes, all problems at once
         if provider is None:
-            provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD)
+            provider = cluster_provider(cluster, run_id, catalog, WORKER_PRELOAD, run_folder=folder)
         pool = getattr(provider, "pool_capacity", lambda: None)()
         planned = problem if pool is None else within_capacity(problem, pool)  # a fixed pool: re-plans pick from it
     except BaseException:

@@ -175,7 +175,7 @@ def tuning_problem(e: ExperimentFile) -> dict[str, Any]:
     assert isinstance(s, PlanSpec)
     r = e.resources
     problem: dict[str, Any] = {"kind": "tuning", "model": r.model, "instance_type": r.instance_type,
-                               "deadline_s": e.deadline_s,
+                               "market": r.market, "deadline_s": e.deadline_s,
                                "experiment": {"algorithm": s.algorithm, "trials": e.samples,
                                               "min_iters": s.min_iterations, "max_iters": e.max_iterations,
                                               "eta": s.eta}}
@@ -185,20 +185,126 @@ def tuning_problem(e: ExperimentFile) -> dict[str, Any]:
     return problem
 
 
-def check_startable(e: ExperimentFile, cluster: str) -> None:
-    """What can be checked before a run starts, so that bad input fails before a results folder, a worker or a
-    machine exists: the trainer imports and takes the trials' arguments, the search space and the scheduler
-    build, and `cluster` names a cluster (a cluster config file loads)."""
+def check_startable(e: ExperimentFile, cluster: str) -> Preview:
+    """Every check a run of `e` on `cluster` makes before it starts work, all
+    of them, so that bad input fails before a results folder, a worker or a
+    machine exists; ``--dry-run`` and `tune` both call this, so a dry run
+    says no to every run that would be refused, and yes to no other.
+
+    - the trainer imports and takes the trials' arguments, the search space
+      and the scheduler build;
+    - `cluster` names a cluster (a cluster config file loads);
+    - the machines: on a cluster, ``resources.instance_type`` is given; the
+      catalog loads, has that type, and a price for it in
+      ``resources.market``; the atoms fit the machines' slots (one per
+      device of the type, as the executor places ranks);
+    - the plan (``plan``): solved (`preview`; `GoalInfeasible` when no stage
+      plan meets the goal);
+    - a running Ray cluster (``HOST:PORT``, ``auto``): its node table, read
+      without joining it (`thrifty.runtime.cluster.connect.read_nodes`), has
+      live nodes of the type and market for the machines the run provisions
+      (``resources.machines``, or the plan's largest stage). A Ray Client
+      address (``ray://``) is checked when the run joins it.
+
+    Raises one `ProblemError` for one problem; for several, one whose
+    message has a line for each. Returns what will run (`preview`).
+    """
+    problems: list[ProblemError] = []
+
+    def attempt(check: Callable[..., Any], *args: Any, path: str | None = None) -> Any:
+        try:
+            return check(*args)
+        except ProblemError as err:
+            problems.append(ProblemError(err.message, path=path, source=err.source) if path else err)
+            return None
+
+    attempt(resolve_trainer, e)
+    attempt(build_search_space, e)
+    plan = isinstance(e.scheduler, PlanSpec)
+    if not plan:
+        attempt(build_scheduler, e)
+    kind = attempt(_cluster_kind, cluster)
+    on_cluster = kind not in (None, "local")
+    r = e.resources
+    wanted: tuple[str, str, int] | None = None
+    if on_cluster and not plan and r.instance_type is None:
+        problems.append(ProblemError("is required on a cluster: the machine type to run trials on",
+                                     path="resources.instance_type"))
+    elif r.instance_type is not None and (on_cluster or plan):
+        slots = attempt(_slots, e, r.instance_type)
+        if on_cluster and not plan:
+            wanted = (r.instance_type, r.market, r.machines or 1)
+            if slots is not None and e.atoms > wanted[2] * slots:
+                problems.append(ProblemError(
+                    f"is {e.atoms}, more than the {wanted[2] * slots} slots of {wanted[2]} x {r.instance_type} "
+                    f"({slots} per machine, one per device): raise resources.machines or lower the atoms",
+                    path="resources.atoms"))
+    nodes = attempt(_cluster_nodes, cluster) if kind == "ray" and not cluster.startswith("ray://") else None
+    shown = None
+    if not problems:
+        try:
+            shown = preview(e, cluster)
+        except ProblemError as err:
+            problems.append(err)
+    if shown is not None and shown.plan is not None and on_cluster:
+        stage = max(shown.plan.stages, key=lambda st: st["instances"])
+        wanted = (stage["instance_type"], r.market, stage["instances"])
+    if nodes is not None and wanted is not None:
+        from thrifty.runtime.cluster.provider import lacking, lacking_message
+
+        shortfalls = lacking(nodes, [wanted])
+        if shortfalls:
+            what = "the plan's largest stage" if shown is not None and shown.plan is not None else "the experiment"
+            other = "spot" if r.market == "on_demand" else "on_demand"
+            hint = f" (resources.market {other} would take them)" if not lacking(nodes, [(*wanted[:1], other,
+                                                                                        wanted[2])]) else ""
+            problems.append(ProblemError(lacking_message(cluster, nodes, shortfalls, what) + hint, path="cluster"))
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ProblemError(f"{len(problems)} problems; nothing was started:\n"
+                           + "\n".join(f"  {p}" for p in problems))
+    assert shown is not None  # no problem: the preview was made
+    return shown
+
+
+def _cluster_kind(cluster: str) -> str:
     from thrifty.runtime.cluster.spec import cluster_kind
 
-    resolve_trainer(e)
-    build_search_space(e)
-    if not isinstance(e.scheduler, PlanSpec):
-        build_scheduler(e)
-    if cluster_kind(cluster) == "config":
+    kind = cluster_kind(cluster)
+    if kind == "config":
         from thrifty.runtime.providers.config import load_cluster_config
 
         load_cluster_config(cluster)
+    return kind
+
+
+def _slots(e: ExperimentFile, instance_type: str) -> int:
+    """Ranks one machine of `instance_type` holds (its devices, at least 1); `ProblemError` when the
+    experiment's catalog does not load, lacks the type, or prices it in no market the file names."""
+    from thrifty.datasets.catalog import load_catalog
+
+    try:
+        catalog = load_catalog(e.resources.catalog)
+    except ProblemError as err:
+        raise ProblemError(err.message, path="resources.catalog", source=err.source) from None
+    try:
+        machine = catalog.get(instance_type)
+    except ProblemError as err:
+        raise ProblemError(err.message, path="resources.instance_type") from None
+    try:
+        machine.price(e.resources.market)
+    except ProblemError as err:
+        raise ProblemError(err.message, path="resources.market") from None
+    return max(1, machine.gpus)
+
+
+def _cluster_nodes(cluster: str) -> list[dict[str, Any]]:
+    """The live nodes of the running Ray cluster `cluster`, read without joining it."""
+    from thrifty.runtime.cluster.connect import read_nodes
+    from thrifty.runtime.cluster.provider import live_nodes
+
+    return live_nodes(read_nodes(cluster))
 
 
 def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
@@ -236,6 +342,7 @@ def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
 
 # problem fields that come from elsewhere in the experiment file
 _PROBLEM_FIELDS = {"experiment": "scheduler", "model": "resources.model", "instance_type": "resources.instance_type",
+                   "market": "resources.market",
                    "catalog": "resources.catalog", "max_instances": "resources.max_instances",
                    "cloud": "resources.cloud", "deadline_s": "deadline_s"}
 
@@ -337,11 +444,10 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         summary = finished_run(_results_folder(e, out, resume))
         if summary is not None:
             return _finished(Path(resume), e, summary)
-    check_startable(e, cluster)
+    shown = check_startable(e, cluster)
     folder = _results_folder(e, out, resume)
     if cluster != "local":
         e = e.model_copy(update={"cluster": cluster})
-    shown = preview(e, cluster)
     if resume is not None and (folder / PLAN).is_file():  # a plan run goes on with the plan it ran
         from thrifty.solver.tuning_plan import TuningPlan
 
@@ -511,13 +617,14 @@ class _backend:
         from thrifty.runtime.cluster.tuning import RayExecutor
 
         catalog = load_catalog(e.resources.catalog) if e.resources.catalog else load_catalog()
-        self.provider = cluster_provider(self.cluster, f"tune-{self.folder.name}", catalog, RANK_PRELOAD)
+        self.provider = cluster_provider(self.cluster, f"tune-{self.folder.name}", catalog, RANK_PRELOAD,
+                                         run_folder=self.folder)
         self.executor = RayExecutor(e.trainer, self.folder / "trials", self.provider, **options)
         if not isinstance(e.scheduler, PlanSpec):
             if e.resources.instance_type is None:
                 raise ProblemError("is required on a cluster: the machine type to run trials on",
                                    path="resources.instance_type")
-            self.provider.provision(e.resources.instance_type, e.resources.machines or 1, "on_demand")
+            self.provider.provision(e.resources.instance_type, e.resources.machines or 1, e.resources.market)
         return self.executor, self.provider
 
     def __exit__(self, *exc: object) -> None:
@@ -558,7 +665,7 @@ def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: P
 
         earlier = recorded_cost_usd(read_events(result.out / EVENTS)) if history is not None else 0.0
         plan_result = execute_plan(shown.plan, executor, provider, space, resume=history, stop=stop,
-                                   earlier_cost_usd=earlier)
+                                   earlier_cost_usd=earlier, market=e.resources.market)
         result.trials = plan_result.trials
         result.results = sum(t.iteration for t in result.trials)
         if plan_result.stopped is not None:

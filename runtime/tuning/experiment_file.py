@@ -28,6 +28,9 @@ Fields (``thrifty schema experiment`` prints the JSON Schema):
   budget); for ``plan``, the planner's ``instance_type``, ``catalog``,
   ``max_instances``, ``model`` (a scaling profile of the trainer) and
   ``cloud`` latencies; on a cluster, ``instance_type`` and ``machines``;
+  for both, ``market`` (``on_demand``, the default as in a training
+  problem, or ``spot``): the market the machines are taken from, which
+  prices them in the plan;
 - ``cluster``: ``local`` (worker processes on this host, the default), or
   what ``thrifty run --cluster`` takes (``auto``, ``ray://HOST:PORT``, a
   cluster config YAML).
@@ -141,6 +144,9 @@ class Resources(_Spec):
     usd_per_atom_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         0.0, description="what one atom costs per hour (cost shown; needed by budget_usd)")
     instance_type: str | None = Field(None, description="plan, or a cluster: the machine type")
+    market: Literal["on_demand", "spot"] = Field(
+        "on_demand", description="plan, or a cluster: the machines' market (a cluster's nodes say theirs with "
+                                 "the resource thrifty-market:spot; the plan prices them in it)")
     machines: PositiveInt | None = Field(None, description="on a cluster: machines to provision")
     catalog: str | None = Field(None, description="plan: an instance catalog file")
     max_instances: PositiveInt | None = Field(None, description="plan: at most this many machines")
