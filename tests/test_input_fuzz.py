@@ -126,8 +126,13 @@ def mutants(draw, bases: list[dict[str, Any]]) -> dict[str, Any] | Any:
         if op == "junk":
             parent[key] = copy.deepcopy(draw(JUNK))
         elif op == "scale":
-            scaled = value * draw(SCALES)
-            parent[key] = int(scaled) if isinstance(value, int) and math.isfinite(scaled) else scaled
+            scale = draw(SCALES)
+            try:
+                scaled = value * scale
+                finite = math.isfinite(scaled)
+            except OverflowError:  # an int past a float's range, scaled again: an infinity of its sign
+                scaled, finite = (math.inf if (value > 0) == (scale > 0) else -math.inf), False
+            parent[key] = int(scaled) if isinstance(value, int) and finite else scaled
         elif op == "delete":
             del parent[key]
         elif isinstance(parent, dict):

@@ -282,7 +282,7 @@ def profile_command(spec: str, trainer_args: Mapping[str, Any], device: str, thr
 
     factory, name = "MODULE:WORKLOAD", spec.rsplit(":", 1)[-1].replace("_", "-")
     if spec == ZOO_TRAINER:
-        from thrifty.perfmodels.measure.zoo import FACTORIES
+        from thrifty.perfmodels.measure import FACTORIES
 
         name = str(trainer_args.get("model", "tiny-transformer"))
         if name in FACTORIES:
