@@ -478,7 +478,7 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
     assert driver.returncode in ((code, 4) if way == "end" else (code,)), err[-2000:]
-    unheard = forget_a_checkpointed_result(log) if way == "sigkill" else None
+    unheard = unheard_results_of(log, make_one=way == "sigkill") if way in ("sigkill", "crash") else set()
     before = read_events(log)
     assert before
     if way in ("sigint", "sigterm"):
@@ -504,28 +504,46 @@ def test_a_real_run_resumes_after_it_ends_in_each_way(tmp_path, way):
     after = read_events(log)[len(before):]
     assert after
     check_real_resume(before, after)
-    if unheard is not None:  # read back from the trial's checkpoint, not trained again
-        assert [(e["trial"], e["iteration"]) for e in after if e.get("recovered")] == [unheard]
-        assert f"trial {unheard[0]}: iteration {unheard[1]}'s result was checkpointed" in resumed.stderr
+    # results checkpointed but not recorded are read back from the trials' checkpoints, not trained again
+    assert {(e["trial"], e["iteration"]) for e in after if e.get("recovered")} == unheard
+    for tid, iteration in unheard:
+        assert f"trial {tid}: iteration {iteration}'s result was checkpointed" in resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["finished"] is True and summary["elapsed_s"] >= max(e["t"] for e in before)  # the clock carries
     assert plot.is_file()  # the plot the run was started with, without --plot again
 
 
-def forget_a_checkpointed_result(log: Path) -> tuple[int, int] | None:
-    """The log of a killed run as if the kill had come after a running trial's last iteration was checkpointed
-    and before its result was recorded (that line left out): (trial, iteration), or None if no running
-    trial's last line is a result."""
+def unheard_results_of(log: Path, make_one: bool = True) -> set[tuple[int, int]]:
+    """The (trial, iteration) results that a resume of the killed or crashed run in `log` must read back from
+    the trials' checkpoints: those the ranks checkpointed before the end but the driver never recorded (the
+    checkpoint one iteration ahead of the trial's last result), and, if there is none and `make_one`, one
+    made so: a running trial whose checkpoint holds its last recorded result has that result's line left
+    out of the log, as if the kill had come between the checkpoint and the record."""
+    from thrifty.runtime.ddp.checkpoint import load_checkpoint
+
     events = read_events(log)
     last = {}
     for i, e in enumerate(events):
         last[e["trial"]] = i
-    candidates = [i for i in last.values() if events[i]["event"] == "result" and events[i]["iteration"] > 1]
-    if not candidates:
-        return None
-    gone = events.pop(max(candidates))
-    log.write_text("".join(json.dumps(e) + "\n" for e in events))
-    return gone["trial"], gone["iteration"]
+    unheard, recorded = set(), []
+    for tid, i in last.items():
+        e = events[i]
+        path = log.parent / "trials" / f"trial-{tid}" / "checkpoint.pt"
+        running = e["event"] in ("result", "launch") or (e["event"] == "terminate" and e.get("interrupted"))
+        if not running or not path.is_file():
+            continue
+        reached = max([r["iteration"] for r in events if r["trial"] == tid and r["event"] == "result"]
+                      + [r["from_iteration"] for r in events if r["trial"] == tid and r["event"] == "launch"])
+        saved = int(load_checkpoint(str(path))["iteration"])
+        if saved == reached + 1:
+            unheard.add((tid, saved))
+        elif e["event"] == "result" and saved == reached > 1:
+            recorded.append(i)
+    if not unheard and recorded and make_one:
+        gone = events.pop(max(recorded))
+        log.write_text("".join(json.dumps(e) + "\n" for e in events))
+        unheard.add((gone["trial"], gone["iteration"]))
+    return unheard
 
 
 def check_real_resume(before, after) -> None:

@@ -496,7 +496,13 @@ class LocalExecutor:
         self._read_events(world)
         if world.pending:
             while world.pending:
-                self._ready.append(self._report(world, world.pending.popleft()))
+                event = world.pending.popleft()
+                if not world.reported and int(event["iteration"]) != world.record.from_iteration + 1:
+                    self._crash(world, f"trial {world.trial_id} restored a checkpoint at iteration "
+                                       f"{int(event['iteration']) - 1}, not at its last recorded iteration "
+                                       f"{world.record.from_iteration}")
+                    return
+                self._ready.append(self._report(world, event))
             return
         tid = world.trial_id
         codes = world.world.exit_codes()

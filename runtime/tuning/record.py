@@ -296,7 +296,7 @@ def unheard_results(events: list[dict[str, Any]], find: Callable[[int, int], dic
     last_t = max((float(e["t"]) for e in events if "t" in e), default=0.0)
     out = []
     for tid, r in _replays(events):
-        if not (r.last == "launch" or (r.last == "suspend" and r.interrupted)):
+        if r.last != "launch":  # ended, paused, or suspended by a graceful stop: its checkpoint is its last result
             continue
         since = len(r.results)
         if since and r.checkpoint_iteration != since:  # its last result was not durable: nothing newer is
