@@ -361,7 +361,8 @@ def test_the_harness_cleans_up_after_itself(moto, tmp_path):
             assert len(pids) == 2  # bash and its sleep
         assert played.process.poll() is not None
         assert harness.node_processes(played.instance_id) == []
-    assert moto.live_instances() == []
+    # its own instance: the module's moto server is shared, and what another test holds is that test's to check
+    assert played.instance_id not in dict(moto.live_instances())
 
 
 # shlex is the quoting the script uses; keep a reader's check of one line honest
