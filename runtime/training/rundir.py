@@ -30,12 +30,12 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError
 from thrifty.datasets.io import read_json, write_json
+from thrifty.runtime.runs import RUNS_FOLDER, newest_run
 
 __all__ = ["RUN_RECORD_FORMAT", "RUNS_FOLDER", "RunRecord", "new_run_id", "default_run_dir", "write_run_record",
            "read_run_record", "CarriedOver", "carried_over", "absolute_paths", "finished_run", "newest_run_dir"]
 
 RUN_RECORD_FORMAT = "thrifty.run/1"
-RUNS_FOLDER = "thrifty-runs"
 RECORD_NAME = "run.json"
 
 
@@ -127,14 +127,10 @@ def newest_run_dir(base: str | Path | None = None) -> Path:
     (its run log, or record, written last): the one ``--resume`` without a
     folder goes on with. `ProblemError` when there is none."""
     root = Path(base) if base is not None else Path.cwd() / RUNS_FOLDER
-    runs = [d for d in root.iterdir() if (d / RECORD_NAME).exists()] if root.is_dir() else []
-    if not runs:
+    newest = newest_run(root, RECORD_NAME, ("run.jsonl",))
+    if newest is None:
         raise ProblemError(f"there is no run to resume in {root}; give its folder: --resume DIR", path="resume")
-
-    def last_active(folder: Path) -> float:
-        return max((folder / name).stat().st_mtime for name in (RECORD_NAME, "run.jsonl") if (folder / name).exists())
-
-    return max(runs, key=lambda d: (last_active(d), d.name))
+    return newest
 
 
 def carried_over(events: Sequence[dict[str, Any]]) -> CarriedOver:

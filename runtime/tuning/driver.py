@@ -52,6 +52,7 @@ from typing import Any
 
 from thrifty.datasets.errors import ProblemError, ThriftyError
 from thrifty.datasets.io import atomic_write_text
+from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     load_experiment, parse_experiment, resolve_trainer)
 from thrifty.runtime.tuning.search_space import SearchSpace
@@ -68,7 +69,7 @@ EXPERIMENT_COPY = "experiment.json"
 SUMMARY = "summary.json"
 OPTIONS = "options.json"   # what the run was started with besides the experiment: cluster, plot
 PLAN = "plan.json"         # the stage plan a `plan` run carries out (a resumed run goes on with it)
-RUNS = Path("thrifty-runs")  # where runs go by default (``thrifty-runs/NAME-TIME``)
+RUNS = Path(RUNS_FOLDER)  # where runs go by default (``thrifty-runs/NAME-TIME``)
 # how a run that was stopped before its end ends, by signal (SIGINT: Ctrl-C; SIGTERM: a kill, a scheduler)
 STOPPED = {"interrupted": signal.SIGINT, "terminated": signal.SIGTERM}
 CRASHED = "crashed"  # the end_reason of a run whose driver failed (its summary is written on the way out)
@@ -384,10 +385,7 @@ def _results_folder(e: ExperimentFile, out: str | Path | None, resume: str | Pat
 
 def newest_run(root: str | Path = RUNS) -> Path | None:
     """The tuning run (a folder with an experiment copy) under `root` whose record changed last, or None."""
-    root = Path(root)
-    runs = [p for p in root.iterdir() if (p / EXPERIMENT_COPY).is_file()] if root.is_dir() else []
-    return max(runs, key=lambda p: max((p / n).stat().st_mtime for n in (EXPERIMENT_COPY, EVENTS, SUMMARY)
-                                       if (p / n).exists()), default=None)
+    return newest_folder(root, EXPERIMENT_COPY, (EVENTS, SUMMARY))
 
 
 def finished_run(folder: str | Path) -> dict[str, Any] | None:
