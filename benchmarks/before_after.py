@@ -64,11 +64,11 @@ def measure_replan() -> float:
 
 
 def measure_relaunch() -> float:
-    from thrifty.runtime.tuning.executor_local import LocalExecutor
+    from thrifty.runtime.tuning.executors.local import LocalExecutor
     from thrifty.runtime.tuning.trial import Report, Trial
 
     with tempfile.TemporaryDirectory() as folder, \
-            LocalExecutor("thrifty.runtime.tuning.executor_local:example_trainer", folder,
+            LocalExecutor("thrifty.runtime.tuning.executors.local:example_trainer", folder,
                           start_timeout_s=120, iteration_timeout_s=120) as executor:
         trial = Trial(0, {"lr": 0.1, "samples": 256})
         for launch in range(7):

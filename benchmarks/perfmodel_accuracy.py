@@ -4,12 +4,12 @@ On this machine: real data-parallel training iterations with
 torch.distributed (gloo over 127.0.0.1, one thread per process), PyTorch DDP
 with its default buckets, heterogeneous local batches, on the six zoo
 models (six architecture families: MLP, 2-D CNN, transformer, LSTM, 1-D
-CNN, embedding bags). The truth loop (`thrifty.perfmodels.measure.truth`,
+CNN, embedding bags). The truth loop (`thrifty.runtime.measure.truth`,
 which ``thrifty validate`` runs too) is the ordinary one a user writes:
 forward, loss, backward, ``step()``, ``zero_grad()`` (gradients freed), no
 barrier between iterations (one before the timed ones), in processes from
 thrifty's fork server, as thrifty's workers run (under its allocator policy,
-`thrifty.perfmodels.measure.allocator`). Each configuration is predicted from the *single-process* measured
+`thrifty.runtime.worlds.allocator`). Each configuration is predicted from the *single-process* measured
 profiles (``datasets/profiles/measured/*__cpu.json``) and the probe-trained
 allreduce model (``datasets/allreduce/local-gloo-model.json``) through
 thrifty's simulator, and by the APM baseline (linear compute, alpha-beta
@@ -34,7 +34,7 @@ on 2026-11-25 it read the same in two runs whose mlp times differed by 16%.
 (Those two families were under-predicted in every run until the co-located
 profile began to exchange gradients between backward and the step, as a run
 does: a step after a communication wait is up to half slower than one after
-more compute; see `thrifty.perfmodels.measure.colocated`.)
+more compute; see `thrifty.runtime.measure.colocated`.)
 
 Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quick]``.
 """
@@ -69,16 +69,16 @@ LARGER = [
 ]
 
 
-ZOO = "thrifty.perfmodels.measure.zoo:"
+ZOO = "thrifty.runtime.measure.zoo:"
 HOST_DRIFT = 0.2  # a yardstick that moves more than this between start and end marks the run as unreliable
 
 
 def measure_all(configs, warmup: int, iters: int, rounds: int) -> list[tuple[float, float, float]]:
     """Per configuration: (mean, p95, spread) of the measured iteration time,
-    from the truth loop's interleaved rounds (`thrifty.perfmodels.measure.truth`:
+    from the truth loop's interleaved rounds (`thrifty.runtime.measure.truth`:
     the median of the rounds' means, the p95 of all iterations pooled, max/min - 1
     of the round means)."""
-    from thrifty.perfmodels.measure.truth import measure_rounds, summarize
+    from thrifty.runtime.measure.truth import measure_rounds, summarize
 
     def report(r: int, k: int, run) -> None:
         model, batches = configs[k]

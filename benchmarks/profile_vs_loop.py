@@ -47,10 +47,10 @@ if variant.endswith("-mallopt"):  # glibc: fixed thresholds, no dynamic mmap/tri
     variant = variant[: -len("-mallopt")]
 import torch
 torch.set_num_threads(1)
-from thrifty.perfmodels.measure import zoo
+from thrifty.runtime.measure import zoo
 work = zoo.FACTORIES[model_name](seed=0)
 if variant == "profile":
-    from thrifty.perfmodels.measure import profile_workload
+    from thrifty.runtime.measure import profile_workload
     p = profile_workload(work, model_name=model_name, batches=[batch, 2 * batch], repeats=30, rounds=3,
                          progress=False)
     pt = next(q for q in p.points if q.batch == batch)

@@ -109,7 +109,7 @@ def section_replan(repeats: int) -> list[tuple[str, str, str]]:
 def section_checkpoints(repeats: int) -> list[tuple[str, str, str]]:
     import torch
 
-    from thrifty.perfmodels.measure.zoo import FACTORIES
+    from thrifty.runtime.measure.zoo import FACTORIES
     from thrifty.runtime.ddp.checkpoint import capture_rng, save_checkpoint
 
     rows = []
@@ -138,7 +138,7 @@ VARIANTS = ("plain", "batch", "hook")
 
 def ab_rank(argv: list[str]) -> None:
     """One rank of the A/B world (a worker world's rank)."""
-    from thrifty.perfmodels.measure.worlds import serve_rank
+    from thrifty.runtime.worlds import serve_rank
 
     model, iterations = argv[0], int(argv[1])
     serve_rank(lambda channel: channel.finish(ab_worker(channel, model, iterations)))
@@ -156,8 +156,8 @@ def ab_worker(channel: "object", model: str, iterations: int) -> dict[str, list[
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from thrifty.perfmodels.measure.worlds import join_world
-    from thrifty.perfmodels.measure.zoo import FACTORIES
+    from thrifty.runtime.worlds import join_world
+    from thrifty.runtime.measure.zoo import FACTORIES
     from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
     from thrifty.runtime.ddp.steps import scaled_loss, train_step
 
@@ -184,7 +184,7 @@ def ab_worker(channel: "object", model: str, iterations: int) -> dict[str, list[
 
 
 def ab_times(model: str, iterations: int) -> dict[str, list[float]]:
-    from thrifty.perfmodels.measure.worlds import World
+    from thrifty.runtime.worlds import World
 
     world = World(2, f"{Path(__file__).stem}:ab_rank", [model, str(iterations)], where="the A/B world")
     return world.run(stall_timeout_s=600)[0]
@@ -208,8 +208,8 @@ def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
 def profile_now(folder: str) -> str:
     """The tiny transformer's compute profile measured now, on this host, as
     loaded as it is (the shipped one was measured on an idle machine)."""
-    from thrifty.perfmodels.measure.profiler import profile_workload
-    from thrifty.perfmodels.measure.zoo import tiny_transformer
+    from thrifty.runtime.measure.profiler import profile_workload
+    from thrifty.runtime.measure.zoo import tiny_transformer
     from thrifty.perfmodels.profile import save_profile
 
     profile = profile_workload(tiny_transformer(), model_name="tiny-transformer", batches=[8, 16, 32, 64],

@@ -34,7 +34,7 @@ decision overhead, and Ray Tune's own ASHA, one table each.
     a suspend/resume costs 0.26% of the median epoch (HyperDrive 6.2.3: 158 ms
     against ~1 min epochs). POP reads the forecaster's first-passage
     probabilities (the chance that some epoch's observed accuracy reaches the
-    target, which is what time to target counts; see runtime/tuning/pop.py),
+    target, which is what time to target counts; see runtime/tuning/schedulers/pop.py),
     under the prior learned from the experiment's longer-running trials. The
     forecaster's settings were chosen on digits-mlp only
     (benchmarks/curve_calibration.py --tune); noisy-digits-cnn was never looked

@@ -39,7 +39,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from thrifty.datasets.io import atomic_write_text, read_json
+from thrifty.core.io import atomic_write_text, read_json
 from thrifty.datasets.paths import DATA_DIR, profile_files
 from thrifty.datasets.published import CaseStudy, PaperResult, load_case_studies, parse_paper_config
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel

@@ -1,17 +1,15 @@
 """thrifty.datasets: shipped data (instance catalog, compute and scaling
 profiles, allreduce probes, learning-curve traces, example problems) and the
-loaders that find it; the error root every layer raises. The names below
-import lazily: importing ``thrifty.datasets.errors`` (as every command does)
-does not build the catalog's schema."""
+loaders that find it. The names below import lazily: importing
+``thrifty.datasets.paths`` does not build the catalog's schema. The error
+root, io and validation are in `thrifty.core`."""
 
 from __future__ import annotations
 
-from thrifty.datasets.optional import lazy_exports
+from thrifty.core.optional import lazy_exports
 
 _EXPORTS = {
     "Catalog": "catalog", "CatalogFile": "catalog", "InstanceType": "catalog", "load_catalog": "catalog",
-    "ThriftyError": "errors", "ProblemError": "errors", "SolverError": "errors", "ProviderError": "errors",
-    "MissingDependencyError": "errors",
     "DATA_DIR": "paths", "profile_files": "paths", "allreduce_files": "paths",
 }
 

@@ -23,9 +23,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from thrifty.datasets.errors import ProblemError, closest_names
-from thrifty.datasets.io import read_json
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.errors import ProblemError, closest_names
+from thrifty.core.io import read_json
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 
 __all__ = ["HOST_WORKER_SOURCE", "HOST_WORKER_TYPE",
            "InstanceType", "InstanceTypeRow", "CatalogProvenance", "CatalogFile", "Catalog", "parse_catalog_file",

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from thrifty.datasets.errors import ProblemError, closest_names
-from thrifty.datasets.io import read_json
+from thrifty.core.errors import ProblemError, closest_names
+from thrifty.core.io import read_json
 from thrifty.datasets.paths import curve_trace_files
 
 __all__ = ["Trace", "load_traces", "trace_names", "CURVE_TRACES_FORMAT"]

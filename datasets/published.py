@@ -23,10 +23,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_json
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import read_json
 from thrifty.datasets.paths import DATA_DIR
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 
 __all__ = ["PUBLISHED_FORMAT", "CaseStudies", "CaseStudy", "PaperResult", "load_case_studies", "parse_paper_config"]
 

@@ -11,12 +11,12 @@ scaling and cloud profiles of tuning jobs. The names below import lazily:
 
 Measurement with torch (the profiler, the scaling profiler, the allreduce
 probe, the model zoo) and the worker worlds they and the runtime share live
-in `thrifty.perfmodels.measure`; nothing outside it imports torch.
+in `thrifty.runtime.measure`; nothing outside it imports torch.
 """
 
 from __future__ import annotations
 
-from thrifty.datasets.optional import lazy_exports
+from thrifty.core.optional import lazy_exports
 
 _EXPORTS = {
     "ComputeModel": "compute", "PiecewiseLinear": "compute", "load_compute_model": "compute",

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from thrifty.datasets.catalog import Catalog, InstanceType
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.validation import short_value
+from thrifty.core.errors import ProblemError
+from thrifty.core.validation import short_value
 
 __all__ = ["MachineGroup", "parse_cluster", "format_cluster", "world_size", "instance_count"]
 

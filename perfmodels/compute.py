@@ -42,8 +42,8 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from thrifty.datasets.io import read_json, write_json
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.io import read_json, write_json
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.profile import (
     ComputeProfile,
     LayerGrad,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 __all__ = ["Stage", "ExperimentSpec", "sha_spec", "hyperband_spec"]
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.experiment import ExperimentSpec
 from thrifty.perfmodels.scaling import CloudProfile, ScalingProfile
 

@@ -107,7 +107,7 @@ Deviations from the paper (documented, on purpose)
   learns the discrepancy's scale, and a Gaussian prior on the
   asymptote ``c``, from the experiment's own longer-running trials (see its
   docstring). The schedulers pass it per forecast
-  (`runtime/tuning/forecasting.py`).
+  (`runtime/tuning/schedulers/forecasting.py`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from thrifty.datasets.errors import ProblemError, closest_names
+from thrifty.core.errors import ProblemError, closest_names
 from thrifty.datasets.paths import profile_files
 from thrifty.perfmodels.compute import ComputeModel, load_compute_model
 

@@ -47,8 +47,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from thrifty.datasets.io import read_json, write_json
-from thrifty.datasets.validation import FieldPathError, validate_model
+from thrifty.core.io import read_json, write_json
+from thrifty.core.validation import FieldPathError, validate_model
 
 __all__ = [
     "PROFILE_FORMAT",
@@ -113,7 +113,7 @@ class ColocatedPoints(_Frozen):
     workers: Annotated[int, Field(ge=2)]
     host_cores: Annotated[int, Field(ge=1)] | None = None  # the host's logical CPUs
     # whether the workers exchanged their gradients in every iteration, as a run
-    # does (`thrifty.perfmodels.measure.colocated`); profiles before 2026-11-26 did not
+    # does (`thrifty.runtime.measure.colocated`); profiles before 2026-11-26 did not
     exchange: bool = False
     step_s: NonNegativeSeconds = 0.0
     points: Annotated[list[ProfilePoint], Field(min_length=2)]

@@ -38,9 +38,9 @@ from typing import Annotated, Any, Final, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from thrifty.datasets.errors import ProblemError, closest_names
-from thrifty.datasets.io import read_json
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.errors import ProblemError, closest_names
+from thrifty.core.io import read_json
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.profile import Provenance
 
 __all__ = ["ScalingProfile", "ScalingPoint", "ScalingProfileFile", "CloudProfile", "parse_scaling_profile",

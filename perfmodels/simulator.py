@@ -56,7 +56,7 @@ Choices beyond the paper, documented here and selectable:
   caches, so they are slower than alone, and a pass that follows a
   gradient exchange is slower than one that follows more compute (the
   profile measures both: its co-located workers exchange gradients in
-  every iteration, `thrifty.perfmodels.measure.colocated`). With more such
+  every iteration, `thrifty.runtime.measure.colocated`). With more such
   workers than the host has cores (the co-located points'
   ``host_cores``), each pass takes ``workers / cores`` times as long: the
   cores are time-shared.
@@ -88,7 +88,7 @@ from typing import Any, cast
 import numpy as np
 
 from thrifty.datasets.catalog import InstanceType
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, ConcurrentBandwidthModel, allreduce_time
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel

@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from thrifty.datasets.errors import MissingDependencyError, ProblemError, ThriftyError
+from thrifty.core.errors import MissingDependencyError, ProblemError, ThriftyError
 
 __all__ = ["main", "COMMANDS", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE",
            "EXIT_OUTSIDE_LIMITS", "EXIT_CLOSED_PIPE"]

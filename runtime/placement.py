@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 __all__ = ["Placement", "place"]
 

@@ -79,7 +79,7 @@ def save_png(plt, fig, path: str | Path) -> None:
     """Lay out `fig` (unless it has a layout engine), write it to `path` as PNG atomically, and close it."""
     import io
 
-    from thrifty.datasets.io import atomic_write_bytes
+    from thrifty.core.io import atomic_write_bytes
 
     if fig.get_layout_engine() is None:
         fig.tight_layout()

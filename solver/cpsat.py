@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 
-from thrifty.datasets.errors import SolverError
+from thrifty.core.errors import SolverError
 from thrifty.solver.formulation import PRICE_SCALE, US, Coefficients, coefficients
 from thrifty.solver.search import SearchResult, better
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace

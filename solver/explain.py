@@ -709,7 +709,7 @@ def _fleet_bounds(space: Any) -> dict[str, tuple[int, int]]:
 def _fastest_tuning(problem: Any, values: dict[str, Any], time_limit_s: float) -> tuple[float, Any] | None:
     """(JCT on the deadline's statistic, simulated candidate) of the fastest plan
     of `problem` with `values`; None when it cannot be planned (a bad size)."""
-    from thrifty.datasets.errors import ThriftyError
+    from thrifty.core.errors import ThriftyError
     from thrifty.solver.tuning import TuningSpace, solve_cpsat
 
     try:
@@ -725,7 +725,7 @@ def _fastest_tuning(problem: Any, values: dict[str, Any], time_limit_s: float) -
 
 def _tuning_plan(problem: Any, values: dict[str, Any], time_limit_s: float) -> tuple[Any, Any] | None:
     """(space, best candidate) of `problem` with `values`, planned as `solve` does; None without a plan."""
-    from thrifty.datasets.errors import ThriftyError
+    from thrifty.core.errors import ThriftyError
     from thrifty.solver.tuning import TuningSpace, plan_tuning
 
     try:

@@ -30,7 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from thrifty.datasets.validation import validate_model
+from thrifty.core.validation import validate_model
 
 __all__ = ["PlanRecord", "Allocation", "Prediction", "SolverInfo", "Infeasibility", "Plan", "PlanStatus",
            "Count"]

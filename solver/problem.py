@@ -37,9 +37,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_document
-from thrifty.datasets.validation import FieldPathError, short_value, validate_model
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import read_document
+from thrifty.core.validation import FieldPathError, short_value, validate_model
 from thrifty.perfmodels.cluster import MAX_MACHINES
 
 __all__ = [

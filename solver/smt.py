@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from fractions import Fraction
 
-from thrifty.datasets.errors import SolverError
+from thrifty.core.errors import SolverError
 from thrifty.solver.formulation import exchange_bound_table, world_grid
 from thrifty.solver.search import SearchResult, better
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace

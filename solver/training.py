@@ -41,7 +41,7 @@ from typing import Iterator
 import numpy as np
 
 from thrifty.datasets.catalog import Catalog, InstanceType, load_catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.bandwidth import BandwidthModel
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.library import ModelLibrary

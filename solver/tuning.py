@@ -83,7 +83,7 @@ from typing import Any
 import numpy as np
 
 from thrifty.datasets.catalog import load_catalog
-from thrifty.datasets.errors import ProblemError, SolverError
+from thrifty.core.errors import ProblemError, SolverError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
 from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, slots
 from thrifty.perfmodels.scaling import CloudProfile, load_scaling_profile

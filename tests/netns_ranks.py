@@ -54,7 +54,7 @@ def tcp_connections() -> list[tuple[str, str]]:
 def allreduce(argv: list[str]) -> None:
     """A world's entry: allreduce `rank_values(rank)` in float64 over gloo and
     finish with what this rank saw."""
-    from thrifty.perfmodels.measure.worlds import join_world, serve_rank
+    from thrifty.runtime.worlds import join_world, serve_rank
 
     def body(channel: Any) -> None:
         import torch

@@ -74,7 +74,7 @@ def allreduce(size: str) -> dict[str, Any]:
     """A thrifty world of one rank per machine, rank i on member i's node:
     the machines' agents fork the ranks, rank 0's agent hosts the store."""
     from thrifty.datasets.catalog import load_catalog
-    from thrifty.perfmodels.measure.worlds import World
+    from thrifty.runtime.worlds import World
     from thrifty.runtime.cluster.provider import RayProvider
 
     provider = RayProvider("netns-allreduce", load_catalog(CATALOG), os.environ["RAY_ADDRESS"])

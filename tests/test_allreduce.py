@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from thrifty.datasets import InstanceType, ProblemError
+from thrifty.datasets import InstanceType
+
+from thrifty.core import ProblemError
 from thrifty.perfmodels.allreduce import (
     MIN_BUS_BANDWIDTH,
     PROBE_COLUMNS,

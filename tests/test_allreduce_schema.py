@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from thrifty.datasets import InstanceType, ProblemError
+from thrifty.datasets import InstanceType
+
+from thrifty.core import ProblemError
 from thrifty.perfmodels.allreduce import (
     MODEL_FORMAT,
     PROBE_COLUMNS,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import thrifty.datasets as ds
-from thrifty.datasets import ProblemError, load_catalog
+from thrifty.datasets import load_catalog
+from thrifty.core import ProblemError
 from thrifty.datasets.catalog import parse_catalog_file
 from thrifty.runtime.cli import main
 

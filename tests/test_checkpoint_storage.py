@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from aws_fakes import MotoServer, fake_aws_env, raise_on
-from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.ddp import storage
 from thrifty.runtime.ddp.job import JobSpec
 
@@ -213,7 +213,7 @@ def test_a_local_path_needs_no_boto3_and_s3_without_it_says_what_to_install(tmp_
     script = textwrap.dedent(f"""
         import sys
         sys.modules["boto3"] = None  # as if it were not installed
-        from thrifty.datasets.errors import MissingDependencyError
+        from thrifty.core.errors import MissingDependencyError
         from thrifty.runtime.ddp import storage
 
         storage.write_bytes_atomic({str(tmp_path / "checkpoint.pt")!r}, b"local")

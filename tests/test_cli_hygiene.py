@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from thrifty.datasets.io import write_json
+from thrifty.core.io import write_json
 from thrifty.runtime.cli import EXIT_CLOSED_PIPE, main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "datasets" / "examples"

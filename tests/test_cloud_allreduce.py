@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from thrifty.datasets.catalog import InstanceType, load_catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.allreduce.derived import DerivedCloudAllreduce, load_cloud_allreduce_model
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce
 from thrifty.perfmodels.cluster import MachineGroup

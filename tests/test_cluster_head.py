@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed; `pip install 'thrifty[ray]'` runs these tests")
 
 from aws_fakes import free_port  # noqa: E402
-from thrifty.datasets.errors import ProviderError  # noqa: E402
+from thrifty.core.errors import ProviderError  # noqa: E402
 from thrifty.runtime.cluster.head import RayHead  # noqa: E402
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed; `pip install 'thr
 torch = pytest.importorskip("torch")
 
 from thrifty.datasets.catalog import load_catalog  # noqa: E402
-from thrifty.datasets.errors import ProblemError  # noqa: E402
+from thrifty.core.errors import ProblemError  # noqa: E402
 from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 from thrifty.runtime.training import RunConfig, train  # noqa: E402

@@ -17,8 +17,8 @@ from thrifty.datasets.catalog import load_catalog  # noqa: E402
 from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
 from thrifty.runtime.cluster.tuning import RayExecutor  # noqa: E402
 from thrifty.runtime.tuning import ConfigList, HyperSched, TrialState, run_experiment  # noqa: E402
-from thrifty.runtime.tuning.executor_plan import execute_plan  # noqa: E402
-from thrifty.runtime.tuning.executor_local import RANK_PRELOAD  # noqa: E402
+from thrifty.runtime.tuning.executors.plan import execute_plan  # noqa: E402
+from thrifty.runtime.tuning.executors.local import RANK_PRELOAD  # noqa: E402
 
 from test_cluster_ray import CATALOG, nodes  # noqa: E402, F401 -- the module's three-node cluster
 from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.datasets.paths import profile_files
 from thrifty.perfmodels.compute import ComputeModel, fit_piecewise_linear, load_compute_model
 from thrifty.perfmodels.profile import ComputeProfile, load_profile, parse_profile, save_profile

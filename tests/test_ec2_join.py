@@ -27,7 +27,7 @@ import pytest
 
 from aws_fakes import REGION, free_port, moto_server
 from ec2_harness import FAST_HEALTH_CHECKS, OBJECT_STORE_BYTES, Ec2Harness
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.cli import main
 from thrifty.runtime.cluster.bootstrap import install_command, join_script, ray_start_command
 from thrifty.runtime.cluster.resources import (

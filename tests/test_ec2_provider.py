@@ -29,8 +29,8 @@ from botocore.stub import ANY, Stubber
 
 from aws_fakes import REGION, ImdsServer, fixture, moto_server, raise_on
 from thrifty.datasets.catalog import DEFAULT_CATALOG, load_catalog, parse_catalog
-from thrifty.datasets.io import read_json, write_json
-from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.core.io import read_json, write_json
+from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.cli import main
 from thrifty.runtime.providers.base import CapacityError
 from thrifty.runtime.providers.config import load_cluster_config, parse_cluster_config, user_data

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.cli import main
 from thrifty.runtime.tuning import driver
 from thrifty.runtime.tuning.driver import check_startable, tune
@@ -19,7 +19,7 @@ from thrifty.runtime.tuning.experiment_file import parse_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = str(ROOT / "datasets" / "examples" / "local-demo-catalog.json")
-EXAMPLE = "thrifty.runtime.tuning.executor_local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
 
 
 def plan_experiment(tmp_path: Path, **resources) -> dict:
@@ -56,7 +56,7 @@ def test_the_plan_is_priced_in_the_files_market(tmp_path):
 
 
 def test_the_plan_takes_its_machines_in_the_files_market(tmp_path, monkeypatch):
-    from thrifty.runtime.tuning import executor_plan
+    from thrifty.runtime.tuning.executors import plan as executor_plan
 
     taken: list[str] = []
 

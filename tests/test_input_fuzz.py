@@ -41,7 +41,7 @@ import yaml
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from thrifty.datasets.errors import ThriftyError
+from thrifty.core.errors import ThriftyError
 from thrifty.runtime.cli import main as cli_main
 from thrifty.solver import solve
 
@@ -262,7 +262,7 @@ def test_raw_files_exit_cleanly(kind: str, tmp_path: Path) -> None:
 
 
 def test_a_problem_path_with_a_nul_byte_is_a_clear_error():
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.core.errors import ProblemError
 
     with pytest.raises(ProblemError, match="NUL byte"):
         solve("problem\x00.json")

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
 from thrifty.perfmodels.jobsim import (JobSimulator, StageAllocation, build_dag, critical_path,
                                        dag_latencies, slots)

@@ -1,9 +1,11 @@
-"""Where code may reach (DESIGN.md layering, issue 15): datasets <- perfmodels
-<- solver <- runtime with no upward import; the pure models in perfmodels
-import no torch (measurement lives in perfmodels/measure); the runtime reaches
-measurement only through its shared utilities (`worlds`) and the tools' public
-entry points (the `thrifty.perfmodels.measure` package); and every worker
-process starts through the one worker-world package."""
+"""Where code may reach (docs/architecture.md, issues 15 and 34): core <-
+datasets <- perfmodels <- solver <- runtime with no upward import; the pure
+models in perfmodels import no torch, with no exception (measurement lives in
+runtime/measure); the worker-world package (runtime/worlds) sits below
+everything in the runtime that launches and imports none of it; the rest of
+the runtime reaches measurement only through the tools' public entry points
+(the `thrifty.runtime.measure` package); and every worker process starts
+through the one worker-world package."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("datasets", "perfmodels", "solver", "runtime")
+LAYERS = ("core", "datasets", "perfmodels", "solver", "runtime")
 
 
 def _python_files(folder: str) -> list[Path]:
@@ -60,7 +62,7 @@ def test_runtime_packages_stay_apart(package: str, apart: tuple[str, ...]):
 
 
 def test_pure_models_import_no_torch():
-    files = [p for p in _python_files("perfmodels") if "measure" not in p.relative_to(ROOT / "perfmodels").parts]
+    files = _python_files("perfmodels")
     assert len(files) > 10
     bad = [f"{_where(p, line)} imports {name}" for p in files for line, name in _imports(p)
            if name == "torch" or name.startswith("torch.")]
@@ -68,26 +70,36 @@ def test_pure_models_import_no_torch():
 
 
 def test_runtime_reaches_measurement_through_its_public_surface_only():
-    allowed = ("thrifty.perfmodels.measure.worlds",)
-    public = {f"thrifty.perfmodels.measure.{name}" for name in __import__(
-        "thrifty.perfmodels.measure", fromlist=["__all__"]).__all__}
+    public = {f"thrifty.runtime.measure.{name}" for name in __import__(
+        "thrifty.runtime.measure", fromlist=["__all__"]).__all__}
     bad = []
     for path in _python_files("runtime"):
         for line, name in _imports(path):
-            if not name.startswith("thrifty.perfmodels.measure"):
+            if not name.startswith("thrifty.runtime.measure"):
                 continue
-            if name == "thrifty.perfmodels.measure" or name in public or name.startswith(allowed):
+            if name == "thrifty.runtime.measure" or name in public or path.is_relative_to(ROOT / "runtime" / "measure"):
                 continue
             bad.append(f"{_where(path, line)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_worlds_import_nothing_that_launches():
+    """The worker-world package is the bottom of the runtime: training,
+    tuning, measurement and the cluster code start workers through it, so it
+    imports none of them (nor the commands)."""
+    files = _python_files("runtime/worlds")
+    assert files
+    bad = [f"{_where(p, line)} imports {name}" for p in files for line, name in _imports(p)
+           if name.startswith("thrifty.runtime.") and not name.startswith("thrifty.runtime.worlds")]
     assert not bad, "\n".join(bad)
 
 
 def test_one_way_to_start_worker_processes():
     """Only the fork server forks or spawns worker processes; everything else
     starts them as a `World`. (The provider and CLI code start no workers.)"""
-    zygote = ROOT / "perfmodels" / "measure" / "worlds" / "zygote.py"
+    zygote = ROOT / "runtime" / "worlds" / "zygote.py"
     bad = []
-    for layer in ("perfmodels", "runtime", "solver", "datasets", "benchmarks"):
+    for layer in ("core", "perfmodels", "runtime", "solver", "datasets", "benchmarks"):
         for path in _python_files(layer):
             if path == zygote:
                 continue

@@ -11,7 +11,7 @@ import pytest
 
 from thrifty.datasets import curves as curves_module
 from thrifty.datasets.curves import Trace, load_traces
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.learning_curve import MIN_REFERENCES, CurvePrior, TrialPrior, forecast
 
 HORIZON = 50

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.cli import main
 from thrifty.runtime.training.plans import as_plan
-from thrifty.runtime.tuning.executor_plan import runnable_plan
+from thrifty.runtime.tuning.executors.plan import runnable_plan
 from thrifty.solver import solve
 from thrifty.solver.plan import Plan
 from thrifty.solver.tuning_plan import TuningPlan, TuningStage

@@ -8,18 +8,18 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the probe runs torch.distributed; install thrifty[torch] to run these")
 
-from thrifty.datasets import ProblemError  # noqa: E402
+from thrifty.core import ProblemError  # noqa: E402
 from thrifty.perfmodels.allreduce import PROBE_COLUMNS, load_probes, parse_probe_rows  # noqa: E402
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time  # noqa: E402
-from thrifty.perfmodels.measure.probe import (  # noqa: E402
-    ProbeConfig,
-    ProbeFailed,
-    ProbeTarget,
-    buffer_sizes,
-    instances_for,
-    probe_allreduce,
-    write_probe_csv,
-)
+from thrifty.runtime.measure.probe import (  # noqa: E402
+                                           ProbeConfig,
+                                           ProbeFailed,
+                                           ProbeTarget,
+                                           buffer_sizes,
+                                           instances_for,
+                                           probe_allreduce,
+                                           write_probe_csv,
+                                           )
 from thrifty.runtime.cli import main  # noqa: E402
 
 LOCAL = ProbeTarget(instance_type="local", device="cpu", rated_network_gbps=10.0, gpus_per_instance=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.cli import main
 from thrifty.solver import solve
 from thrifty.solver.problem import load_problem

@@ -9,17 +9,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the profiler needs torch: pip install 'thrifty[torch]'")
 
-from thrifty.datasets.errors import ProblemError  # noqa: E402
-from thrifty.perfmodels.measure import zoo  # noqa: E402
+from thrifty.core.errors import ProblemError  # noqa: E402
+from thrifty.runtime.measure import zoo  # noqa: E402
 from thrifty.perfmodels.profile import load_profile, save_profile  # noqa: E402
-from thrifty.perfmodels.measure.profiler import (  # noqa: E402
-    as_workload,
-    geometric_batches,
-    load_factory,
-    load_workload,
-    profile_workload,
-    search_max_batch,
-)
+from thrifty.runtime.measure.profiler import (  # noqa: E402
+                                              as_workload,
+                                              geometric_batches,
+                                              load_factory,
+                                              load_workload,
+                                              profile_workload,
+                                              search_max_batch,
+                                              )
 from thrifty.runtime import cli  # noqa: E402
 
 BATCHES = [1, 16, 128]
@@ -117,19 +117,19 @@ def test_memory_limit_caps_max_batch_on_cpu():
 
 def test_cli_writes_a_profile(tmp_path, capsys):
     out = tmp_path / "mlp.json"
-    argv = ["profile", "thrifty.perfmodels.measure.zoo:mlp", "--out", str(out), "--batches", "1,4"]
+    argv = ["profile", "thrifty.runtime.measure.zoo:mlp", "--out", str(out), "--batches", "1,4"]
     code = cli.main(argv + ["--repeats", "1", "--warmup", "0", "--no-progress"])
     assert code == 0
     profile = load_profile(out)
     assert profile.model == "mlp"
     assert [p.batch for p in profile.points] == [1, 4]
-    assert profile.provenance.command.startswith("thrifty profile thrifty.perfmodels.measure.zoo:mlp --out ")
+    assert profile.provenance.command.startswith("thrifty profile thrifty.runtime.measure.zoo:mlp --out ")
     assert "--batches 1,4 --repeats 1 --warmup 0" in profile.provenance.command
     assert "fwd ms" in capsys.readouterr().out
 
 
 def test_cli_bad_factory_exits_2(tmp_path, capsys):
-    code = cli.main(["profile", "thrifty.perfmodels.measure.zoo:nope", "--out", str(tmp_path / "x.json"),
+    code = cli.main(["profile", "thrifty.runtime.measure.zoo:nope", "--out", str(tmp_path / "x.json"),
                      "--no-progress"])
     assert code == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err
@@ -137,7 +137,7 @@ def test_cli_bad_factory_exits_2(tmp_path, capsys):
 
 
 def test_cli_bad_batches_exits_2(tmp_path, capsys):
-    code = cli.main(["profile", "thrifty.perfmodels.measure.zoo:mlp", "--out", str(tmp_path / "x.json"),
+    code = cli.main(["profile", "thrifty.runtime.measure.zoo:mlp", "--out", str(tmp_path / "x.json"),
                      "--batches", "1,x"])
     assert code == 2
     assert "--batches" in capsys.readouterr().err
@@ -153,7 +153,7 @@ def user_module(tmp_path, monkeypatch):
         textwrap.dedent(
             """
             import types
-            from thrifty.perfmodels.measure import zoo
+            from thrifty.runtime.measure import zoo
 
             def raises():
                 raise RuntimeError("no GPU today")
@@ -182,7 +182,7 @@ def user_module(tmp_path, monkeypatch):
     return "thrifty_test_factories"
 
 
-@pytest.mark.parametrize("spec", ["thrifty.perfmodels.measure.zoo", "thrifty.perfmodels.measure.zoo:", ":mlp", "a b:c",
+@pytest.mark.parametrize("spec", ["thrifty.runtime.measure.zoo", "thrifty.runtime.measure.zoo:", ":mlp", "a b:c",
                                   "zoo:mlp()",
                                   ""])
 def test_malformed_spec(spec):
@@ -202,7 +202,7 @@ def test_module_that_fails_to_import(user_module):
 
 def test_missing_attribute_suggests_close_names():
     with pytest.raises(ProblemError, match="did you mean 'mlp'"):
-        load_factory("thrifty.perfmodels.measure.zoo:mpl")
+        load_factory("thrifty.runtime.measure.zoo:mpl")
 
 
 def test_attribute_not_callable(user_module):
@@ -237,7 +237,7 @@ def test_other_workload_shapes_are_accepted(user_module, name):
 def test_colocated_workers_measure_the_same_sweep_together():
     profile = profile_workload(
         zoo.mlp(), model_name="mlp", batches=[2, 8], repeats=2, warmup=1, rounds=1, ready_repeats=1,
-        device="cpu", progress=False, colocated=2, factory="thrifty.perfmodels.measure.zoo:mlp",
+        device="cpu", progress=False, colocated=2, factory="thrifty.runtime.measure.zoo:mlp",
     )
     shared = profile.colocated
     assert shared is not None and shared.workers == 2 and shared.exchange  # they exchanged gradients as DDP does
@@ -252,9 +252,9 @@ def test_colocated_needs_the_factory():
 
 
 def test_ddp_overhead_is_measured_against_the_plain_model():
-    from thrifty.perfmodels.measure.profiler import measure_ddp_overhead
+    from thrifty.runtime.measure.profiler import measure_ddp_overhead
 
     # the MLP's 10 MB of gradients are copied into DDP's buckets and back: about a millisecond here
-    seconds = measure_ddp_overhead("thrifty.perfmodels.measure.zoo:mlp", "cpu", batch=8, warmup=3, repeats=30,
+    seconds = measure_ddp_overhead("thrifty.runtime.measure.zoo:mlp", "cpu", batch=8, warmup=3, repeats=30,
                                    threads=1)
     assert 0 < seconds < 0.1

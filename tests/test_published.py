@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.datasets.published import CASE_STUDIES, load_case_studies, parse_paper_config
 from thrifty.solver.problem import load_problem
 

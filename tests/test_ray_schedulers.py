@@ -14,9 +14,9 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray Tune is not installed; `pip install 'thrifty[ray]'` runs these tests")
 tune = pytest.importorskip("ray.tune", reason="Ray Tune is not installed; `pip install 'thrifty[ray]'` runs these")
 
-from thrifty.datasets.errors import ProblemError  # noqa: E402
+from thrifty.core.errors import ProblemError  # noqa: E402
 from thrifty.runtime.tuning import TrialState, synthetic_score  # noqa: E402
-from thrifty.runtime.tuning.ray_schedulers import HyperSchedScheduler, POPScheduler, TuneScheduler  # noqa: E402
+from thrifty.runtime.tuning.schedulers.ray_tune import HyperSchedScheduler, POPScheduler, TuneScheduler  # noqa: E402
 
 
 @pytest.fixture(scope="module")

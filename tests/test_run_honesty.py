@@ -22,8 +22,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from thrifty.perfmodels.measure.worlds.errors import WorldFailed  # noqa: E402
-from thrifty.perfmodels.measure.worlds.zygote import Zygote  # noqa: E402
+from thrifty.runtime.worlds.errors import WorldFailed  # noqa: E402
+from thrifty.runtime.worlds.zygote import Zygote  # noqa: E402
 from thrifty.runtime.cli import EXIT_INFEASIBLE, main  # noqa: E402
 from thrifty.runtime.providers.local import LocalProvider  # noqa: E402
 from thrifty.runtime.training import RunConfig, SlowWorker, read_run_log, train  # noqa: E402
@@ -84,7 +84,7 @@ class _ClusterLackingLocalB:
     closed = False
 
     def check_plan(self, allocations):
-        from thrifty.datasets.errors import ProblemError
+        from thrifty.core.errors import ProblemError
 
         lacking = [f"{n} x {t} ({m}): the cluster has 0" for t, m, n in allocations if t == "local-b"]
         if lacking:
@@ -193,10 +193,10 @@ def test_prediction_off_needs_a_steady_window_beyond_the_factor():
 
 def test_the_profile_command_names_the_trainer_s_workload():
     assert profile_command("thrifty.runtime.training.examples:zoo", {"model": "mlp"}, "cpu", 1, 2) == (
-        "thrifty profile thrifty.perfmodels.measure.zoo:mlp --out mlp__cpu.json --name mlp --threads 1 "
+        "thrifty profile thrifty.runtime.measure.zoo:mlp --out mlp__cpu.json --name mlp --threads 1 "
         "--device cpu --colocated 2, then name that file as the problem's model")
     assert profile_command("thrifty.runtime.training.examples:zoo", {}, "cpu", 1, 1).startswith(
-        "thrifty profile thrifty.perfmodels.measure.zoo:tiny_transformer --out tiny-transformer__cpu.json")
+        "thrifty profile thrifty.runtime.measure.zoo:tiny_transformer --out tiny-transformer__cpu.json")
     assert "(MODULE:WORKLOAD returns the model of mypkg.jobs:resnet with make_batch and loss_fn)" in \
         profile_command("mypkg.jobs:resnet", {}, "cuda", 1, 1)
 
@@ -273,7 +273,7 @@ def test_the_fork_server_leaves_quietly_when_its_reader_has_gone():
     driver closes its end of the fork server's stdout (it exited) before the
     server writes (its ready line after importing torch, a preload's answer, a
     worker's exit). Closing the reader first makes the write fail every time."""
-    proc = subprocess.Popen([sys.executable, "-m", "thrifty.perfmodels.measure.worlds.zygote_main"],
+    proc = subprocess.Popen([sys.executable, "-m", "thrifty.runtime.worlds.zygote_main"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         proc.stdout.close()  # the reader is gone before anything was written
@@ -294,7 +294,7 @@ def test_a_request_to_a_fork_server_that_has_gone_is_a_world_failure():
         zygote.proc.kill()
         zygote.proc.wait()
         with pytest.raises(WorldFailed, match="the worker fork server has exited"):
-            zygote.launch("thrifty.perfmodels.measure.worlds.rank:main", [], {}, os.devnull)
+            zygote.launch("thrifty.runtime.worlds.rank:main", [], {}, os.devnull)
     finally:
         zygote.close()
 

@@ -9,13 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the scaling profiler runs torch.distributed; install thrifty[torch]")
 
-from thrifty.datasets import ProblemError  # noqa: E402
-from thrifty.perfmodels.measure.probe import ProbeFailed  # noqa: E402
+from thrifty.core import ProblemError  # noqa: E402
+from thrifty.runtime.measure.probe import ProbeFailed  # noqa: E402
 from thrifty.perfmodels.scaling import load_scaling_profile  # noqa: E402
-from thrifty.perfmodels.measure.scaling_profiler import check_world_sizes, profile_scaling  # noqa: E402
+from thrifty.runtime.measure.scaling_profiler import check_world_sizes, profile_scaling  # noqa: E402
 from thrifty.runtime.cli import main  # noqa: E402
 
-MLP = "thrifty.perfmodels.measure.zoo:mlp"
+MLP = "thrifty.runtime.measure.zoo:mlp"
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_profile_says_how_it_was_measured(written):
 
 def test_a_failing_world_raises_instead_of_hanging(tmp_path, monkeypatch):
     (tmp_path / "odd_workload.py").write_text(textwrap.dedent("""
-        from thrifty.perfmodels.measure.zoo import mlp
+        from thrifty.runtime.measure.zoo import mlp
 
         def batch_of_four_only():
             workload = mlp()
@@ -113,7 +113,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, args, named):
 
 def test_cli_bad_factory_exits_2(tmp_path, capsys):
     out = tmp_path / "p.json"
-    code = main(["profile-scaling", "thrifty.perfmodels.measure.zoo:nope", "--world-sizes", "1", "--batch", "8",
+    code = main(["profile-scaling", "thrifty.runtime.measure.zoo:nope", "--world-sizes", "1", "--batch", "8",
                  "--out", str(out), "--device", "cpu", "--no-progress"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "'nope'" in lines[0]

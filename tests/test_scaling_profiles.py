@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.validation import validate_model
+from thrifty.core.errors import ProblemError
+from thrifty.core.validation import validate_model
 from thrifty.perfmodels.scaling import ScalingProfileFile, load_scaling_profile, parse_scaling_profile
 from thrifty.runtime.cli import main
 

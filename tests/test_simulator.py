@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thrifty.datasets.catalog import Catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 from thrifty.perfmodels.cluster import MachineGroup, parse_cluster
 from thrifty.perfmodels.compute import ComputeModel

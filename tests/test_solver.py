@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thrifty.datasets.catalog import Catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce
 from thrifty.perfmodels.library import ModelLibrary
 from thrifty.runtime.cli import main
@@ -273,7 +273,7 @@ def test_cli_an_output_that_cannot_be_written_exits_2_before_solving(tmp_path, c
 
 
 def test_an_atomic_write_where_no_file_can_be_is_a_problem_error(tmp_path):
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
 
     (tmp_path / "a-file").write_text("x")
     for where in (tmp_path, tmp_path / "a-file" / "plan.json"):
@@ -295,7 +295,7 @@ def test_cli_a_yaml_key_given_twice_is_refused_and_a_merge_still_overrides(tmp_p
     path.write_text("kind: training\nmodel: m\nglobal_batch: 256\nglobal_batch: 512\n")
     assert main(["solve", str(path)]) == 2
     assert "the key 'global_batch' is given twice in one mapping" in capsys.readouterr().err
-    from thrifty.datasets.io import read_yaml
+    from thrifty.core.io import read_yaml
 
     path.write_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 5\n")
     assert read_yaml(path)["other"] == {"x": 1, "y": 5}

@@ -14,19 +14,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from thrifty.datasets.errors import ProblemError  # noqa: E402
+from thrifty.core.errors import ProblemError  # noqa: E402
 from thrifty.runtime.providers.local import LocalProvider  # noqa: E402
 from thrifty.runtime.training import (  # noqa: E402
-    DelayStart,
-    Hooks,
-    KillWorker,
-    RunConfig,
-    StallError,
-    WorkerFailed,
-    WorldFormationError,
-    read_run_log,
-    train,
-)
+                                      DelayStart,
+                                      Hooks,
+                                      KillWorker,
+                                      RunConfig,
+                                      StallError,
+                                      WorkerFailed,
+                                      WorldFormationError,
+                                      read_run_log,
+                                      train,
+                                      )
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 
 from test_training_runtime_units import DEMO_CATALOG, demo_problem, plan_dict  # noqa: E402
@@ -57,7 +57,7 @@ def worker_pids() -> list[int]:
     worker fork server (the zygote) and multiprocessing's resource tracker
     (started by the first spawn-context semaphore, e.g. the profiler's)."""
     helpers = {pid for pid, parent in process_parents().items() if parent == os.getpid()
-               and any(name in _cmdline(pid) for name in (b"thrifty.perfmodels.measure.worlds.zygote",
+               and any(name in _cmdline(pid) for name in (b"thrifty.runtime.worlds.zygote",
                                                           b"multiprocessing.resource_tracker"))}
     return sorted(descendants(os.getpid()) - helpers)
 

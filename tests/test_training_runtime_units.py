@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from thrifty.datasets.catalog import load_catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, billed_cost_usd
 from thrifty.runtime.providers.local import LocalProvider

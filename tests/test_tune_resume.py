@@ -34,7 +34,7 @@ import pytest
 from thrifty.runtime.cli import main
 from thrifty.runtime.tuning import (ASHA, FIFO, POP, Bandit, ConfigList, EarlyTerm, HyperSched, SimulatedExecutor,
                                     SyntheticWorkload, run_experiment)
-from thrifty.runtime.tuning.bandit import action_elimination_continues
+from thrifty.runtime.tuning.schedulers.bandit import action_elimination_continues
 from thrifty.runtime.tuning.record import EventLog, RecordingExecutor, read_events, read_history
 from thrifty.runtime.tuning.trial import ENDED, Report, Trial, TrialState
 
@@ -273,7 +273,7 @@ def plan_session(log_path: Path, plan, *, resume=None, stop_after: int | None = 
     as `thrifty tune` records it; resumed from `resume`, stopped after or crashing at `stop_after` /
     `crash_after` results of this session."""
     from thrifty.runtime.tuning import synthetic_search_space
-    from thrifty.runtime.tuning.executor_plan import execute_plan, recorded_cost_usd, simulated_backend
+    from thrifty.runtime.tuning.executors.plan import execute_plan, recorded_cost_usd, simulated_backend
 
     earlier = recorded_cost_usd(read_events(log_path)) if resume is not None else 0.0
     backend = simulated_backend(plan_problem(), seed=1)
@@ -392,7 +392,7 @@ def test_bandit_without_a_lower_bound_measures_from_the_lowest_score_seen():
 def test_a_bandit_experiment_with_mode_min_keeps_its_best_trial():
     from thrifty.runtime.tuning.experiment_file import build_scheduler, parse_experiment
 
-    e = parse_experiment({"trainer": "thrifty.runtime.tuning.executor_local:example_trainer",
+    e = parse_experiment({"trainer": "thrifty.runtime.tuning.executors.local:example_trainer",
                           "search_space": {"lr": {"choice": [0.1]}}, "samples": 1, "metric": "loss", "mode": "min",
                           "max_iterations": 4, "scheduler": {"name": "bandit", "boundary": 2},
                           "resources": {"atoms": 1}})
@@ -407,7 +407,7 @@ def test_a_bandit_experiment_with_mode_min_keeps_its_best_trial():
 
 # --- with real processes: `thrifty tune`, interrupted five ways, then resumed --------------------
 
-EXAMPLE = "thrifty.runtime.tuning.executor_local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
 
 
 def experiment_file(tmp_path: Path, scheduler: dict) -> Path:
@@ -573,7 +573,7 @@ def test_a_result_checkpointed_but_not_recorded_is_recovered_from_the_checkpoint
     # the ranks checkpoint an iteration, with its result, before posting the result: a driver killed in between
     # leaves the trial's checkpoint one iteration ahead of its log; the resume reads the result back from it
     from thrifty.runtime.ddp.checkpoint import save_checkpoint
-    from thrifty.runtime.tuning.executor_local import checkpointed_result, trial_checkpoint
+    from thrifty.runtime.tuning.executors.local import checkpointed_result, trial_checkpoint
     from thrifty.runtime.tuning.record import unheard_results
 
     workdir = tmp_path / "trials"

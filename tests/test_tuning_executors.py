@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.providers.base import billed_cost_usd
 from thrifty.runtime.providers.local import LocalProvider
 from thrifty.runtime.ddp.trainer import Trainer
 from thrifty.runtime.tuning import (ASHA, FIFO, ConfigList, Decision, HyperSched, Scheduler, Start, TrialState,
                                     run_experiment, synthetic_search_space)
-from thrifty.runtime.tuning.executor_local import LocalExecutor, TunableTrainer, example_trainer
-from thrifty.runtime.tuning.executor_plan import execute_plan, simulated_backend
+from thrifty.runtime.tuning.executors.local import LocalExecutor, TunableTrainer, example_trainer
+from thrifty.runtime.tuning.executors.plan import execute_plan, simulated_backend
 from thrifty.solver.problem import parse_problem
 from thrifty.solver.tuning_plan import solve_tuning
 
 torch = pytest.importorskip("torch")
 
-EXAMPLE = "thrifty.runtime.tuning.executor_local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
 
 
 def alive(pid: int) -> bool:

@@ -11,19 +11,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.tuning import (ASHA, FIFO, POP, Bandit, CallableSearch, Choice, ConfigList, Decision,
                                     EarlyTerm, Exponential, GridSearch, HyperSched, IntUniform, LogUniform, Memoized,
                                     RandomSearch, RealClock, Report, SchedulerError, SimulatedExecutor, Start, Trial,
                                     SyntheticWorkload, TraceWorkload, TrialFailedError, TrialState, Uniform,
                                     configuration_orders, rung_milestones, run_experiment, synthetic_score,
                                     synthetic_search_space)
-from thrifty.runtime.tuning.bandit import action_elimination_continues
-from thrifty.runtime.tuning.executor_plan import record_result
-from thrifty.runtime.tuning.base import RunningMedian
-from thrifty.runtime.tuning.hypersched import should_enter, uniform_share, worth_resizing
+from thrifty.runtime.tuning.schedulers.bandit import action_elimination_continues
+from thrifty.runtime.tuning.executors.plan import record_result
+from thrifty.runtime.tuning.schedulers.base import RunningMedian
+from thrifty.runtime.tuning.schedulers.hypersched import should_enter, uniform_share, worth_resizing
 from thrifty.runtime.tuning.loop import Resumed
-from thrifty.runtime.tuning.pop import confidence_and_ert, promising_slots
+from thrifty.runtime.tuning.schedulers.pop import confidence_and_ert, promising_slots
 
 
 # --- small fakes ------------------------------------------------------------------------
@@ -804,7 +804,7 @@ def test_forecast_trial_passes_a_prior_learned_from_longer_trials():
     from types import SimpleNamespace
 
     from thrifty.perfmodels.learning_curve import MIN_REFERENCES, CurvePrior
-    from thrifty.runtime.tuning.forecasting import forecast_trial
+    from thrifty.runtime.tuning.schedulers.forecasting import forecast_trial
 
     calls = []
 
@@ -883,7 +883,7 @@ def test_pop_and_earlyterm_forecast_a_loss_within_its_range():
 def test_the_forecaster_hears_of_the_range_only_when_it_is_not_the_default():
     from types import SimpleNamespace
 
-    from thrifty.runtime.tuning.forecasting import forecast_trial
+    from thrifty.runtime.tuning.schedulers.forecasting import forecast_trial
 
     seen = []
 

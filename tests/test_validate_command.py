@@ -18,7 +18,7 @@ from thrifty.runtime.cli import EXIT_BAD_INPUT, main
 
 pytestmark = pytest.mark.process  # starts real gloo worlds
 
-MLP = "thrifty.perfmodels.measure.zoo:mlp"
+MLP = "thrifty.runtime.measure.zoo:mlp"
 QUICK = ["--iterations", "3", "--warmup", "1", "--rounds", "1", "--device", "cpu"]
 PARTS = ["iteration mean", "iteration p95", "forward (with loss)", "backward (compute)", "exposed communication",
          "backward + exposed comm.", "step (with zero_grad)"]

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch", reason="worker worlds need torch; pip install -e '.[all]'")
 
-from thrifty.perfmodels.measure.worlds import World, WorldFailed  # noqa: E402
+from thrifty.runtime.worlds import World, WorldFailed  # noqa: E402
 
 
 def _alive(pid: int) -> bool:

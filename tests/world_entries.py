@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from thrifty.perfmodels.measure.worlds import RankChannel, join_world, serve_rank
+from thrifty.runtime.worlds import RankChannel, join_world, serve_rank
 
 
 def _sum_ranks(channel: RankChannel) -> None:
@@ -72,7 +72,7 @@ def exchange_gradients(argv: list[str]) -> None:
         import torch
         import torch.distributed as dist
 
-        from thrifty.perfmodels.measure.colocated import gradient_exchange
+        from thrifty.runtime.measure.colocated import gradient_exchange
 
         join_world(channel, "gloo", 30.0)
         model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.Linear(600, 20), torch.nn.Linear(20, 3))

@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.out} is up to date ({len(catalog['instance_types'])} types)")
         return 0
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
 
     atomic_write_text(args.out, render(catalog))
     os.chmod(args.out, 0o644)  # the atomic writer's temp file is private; data files are world-readable

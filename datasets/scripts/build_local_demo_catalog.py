@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         print(f"{OUT} is {'up to date' if same else 'out of date'}")
         return 0 if same else 1
     sys.path.insert(0, str(ROOT.parent))
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
 
     atomic_write_text(OUT, text)
     print(f"wrote {OUT}")

@@ -45,7 +45,7 @@ def build(source: Path = SOURCE) -> dict:
 def main(argv: list[str] | None = None) -> int:
     out = Path(argv[0]) if argv else OUT
     sys.path.insert(0, str(ROOT.parent))
-    from thrifty.datasets.io import write_json
+    from thrifty.core.io import write_json
 
     write_json(out, build())
     print(f"wrote {out}")

@@ -252,7 +252,7 @@ def _round(x: float, digits: int = 4) -> float:
 def build() -> dict[str, Any]:
     """The model file, checked against (and laid out by) its schema, `CloudAllreduceModelFile`."""
     from thrifty.datasets.catalog import load_catalog
-    from thrifty.datasets.validation import validate_model
+    from thrifty.core.validation import validate_model
     from thrifty.perfmodels.allreduce.derived import CloudAllreduceModelFile, DerivedCloudAllreduce
 
     model = DerivedCloudAllreduce.from_json(file_without_table(), source=SCRIPT)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.out} is up to date")
         return 0
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
 
     atomic_write_text(args.out, text)
     print(f"wrote {args.out} ({len(data['table'])} GPU types in the table)")

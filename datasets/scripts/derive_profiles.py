@@ -1435,7 +1435,7 @@ def readme(cal: Calibration, rows: list[dict[str, Any]]) -> str:
 
 def generate(out_dir: str | Path = DEFAULT_OUT) -> list[Path]:
     """Write every derived profile and README.md into `out_dir`; return the profile paths."""
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
     from thrifty.perfmodels.profile import load_profile, parse_profile, save_profile
 
     check_architectures()

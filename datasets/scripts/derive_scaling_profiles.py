@@ -131,7 +131,7 @@ def calibrate_resnet101(b_intra: float) -> float:
 
 
 def derive(out: Path) -> list[Path]:
-    from thrifty.datasets.io import write_json
+    from thrifty.core.io import write_json
     from thrifty.perfmodels.profile import Provenance
     from thrifty.perfmodels.scaling import SCALING_FORMAT, ScalingPoint, ScalingProfileFile
 

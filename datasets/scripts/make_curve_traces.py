@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     import sklearn
     import torch
 
-    from thrifty.datasets.io import write_json
+    from thrifty.core.io import write_json
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(args.seed)

@@ -136,7 +136,7 @@ def stale_lines(current: str, fresh: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
 
     fresh = render()
     if "--check" in (argv if argv is not None else sys.argv[1:]):

@@ -1,5 +1,5 @@
 """The learned allreduce model of Srifty 4.2: XGBoost regressors on the bus
-bandwidth measured by the grid probe (`thrifty.perfmodels.measure.probe`).
+bandwidth measured by the grid probe (`thrifty.runtime.measure.probe`).
 
 Four modules: `table` (probe rows and their schema `ProbeRow`), `fitting`
 (training and model selection, with xgboost), `model` (features, prediction,

@@ -70,8 +70,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from thrifty.datasets.catalog import InstanceType
-from thrifty.datasets.io import read_json
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.io import read_json
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, allreduce_time, bus_bandwidth_from_time
 from thrifty.perfmodels.profile import Provenance
 

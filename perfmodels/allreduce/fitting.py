@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.validation import json_path, validate_model
+from thrifty.core.errors import ProblemError
+from thrifty.core.validation import json_path, validate_model
 from thrifty.perfmodels.allreduce.model import (
     TARGETS,
     AllreduceProvenance,

@@ -47,10 +47,10 @@ import numpy as np
 from pydantic import AfterValidator, Field, model_validator
 
 from thrifty.datasets.catalog import HOST_WORKER_TYPE, InstanceType
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import atomic_write_text, read_json
-from thrifty.datasets.optional import require
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import atomic_write_text, read_json
+from thrifty.core.optional import require
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.allreduce.table import ProbeTable
 from thrifty.perfmodels.allreduce.trees import TreeEnsemble, TreeModelError
 from thrifty.perfmodels.bandwidth import MTU_BYTES, AnalyticAllreduce, BandwidthModel

@@ -32,8 +32,8 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.validation import FieldPathError, FileSchema, validate_model
+from thrifty.core.errors import ProblemError
+from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.bandwidth import bus_bandwidth_from_time
 
 __all__ = ["PROBE_COLUMNS", "ProbeRow", "ProbeTable", "load_probes", "parse_probe_rows", "pool_repeats",
@@ -116,7 +116,7 @@ class ProbeRow(FileSchema):
         return self
 
 
-# the probe CSV columns, in file order (thrifty.perfmodels.measure.probe writes them)
+# the probe CSV columns, in file order (thrifty.runtime.measure.probe writes them)
 PROBE_COLUMNS: tuple[str, ...] = tuple(ProbeRow.model_fields)
 
 

@@ -7,7 +7,7 @@ cluster that the driver gives back keeps its agent until the run ends, and
 a later lease of the node in the same run takes that agent, warm (`lease`).
 The agent:
 
-- starts the node's fork server at once (`thrifty.perfmodels.measure.worlds.zygote`:
+- starts the node's fork server at once (`thrifty.runtime.worlds.zygote`:
   torch imported once per machine, while the rest of the plan's machines come
   up) and forks the world's ranks of this machine from it (`launch`), with
   the files they need written on this node (`write_files`), gloo bound to the
@@ -55,7 +55,7 @@ class MachineAgent:
                  imds_interval_s: float = 5.0):
         import ray
 
-        from thrifty.perfmodels.measure.worlds import start_zygote
+        from thrifty.runtime.worlds import start_zygote
 
         self.machine_id, self.instance_type, self.market = machine_id, instance_type, market
         self.node_ip = ray.util.get_node_ip_address()
@@ -84,7 +84,7 @@ class MachineAgent:
 
     def ready(self) -> bool:
         """Wait for this machine's fork server (its torch import)."""
-        from thrifty.perfmodels.measure.worlds import zygote
+        from thrifty.runtime.worlds import zygote
 
         zygote(self.preload)
         return True
@@ -105,7 +105,7 @@ class MachineAgent:
 
     # -- ranks ---------------------------------------------------------------------------
     def network_env(self, backend: str) -> dict[str, str]:
-        from thrifty.perfmodels.measure.worlds import interface_of
+        from thrifty.runtime.worlds import interface_of
 
         if backend != "gloo" or "GLOO_SOCKET_IFNAME" in os.environ:
             return {}
@@ -117,7 +117,7 @@ class MachineAgent:
         """Fork one rank on this machine; its pid."""
         from pathlib import Path
 
-        from thrifty.perfmodels.measure.worlds import write_files, zygote
+        from thrifty.runtime.worlds import write_files, zygote
 
         write_files(files)
         Path(log).parent.mkdir(parents=True, exist_ok=True)

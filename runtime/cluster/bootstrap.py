@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from thrifty.datasets.errors import ProblemError, ProviderError
-from thrifty.datasets.optional import require
+from thrifty.core.errors import ProblemError, ProviderError
+from thrifty.core.optional import require
 from thrifty.runtime.cluster.connect import is_loopback
 from thrifty.runtime.cluster.resources import node_resources
 

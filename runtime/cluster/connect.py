@@ -33,8 +33,8 @@ import logging
 import socket
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.optional import require
+from thrifty.core.errors import ProblemError
+from thrifty.core.optional import require
 
 __all__ = ["connect", "keep_loopback", "is_loopback", "import_ray", "read_nodes", "gcs_address"]
 

@@ -42,8 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from thrifty.datasets.errors import ProviderError
-from thrifty.datasets.optional import require
+from thrifty.core.errors import ProviderError
+from thrifty.core.optional import require
 from thrifty.runtime.cluster.bootstrap import ray_cli_code
 
 __all__ = ["RayHead", "default_head_ip"]

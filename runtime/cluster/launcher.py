@@ -1,6 +1,6 @@
 """`RayLauncher`: a world's ranks on the machines of a Ray cluster.
 
-The `thrifty.perfmodels.measure.worlds.launcher.Launcher` of worlds whose
+The `thrifty.runtime.worlds.launcher.Launcher` of worlds whose
 ranks run on Ray nodes: rank r runs on the machine of `agents[r]` (a
 `thrifty.runtime.cluster.agent.MachineAgent` actor), forked there by that
 machine's fork server; the rendezvous store is hosted by rank 0's agent on

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thrifty.datasets.catalog import Catalog
-from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.cluster.connect import connect, import_ray
 from thrifty.runtime.cluster.driver_log import DriverLog
 from thrifty.runtime.cluster.launcher import RayLauncher

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from thrifty.datasets.catalog import Catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.providers.base import Provider
 
 __all__ = ["cluster_kind", "cluster_provider", "driver_log_path"]

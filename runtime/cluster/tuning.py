@@ -2,7 +2,7 @@
 tuning loop's executor on the machines of a Ray cluster.
 
 A trial is a world of ``atoms`` ranks, as on one host
-(`thrifty.runtime.tuning.executor_local`); here its ranks run on the
+(`thrifty.runtime.tuning.executors.local`); here its ranks run on the
 machines of a `RayProvider` (each a Ray node), forked by each machine's
 agent, the store on rank 0's machine, gloo over the machines' addresses.
 Launch, proceed, suspend (pause and the first half of a resize), terminate
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.runtime.cluster.provider import RayProvider
-from thrifty.runtime.tuning.executor_local import LocalExecutor
+from thrifty.runtime.tuning.executors.local import LocalExecutor
 
 __all__ = ["RayExecutor"]
 

@@ -45,7 +45,7 @@ def make_clients(session: Any, region: str) -> tuple[Any, Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.datasets.catalog import DEFAULT_CATALOG, parse_catalog_file
-    from thrifty.datasets.io import read_json, write_json
+    from thrifty.core.io import read_json, write_json
     from thrifty.runtime.providers._aws import make_session, verify_credentials
     from thrifty.runtime.providers.pricing import base_rows, catalog_types, refresh_catalog
 

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
 JOIN_DESCRIPTION = (

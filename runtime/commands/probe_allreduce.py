@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.commands._args import (int_at_least, non_negative_float, output_file, positive_float,
                                             with_exit_codes)
 
@@ -142,7 +142,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _target(args: argparse.Namespace):
-    from thrifty.perfmodels.measure import ProbeTarget
+    from thrifty.runtime.measure import ProbeTarget
 
     given = (args.device, args.rated_network_gbps, args.gpus_per_instance)
     if any(v is None for v in given):
@@ -158,7 +158,7 @@ def _target(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.perfmodels.measure import ProbeConfig, probe_allreduce, write_probe_csv
+    from thrifty.runtime.measure import ProbeConfig, probe_allreduce, write_probe_csv
 
     target = _target(args)
     config = ProbeConfig(
@@ -196,7 +196,7 @@ def _cluster_placement(args: argparse.Namespace, target: Any, world_sizes: tuple
     import uuid
 
     from thrifty.datasets.catalog import load_catalog
-    from thrifty.perfmodels.measure import PROBE_PRELOAD
+    from thrifty.runtime.measure import PROBE_PRELOAD
     from thrifty.runtime.cluster.spec import cluster_provider
 
     gpus = target.gpus_per_instance

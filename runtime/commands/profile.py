@@ -11,7 +11,7 @@ import argparse
 import shlex
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
@@ -35,7 +35,7 @@ def parse_batches(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "the profile was written", 1: "a worker or measurement failed"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
+                        help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
     parser.add_argument("--out", required=True, type=output_file, metavar="PROFILE.json",
                         help="where to write the profile")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
@@ -102,7 +102,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.perfmodels.profile import save_profile
-    from thrifty.perfmodels.measure import load_workload, profile_workload
+    from thrifty.runtime.measure import load_workload, profile_workload
 
     batches = parse_batches(args.batches) if args.batches is not None else None
     name = args.name or default_name(args.factory)

@@ -13,7 +13,7 @@ import argparse
 import shlex
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
 
@@ -33,7 +33,7 @@ def parse_world_sizes(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "the profile was written", 1: "a worker or measurement failed"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
+                        help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
     parser.add_argument("--batch", required=True, type=int, metavar="N",
                         help="the trial's batch, split evenly over the workers")
@@ -64,10 +64,10 @@ def command_line(args: argparse.Namespace, sizes: list[int], name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.datasets.io import write_json
-    from thrifty.datasets.validation import validate_model
+    from thrifty.core.io import write_json
+    from thrifty.core.validation import validate_model
     from thrifty.perfmodels.scaling import ScalingProfileFile
-    from thrifty.perfmodels.measure import check_world_sizes, default_model_name, profile_scaling
+    from thrifty.runtime.measure import check_world_sizes, default_model_name, profile_scaling
 
     sizes = check_world_sizes(
         parse_world_sizes(args.world_sizes), args.batch, sizes_name="--world-sizes", batch_name="--batch"

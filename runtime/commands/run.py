@@ -66,7 +66,7 @@ def _json_object(text: str) -> dict:
 def parse_fault(text: str) -> Any:
     """``kill:machine=0,iteration=100[,warning=120]``, ``kill:machine=0,time=30``
     or ``slow:machine=1,from=100,extra=0.05[,until=200]``."""
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.core.errors import ProblemError
     from thrifty.runtime.training.faults import KillWorker, SlowWorker
 
     kind, _, rest = text.partition(":")
@@ -168,7 +168,7 @@ def _resume_folder(args: argparse.Namespace) -> Any:
     else the run under ./thrifty-runs/ active last (said on stderr)."""
     from pathlib import Path
 
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.core.errors import ProblemError
     from thrifty.runtime.training.rundir import newest_run_dir
 
     if not args.resume:
@@ -195,7 +195,7 @@ def _config(args: argparse.Namespace, record: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.core.errors import ProblemError
     from thrifty.runtime.training.driver import prepare_run
     from thrifty.runtime.training.errors import RunFinished
     from thrifty.runtime.training.preflight import RunProblems
@@ -245,7 +245,7 @@ def _run(args: argparse.Namespace, prepared: Any) -> int:
     launch_delay = options.get("launch_delay") or 0.0
     provider = None
     if launch_delay and kind != "local":
-        from thrifty.datasets.errors import ProblemError
+        from thrifty.core.errors import ProblemError
 
         raise ProblemError("--launch-delay simulates boot times of local machines; it does not apply to "
                            f"--cluster {inputs.cluster}")

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.datasets.errors import in_file
+    from thrifty.core.errors import in_file
     from thrifty.solver.problem import load_problem
     from thrifty.solver.solve import solve
     from thrifty.solver.training import TrainingSpace
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 def _emit(args: argparse.Namespace, problem, plan, plot, print_human) -> int:
     """The plan to `--out` (atomically), the plot to `--plot`, the plan JSON or
     the human report to stdout; the exit code of the plan's status."""
-    from thrifty.datasets.io import atomic_write_text
+    from thrifty.core.io import atomic_write_text
 
     if args.out:
         atomic_write_text(args.out, plan.to_json() + "\n")

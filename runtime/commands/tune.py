@@ -198,7 +198,7 @@ def _infeasible(console: Any, err: Any) -> int:
 def _resume_folder(args: argparse.Namespace) -> str | None:
     """The folder of the run to go on with: ``--resume DIR``, else the ``--out`` folder, else the newest
     tuning run under ``thrifty-runs/`` (said on stderr); None without --resume."""
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.core.errors import ProblemError
     from thrifty.runtime.tuning.driver import RUNS, newest_run
 
     if args.resume is None:
@@ -227,7 +227,7 @@ def _resume_command(args: argparse.Namespace, folder: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from thrifty.datasets.errors import ProblemError
+    from thrifty.core.errors import ProblemError
     from thrifty.runtime.tuning.driver import (EXPERIMENT_COPY, GoalInfeasible, check_startable, finished_run,
                                                stored_options, tune)
     from thrifty.runtime.tuning.experiment_file import load_experiment

@@ -5,7 +5,7 @@ anything (issue 18).
 For each configuration (``--config``, repeatable) it runs real DDP training
 here, one worker process per ``local`` rank with that rank's batch (gloo on
 CPU; NCCL with one GPU per rank on CUDA), in the truth loop of
-`thrifty.perfmodels.measure.truth` (the loop of
+`thrifty.runtime.measure.truth` (the loop of
 ``benchmarks/perfmodel_accuracy.py``: an ordinary user loop, no barrier
 between iterations, ``--rounds`` interleaved rounds of ``--warmup`` plus
 ``--iterations`` iterations, the median of the round means), and predicts the
@@ -14,7 +14,7 @@ then prints both side by side with the breakdown.
 
 The prediction needs the model's compute profile on this device: a shipped
 one when it was measured from this very factory with the same threads (the
-zoo's, ``thrifty.perfmodels.measure.zoo:mlp``...), else ``--profile FILE``,
+zoo's, ``thrifty.runtime.measure.zoo:mlp``...), else ``--profile FILE``,
 else this command profiles the factory first with `thrifty profile`'s
 profiler, at the configurations' batches (with co-located workers on CPU, as
 the simulator prices workers that share this host's cores).
@@ -43,7 +43,7 @@ import shlex
 import sys
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 from thrifty.runtime.commands._args import int_at_least, output_file, with_exit_codes
 
@@ -58,7 +58,7 @@ SPREAD_WARNING = 0.2  # round means further apart than this: the host's speed mo
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "", 1: "a worker or measurement failed"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.perfmodels.measure.zoo:mlp")
+                        help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
     parser.add_argument("--config", required=True, action="append", metavar="CONFIG",
                         help="local ranks and their batches, e.g. 'local@16+local@48' or '2xlocal@32'; "
                              "repeat for several configurations")
@@ -97,8 +97,8 @@ class _Config:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.datasets.io import write_json
-    from thrifty.perfmodels.measure import check_ranks, device_label, load_workload, resolve_device
+    from thrifty.core.io import write_json
+    from thrifty.runtime.measure import check_ranks, device_label, load_workload, resolve_device
 
     configs = [_parse_config(text) for text in args.config]
     device = resolve_device(args.device)
@@ -168,7 +168,7 @@ def _shipped_model(factory: str, device_key: str, threads: int) -> Any | None:
     threads (its provenance says so), or None: a shipped profile of the same
     name from another factory is another model."""
     from thrifty.perfmodels.library import shipped_library
-    from thrifty.perfmodels.measure import default_model_name
+    from thrifty.runtime.measure import default_model_name
 
     try:
         model = shipped_library().get(default_model_name(factory), device_key)
@@ -185,7 +185,7 @@ def _profile_here(args: argparse.Namespace, device: str, device_key: str,
     with as many co-located workers as the smallest multi-rank configuration
     has, up to the host's cores)."""
     from thrifty.perfmodels.compute import ComputeModel
-    from thrifty.perfmodels.measure import default_model_name, load_workload, profile_workload
+    from thrifty.runtime.measure import default_model_name, load_workload, profile_workload
     from thrifty.perfmodels.profile import save_profile
 
     name = default_model_name(args.factory)
@@ -246,7 +246,7 @@ def _predict(model: Any, configs: list[_Config], device_key: str,
 
 
 def _measure(args: argparse.Namespace, device: str, configs: list[_Config]) -> list[Any]:
-    from thrifty.perfmodels.measure import measure_rounds, summarize
+    from thrifty.runtime.measure import measure_rounds, summarize
 
     backend = "NCCL" if device == "cuda" else "gloo"
     _say(args, f"measuring {len(configs)} configuration{'s' if len(configs) > 1 else ''} here: "

@@ -24,7 +24,7 @@ import random
 import time
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ThriftyError
+from thrifty.core.errors import ProblemError, ThriftyError
 from thrifty.runtime.ddp import storage
 from thrifty.runtime.ddp.storage import Location
 

@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import atomic_write_text, read_json
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import atomic_write_text, read_json
 from thrifty.runtime.ddp import storage
 
 __all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION"]
 
-# the names a world's starter and its ranks share in the worlds' protocol (`thrifty.perfmodels.measure.worlds`)
+# the names a world's starter and its ranks share in the worlds' protocol (`thrifty.runtime.worlds`)
 STOP = "stop"  # the starter's command: checkpoint and stop after the current iteration
 METRICS = "metrics"  # rank 0 publishes the latest loss and metrics under this name
 DECISION = "iteration-{}"  # the starter's decision after iteration n of an awaiting job: go | save | stop
@@ -65,7 +65,7 @@ class JobSpec:
     A training job (`thrifty.runtime.training`) gives every number: one step
     per iteration, a fixed end, periodic checkpoints, and the starter's
     ``stop`` command read without waiting. A tuning trial
-    (`thrifty.runtime.tuning.executor_local`) leaves the batch to the
+    (`thrifty.runtime.tuning.executors.local`) leaves the batch to the
     trainer (`global_batch` None: its ``batch_size``, split evenly), the
     iteration to the trainer (`steps_per_iteration` None: its own, else one
     pass over the dataset), the end to the scheduler (`iterations` None),

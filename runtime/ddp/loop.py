@@ -1,7 +1,7 @@
 """The one rank loop: one rank of synchronous data-parallel training (Srifty
 4.5), for a training job and for a tuning trial alike (`JobSpec` says which).
 
-A rank joins its world (`thrifty.perfmodels.measure.worlds`), builds the
+A rank joins its world (`thrifty.runtime.worlds`), builds the
 trainer's model, optimizer and dataset, resumes from the job's checkpoint,
 and trains iteration after iteration:
 
@@ -58,8 +58,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.measure.worlds import RankChannel, join_world, leave, resolve_backend
+from thrifty.core.errors import ProblemError
+from thrifty.runtime.worlds import RankChannel, join_world, leave, resolve_backend
 from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_seed, restore_rng, save_checkpoint, \
     seed_everything
 from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, JobSpec, WorkerFault

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.ddp.checkpoint import capture_rng, rank_seed, restore_rng, seed_everything
 from thrifty.runtime.ddp.sharding import ShardedStream
 from thrifty.runtime.ddp.trainer import Trainer, load_trainer

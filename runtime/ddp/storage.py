@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ProviderError
-from thrifty.datasets.io import atomic_write_bytes
+from thrifty.core.errors import ProblemError, ProviderError
+from thrifty.core.io import atomic_write_bytes
 from thrifty.runtime.providers._aws import api_errors, boto3_module, error_code, make_client
 
 __all__ = ["Location", "S3Object", "parse", "is_remote", "describe", "exists", "read_bytes", "write_bytes_atomic",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ThriftyError
+from thrifty.core.errors import ProblemError, ThriftyError
 
 __all__ = ["Trainer", "TunableTrainer", "load_trainer", "load_tunable_trainer", "trainer_spec"]
 
@@ -78,7 +78,7 @@ def trainer_spec(trainer: str | Callable[..., Any]) -> str:
 def load_trainer(spec: str, args: Mapping[str, Any] | None = None) -> Trainer:
     """Import ``MODULE:FACTORY``, call it with `args` and check that it
     returned a `Trainer`; every failure is a `ProblemError` naming the spec."""
-    from thrifty.perfmodels.measure.worlds import resolve_factory
+    from thrifty.runtime.worlds import resolve_factory
 
     function = resolve_factory(spec, returns="a Trainer")  # errors name the spec
     try:

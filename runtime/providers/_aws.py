@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ProviderError
-from thrifty.datasets.optional import require
+from thrifty.core.errors import ProblemError, ProviderError
+from thrifty.core.optional import require
 
 __all__ = ["boto3_module", "make_session", "make_client", "verify_credentials", "api_errors", "error_code",
            "error_message", "is_botocore_error", "CredentialsError"]

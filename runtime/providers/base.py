@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from thrifty.datasets.errors import ProviderError
+from thrifty.core.errors import ProviderError
 from thrifty.runtime.events import Preemption
 
 __all__ = ["Machine", "MachineState", "Market", "Provider", "CapacityError", "billed_cost_usd"]
@@ -149,7 +149,7 @@ class Provider(abc.ABC):
         return None
 
     def world_launcher(self, machine_ids: Sequence[str], preload: Sequence[str] = ()) -> Any:
-        """The launcher (`thrifty.perfmodels.measure.worlds.Launcher`) of a
+        """The launcher (`thrifty.runtime.worlds.Launcher`) of a
         world whose rank r runs on machine `machine_ids[r]`; None (the
         default): the local launcher, which starts ranks on this host."""
         return None

@@ -55,9 +55,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_document
-from thrifty.datasets.validation import validate_model
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import read_document
+from thrifty.core.validation import validate_model
 
 __all__ = ["ClusterConfig", "RetryConfig", "load_cluster_config", "parse_cluster_config", "user_data"]
 

@@ -61,7 +61,7 @@ from calendar import timegm
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers._aws import (
     api_errors,

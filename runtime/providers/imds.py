@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from thrifty.datasets.errors import ProviderError
+from thrifty.core.errors import ProviderError
 from thrifty.runtime.events import Preemption
 
 __all__ = ["ImdsClient", "ImdsPoller", "InstanceAction", "InstanceIdentity", "parse_instance_action",

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from thrifty.datasets.catalog import Catalog, load_catalog
-from thrifty.datasets.errors import ProblemError, ProviderError
+from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Market, Provider
 

@@ -33,7 +33,7 @@ from datetime import date, datetime, timezone
 from typing import Any, Protocol
 
 from thrifty.datasets.catalog import CATALOG_FORMAT, Catalog, parse_catalog_file
-from thrifty.datasets.errors import ProblemError, ProviderError, closest_names
+from thrifty.core.errors import ProblemError, ProviderError, closest_names
 from thrifty.runtime.providers._aws import api_errors
 
 __all__ = [

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from thrifty.datasets.catalog import Catalog, load_catalog
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
 from thrifty.runtime.training.errors import ReplanInfeasible, RunFinished, RunInterrupted, Terminated, TrainingError
@@ -55,7 +55,7 @@ from thrifty.runtime.training.rundir import (CarriedOver, RunRecord, absolute_pa
 from thrifty.runtime.training.runlog import RunLog, read_run_log
 from thrifty.runtime.ddp.sharding import split_batch
 from thrifty.runtime.ddp.trainer import trainer_spec
-from thrifty.perfmodels.measure.worlds import zygote
+from thrifty.runtime.worlds import zygote
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem
 
@@ -282,11 +282,11 @@ def profile_command(spec: str, trainer_args: Mapping[str, Any], device: str, thr
 
     factory, name = "MODULE:WORKLOAD", spec.rsplit(":", 1)[-1].replace("_", "-")
     if spec == ZOO_TRAINER:
-        from thrifty.perfmodels.measure import FACTORIES
+        from thrifty.runtime.measure import FACTORIES
 
         name = str(trainer_args.get("model", "tiny-transformer"))
         if name in FACTORIES:
-            factory = f"thrifty.perfmodels.measure.zoo:{FACTORIES[name].__name__}"
+            factory = f"thrifty.runtime.measure.zoo:{FACTORIES[name].__name__}"
     words = ["thrifty", "profile", factory, "--out", f"{name}__{device}.json", "--name", name,
              "--threads", str(threads), "--device", device]
     if device == "cpu" and colocated > 1:

@@ -7,7 +7,7 @@ are; the last good checkpoint is never touched by a failure.
 
 from __future__ import annotations
 
-from thrifty.datasets.errors import ThriftyError
+from thrifty.core.errors import ThriftyError
 
 __all__ = ["TrainingError", "WorldFormationError", "WorkerFailed", "StallError", "ReplanInfeasible",
            "RunInterrupted", "Terminated", "RunFinished"]

@@ -3,7 +3,7 @@
 - `tiny_mlp`: a two-layer perceptron on a small synthetic classification set,
   float64 by default; the tests use it to check gradient reweighting and exact
   resumption to 1e-6 and bit for bit.
-- `zoo`: one of the profiled zoo models (`thrifty.perfmodels.measure.zoo`: ``mlp``,
+- `zoo`: one of the profiled zoo models (`thrifty.runtime.measure.zoo`: ``mlp``,
   ``small-cnn``, ``tiny-transformer``) on a fixed synthetic dataset drawn from
   that model's own input stream and teacher labels. A problem that names the
   same model (``"model": "tiny-transformer"``) is planned with that model's
@@ -87,7 +87,7 @@ def zoo(model: str = "tiny-transformer", samples: int = 4096, lr: float = 1e-3, 
         seed: int = 0) -> Trainer:
     """A profiled zoo model (``mlp``, ``small-cnn``, ``tiny-transformer``) on
     `samples` synthetic examples from its own stream."""
-    from thrifty.perfmodels.measure import FACTORIES
+    from thrifty.runtime.measure import FACTORIES
 
     if model not in FACTORIES:
         raise ValueError(f"model is '{model}', but must be one of {', '.join(FACTORIES)}")

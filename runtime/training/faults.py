@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 from thrifty.runtime.ddp.job import WorkerFault
 from thrifty.runtime.training.launcher import RankSlot
 from thrifty.solver.plan import Plan

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, closest_names
+from thrifty.core.errors import ProblemError, closest_names
 
 __all__ = ["Hooks", "HOOK_EVENTS"]
 

@@ -1,6 +1,6 @@
 """One world of worker processes on this host, from start to end: a `Segment`.
 
-A segment is a worker world (`thrifty.perfmodels.measure.worlds.World`): the
+A segment is a worker world (`thrifty.runtime.worlds.World`): the
 driver hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
 127.0.0.1, so no port can be raced for) and starts one worker process per rank
 (forked by the fork server, which has torch imported; the same code as
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.perfmodels.measure.worlds import Launcher, World, WorldFailed
+from thrifty.core.errors import ProblemError
+from thrifty.runtime.worlds import Launcher, World, WorldFailed
 from thrifty.runtime.ddp.job import METRICS, STOP, JobSpec
 from thrifty.runtime.training.errors import StallError, TrainingError, WorkerFailed, WorldFormationError
 

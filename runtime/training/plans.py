@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.catalog import Catalog
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_document, read_json
-from thrifty.datasets.validation import short_value
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import read_document, read_json
+from thrifty.core.validation import short_value
 from thrifty.runtime.training.rundir import RECORD_NAME, RunRecord
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.datasets.catalog import Catalog, load_catalog
-from thrifty.datasets.errors import ProblemError, in_file
+from thrifty.core.errors import ProblemError, in_file
 from thrifty.runtime.providers.base import Provider
 from thrifty.runtime.training.faults import Fault, fault_problems
 from thrifty.runtime.training.plans import plan_problems

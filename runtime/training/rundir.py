@@ -16,7 +16,7 @@ is in the repository's ``.gitignore``). ``thrifty run --resume RUN_DIR`` (or
 `carried_over` reads from the log what the earlier sessions already spent, so
 the limits count the whole run, and how many worlds they ran, so a resumed
 session numbers its segments (and their job files and logs) after theirs.
-Files follow the umask, as any file the user creates (`thrifty.datasets.io`).
+Files follow the umask, as any file the user creates (`thrifty.core.io`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_json, write_json
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import read_json, write_json
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run
 
 __all__ = ["RUN_RECORD_FORMAT", "RUNS_FOLDER", "RunRecord", "new_run_id", "default_run_dir", "write_run_record",

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 __all__ = ["RunLog", "read_run_log"]
 

@@ -16,7 +16,7 @@ batches, gradient reweighting, checkpoints, loss and metric reports, and the
 driver's stop command.
 
 When the thrifty driver launched it (a rank of a worker world,
-`thrifty.perfmodels.measure.worlds`; the driver hosts the rendezvous store,
+`thrifty.runtime.worlds`; the driver hosts the rendezvous store,
 as torchrun's agent does with ``TORCHELASTIC_USE_AGENT_STORE``), the worker
 also reports through that store, in the worlds' one protocol. This module
 imports no torch itself; the loop does.
@@ -28,7 +28,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from thrifty.perfmodels.measure.worlds import RankChannel, serve_rank
+from thrifty.runtime.worlds import RankChannel, serve_rank
 from thrifty.runtime.ddp.job import JobSpec
 
 __all__ = ["main"]

@@ -7,7 +7,7 @@ real or virtual `Clock`; schedulers cannot tell which. Schedulers: `FIFO`
 learning curves (HyperDrive 7.1) on the virtual clock; `LocalExecutor` runs
 trials as torch worker processes on this host; `execute_plan` carries out a
 tuning plan from the planner stage by stage (RubberBand). Ray Tune versions of
-the schedulers: `thrifty.runtime.tuning.ray_schedulers` (the `ray` extra).
+the schedulers: `thrifty.runtime.tuning.schedulers.ray_tune` (the `ray` extra).
 
     from thrifty.runtime.tuning import (HyperSched, SimulatedExecutor, SyntheticWorkload,
                                         run_experiment, synthetic_search_space)
@@ -17,24 +17,24 @@ the schedulers: `thrifty.runtime.tuning.ray_schedulers` (the `ray` extra).
     result.best_metric, result.best_config
 """
 
-from thrifty.runtime.tuning.asha import ASHA
-from thrifty.runtime.tuning.bandit import Bandit
-from thrifty.runtime.tuning.base import (SCALINGS, Decision, ExperimentView, Scheduler, Start, rung_milestones,
-                                         scaling_function)
+from thrifty.runtime.tuning.schedulers.asha import ASHA
+from thrifty.runtime.tuning.schedulers.bandit import Bandit
+from thrifty.runtime.tuning.schedulers.base import (SCALINGS, Decision, ExperimentView, Scheduler, Start,
+                                                    rung_milestones, scaling_function)
 from thrifty.runtime.tuning.clock import Clock, RealClock, VirtualClock
-from thrifty.runtime.tuning.early_term import EarlyTerm
-from thrifty.runtime.tuning.executor_local import LocalExecutor, TunableTrainer
-from thrifty.runtime.tuning.executor_plan import (PlanExecutor, PlanResult, ProfileWorkload, StageRecord,
-                                                  VirtualProvider, execute_plan, simulated_backend)
-from thrifty.runtime.tuning.executor_sim import (SimulatedExecutor, SyntheticWorkload, TraceWorkload, Workload,
-                                                 configuration_orders, record_traces, synthetic_score,
-                                                 synthetic_search_space)
-from thrifty.runtime.tuning.fifo import FIFO
-from thrifty.runtime.tuning.forecasting import Memoized, default_forecaster
-from thrifty.runtime.tuning.hypersched import HyperSched
+from thrifty.runtime.tuning.schedulers.early_term import EarlyTerm
+from thrifty.runtime.tuning.executors.local import LocalExecutor, TunableTrainer
+from thrifty.runtime.tuning.executors.plan import (PlanExecutor, PlanResult, ProfileWorkload, StageRecord,
+                                                   VirtualProvider, execute_plan, simulated_backend)
+from thrifty.runtime.tuning.executors.sim import (SimulatedExecutor, SyntheticWorkload, TraceWorkload, Workload,
+                                                  configuration_orders, record_traces, synthetic_score,
+                                                  synthetic_search_space)
+from thrifty.runtime.tuning.schedulers.fifo import FIFO
+from thrifty.runtime.tuning.schedulers.forecasting import Memoized, default_forecaster
+from thrifty.runtime.tuning.schedulers.hypersched import HyperSched
 from thrifty.runtime.tuning.loop import (Executor, Experiment, ExperimentResult, SchedulerError, TrialFailedError,
                                          run_experiment)
-from thrifty.runtime.tuning.pop import POP
+from thrifty.runtime.tuning.schedulers.pop import POP
 from thrifty.runtime.tuning.search_space import (CallableSearch, Choice, ConfigList, Exponential, GridSearch,
                                                  IntUniform, LogUniform, RandomSearch, SearchSpace, Uniform)
 from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState

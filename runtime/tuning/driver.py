@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError, ThriftyError
-from thrifty.datasets.io import atomic_write_text
+from thrifty.core.errors import ProblemError, ThriftyError
+from thrifty.core.io import atomic_write_text
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     load_experiment, parse_experiment, resolve_trainer)
@@ -493,7 +493,7 @@ def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -
     """The recorded run in `folder` to go on from: first the results its trials checkpointed but the killed
     driver never heard (appended to the log, `unheard_results`), then `read_history`; `notes` say what was
     recovered, and which results are trained again (newer than their trial's last checkpoint)."""
-    from thrifty.runtime.tuning.executor_local import checkpointed_result
+    from thrifty.runtime.tuning.executors.local import checkpointed_result
 
     events = read_events(folder / EVENTS)
     trials = folder / "trials"
@@ -598,7 +598,7 @@ class _backend:
         self.provider: Any = None
 
     def __enter__(self) -> tuple[Any, Any]:
-        from thrifty.runtime.tuning.executor_local import RANK_PRELOAD, LocalExecutor
+        from thrifty.runtime.tuning.executors.local import RANK_PRELOAD, LocalExecutor
 
         e = self.e
         options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed,
@@ -657,9 +657,9 @@ def _run(e: ExperimentFile, executor: RecordingExecutor, provider: Any, shown: P
          result: TuneResult, stop: Callable[[], str | None]) -> None:
     space = _Drawn(e, len(history.trials) if history is not None else 0)
     if isinstance(e.scheduler, PlanSpec):
-        from thrifty.runtime.tuning.executor_plan import execute_plan
+        from thrifty.runtime.tuning.executors.plan import execute_plan
 
-        from thrifty.runtime.tuning.executor_plan import recorded_cost_usd
+        from thrifty.runtime.tuning.executors.plan import recorded_cost_usd
 
         earlier = recorded_cost_usd(read_events(result.out / EVENTS)) if history is not None else 0.0
         plan_result = execute_plan(shown.plan, executor, provider, space, resume=history, stop=stop,

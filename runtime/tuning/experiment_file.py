@@ -48,10 +48,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.datasets.io import read_document
-from thrifty.datasets.validation import FieldPathError, json_path, validate_model
-from thrifty.runtime.tuning.forecasting import MetricRange, in_range, range_or_default, score_range, shown_range
+from thrifty.core.errors import ProblemError
+from thrifty.core.io import read_document
+from thrifty.core.validation import FieldPathError, json_path, validate_model
+from thrifty.runtime.tuning.schedulers.forecasting import (MetricRange, in_range, range_or_default, score_range,
+                                                          shown_range)
 from thrifty.solver.problem import MAX_COST_USD, MAX_TIME_S
 
 __all__ = ["ExperimentFile", "SCHEDULER_NAMES", "load_experiment", "parse_experiment", "experiment_json_schema",

@@ -76,8 +76,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from thrifty.datasets.errors import ProblemError, ThriftyError
-from thrifty.runtime.tuning.base import Decision, ExperimentState, Scheduler, Start, check_positive
+from thrifty.core.errors import ProblemError, ThriftyError
+from thrifty.runtime.tuning.schedulers.base import Decision, ExperimentState, Scheduler, Start, check_positive
 from thrifty.runtime.tuning.clock import Clock
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState

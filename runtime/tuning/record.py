@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.datasets.errors import ProblemError
-from thrifty.runtime.tuning.executor_plan import record_result
+from thrifty.core.errors import ProblemError
+from thrifty.runtime.tuning.executors.plan import record_result
 from thrifty.runtime.tuning.loop import Executor, ReplayStep, Resumed
 from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from thrifty.datasets.errors import ProblemError
+from thrifty.core.errors import ProblemError
 
 __all__ = [
     "Domain", "Uniform", "LogUniform", "IntUniform", "Choice", "Exponential",

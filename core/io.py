@@ -1,0 +1,197 @@
+"""Small I/O helpers shared by every layer: atomic writes and loading JSON or
+YAML documents with errors that name the file (and the line)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from thrifty.core.errors import ProblemError
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "read_json", "read_yaml", "read_document",
+           "write_json", "YAML_SUFFIXES"]
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _create_temporary(folder: Path, name: str, mode: int | None) -> tuple[int, Path]:
+    """An exclusive new file next to the target. Created with 0o666 so that the
+    kernel applies the umask (``tempfile.mkstemp`` makes 0o600 files, which
+    would leave every output unreadable to the group); `mode` (the mode of the
+    file being replaced) wins when given."""
+    while True:
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        if mode is not None:
+            try:
+                os.fchmod(fd, mode)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+        return fd, tmp
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` so that a reader sees the old file or the new one,
+    never half of it: a temporary file in the same folder, fsync, rename. A new
+    file gets ``0o666 & ~umask``, like any file the user creates; a replaced
+    file keeps its mode. A path that cannot hold a file (a folder there, a
+    file where its folder should be, no permission) is a `ProblemError`
+    naming it."""
+    path = Path(path)
+    try:
+        _write_replacing(path, data)
+    except _UNWRITABLE as e:  # the place named cannot hold the file: bad input, not a crash
+        raise ProblemError(f"cannot be written: {e.strerror or e}", source=str(path)) from None
+
+
+# where a file cannot go: a folder in its place, a file in its folder's place, no permission
+_UNWRITABLE = (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError)
+
+
+def _write_replacing(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode: int | None = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_temporary(path.parent, path.name, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ProblemError("file not found", source=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise ProblemError(f"is not UTF-8 text (byte {e.start})", source=str(path)) from None
+    except OSError as e:
+        raise ProblemError(f"cannot read file: {e.strerror}", source=str(path)) from e
+    except ValueError:  # a path with a NUL byte names no file on any system
+        raise ProblemError("is not a file name: it contains a NUL byte", source=repr(str(path))) from None
+
+
+def _parse(path: Path, kind: str, loads: Any, syntax: type[Exception], where: Any) -> Any:
+    """`loads` the file's text; every failure is a `ProblemError` naming the
+    file: a syntax error (`syntax`, described by `where`), nesting too deep, or
+    an integer beyond Python's digit limit."""
+    text = _read_text(path)
+    try:
+        return loads(text)
+    except syntax as e:
+        raise ProblemError(f"not valid {kind}: {where(e)}", source=str(path)) from None
+    except RecursionError:
+        raise ProblemError(f"not usable {kind}: nested too deeply", source=str(path)) from None
+    except _DuplicateKey as e:
+        raise ProblemError(f"not usable {kind}: {e}", source=str(path)) from None
+    except ValueError as e:
+        if "int_max_str_digits" in str(e) or "Exceeds the limit" in str(e):
+            raise ProblemError(f"not usable {kind}: a number has more than {sys.get_int_max_str_digits():,} digits",
+                               source=str(path)) from None
+        raise ProblemError(f"not usable {kind}: {e}", source=str(path)) from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: with a key twice, JSON readers keep one of the values
+    silently (Python's the last), so a file's author cannot know which one counts."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise _DuplicateKey(f"the key {json.dumps(twice)} is given twice in one object; give it once")
+    return obj
+
+
+def _loads_json(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Load a JSON file; a missing or malformed file, or an object with a key given twice, is a
+    `ProblemError` naming it."""
+    return _parse(Path(path), "JSON", _loads_json, json.JSONDecodeError,
+                  lambda e: f"{e.msg} at line {e.lineno} column {e.colno}")
+
+
+def _yaml_where(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    return " ".join(str(getattr(e, "problem", None) or e).split()) + where
+
+
+@functools.cache
+def _unique_key_loader() -> Any:
+    """PyYAML's safe loader, refusing a mapping with a key given twice (as `_unique_keys` for JSON; a merge
+    key ``<<`` may still override what it merges)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    twice = key in seen
+                except TypeError:  # an unhashable key: the safe loader says so itself
+                    break
+                if twice:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice in one mapping; give it once",
+                        key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """Load a YAML file (safe loader: plain data only, each key of a mapping once); errors name the file
+    and line."""
+    import yaml  # only YAML files pay for the import
+
+    loader = _unique_key_loader()
+    return _parse(Path(path), "YAML", lambda text: yaml.load(text, Loader=loader), yaml.YAMLError, _yaml_where)
+
+
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """Load a problem-like file: YAML for ``.yaml``/``.yml``, JSON otherwise.
+    Every command that reads a problem goes through this one function."""
+    path = Path(path)
+    if path.suffix.lower() in YAML_SUFFIXES:
+        return read_yaml(path)
+    return read_json(path)

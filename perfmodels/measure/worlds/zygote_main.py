@@ -1,9 +1,0 @@
-"""``python -m thrifty.perfmodels.measure.worlds.zygote_main [MODULE ...]``: the
-fork server process (`thrifty.perfmodels.measure.worlds.zygote.serve`), as a
-module of its own so that running it does not re-run the module the package
-has already imported."""
-
-from thrifty.perfmodels.measure.worlds.zygote import serve
-
-if __name__ == "__main__":
-    serve()

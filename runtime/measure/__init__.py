@@ -1,0 +1,36 @@
+"""thrifty.runtime.measure: measuring with torch on this host.
+
+- `profiler` (``thrifty profile``): a compute profile (Srifty 4.1), in
+  phases: `workloads`, `timing`, `memory`, `colocated`, `progress`;
+- `scaling_profiler` (``thrifty profile-scaling``): a scaling profile
+  (RubberBand 4.1);
+- `probe` (``thrifty probe-allreduce``): the allreduce grid probe (Srifty 4.2);
+- `truth` (``thrifty validate``): real DDP iterations of a workload, timed
+  as a user's own loop runs them, to check predictions against;
+- `zoo`: reference workloads;
+- `worlds`: the one way thrifty starts worker processes, and the utilities
+  the runtime shares with measurement (the only part the runtime's training
+  and tuning code imports; its CLI commands call the tools' entry points
+  named below).
+
+The names below import lazily; torch is imported when a tool runs.
+"""
+
+from __future__ import annotations
+
+from thrifty.core.optional import lazy_exports
+
+_EXPORTS = {
+    "profile_workload": "profiler", "load_workload": "profiler",
+    "resolve_device": "profiler", "device_label": "profiler",
+    "profile_scaling": "scaling_profiler", "check_world_sizes": "scaling_profiler",
+    "default_model_name": "scaling_profiler",
+    "probe_allreduce": "probe", "write_probe_csv": "probe", "ProbeConfig": "probe", "ProbeTarget": "probe",
+    "ProbeFailed": "probe", "PROBE_PRELOAD": "probe", "Placement": "probe",
+    "FACTORIES": "zoo", "Workload": "zoo",
+    "measure_rounds": "truth", "summarize": "truth", "check_ranks": "truth", "Truth": "truth",
+    "TruthRun": "truth",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports("thrifty.runtime.measure", _EXPORTS)

@@ -1,0 +1,564 @@
+"""Local executor: tuning trials as real torch training processes on this host.
+
+Implements the loop's executor interface (`thrifty.runtime.tuning.loop`) with
+one *world* of worker processes per launched trial: ``atoms`` ranks of
+synchronous data-parallel training (DDP, gloo on 127.0.0.1), with the DDP kit
+the training runtime uses (`thrifty.runtime.ddp`: trainer factories, atomic
+checkpoints, batch-weighted gradients, sharded data stream, one rank loop), its ranks
+a worker world (`thrifty.runtime.worlds`: forked by the fork
+server, dying with their parent, reporting in the worlds' one protocol). What HyperSched (4.3) and
+HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
+
+- *launch* (start or resume): start ``atoms`` processes; rank 0 restores the
+  trial's checkpoint when it has one (model, optimizer, data position);
+  every rank trains one iteration and rank 0 reports the metric;
+- *iteration*: ``steps_per_iteration`` optimizer steps on the global batch
+  (one epoch by default), then rank 0 evaluates the trainer's metric
+  (validation accuracy, higher is better) and reports it; the world then waits
+  for the loop's decision;
+- *proceed*: the next iteration; *suspend* (pause, or the first half of a
+  resize): rank 0 writes an atomic checkpoint (unless the iteration's is
+  written already) and the world exits; *terminate*: the world exits without
+  one (or is killed);
+- *durable iterations*: every `checkpoint_every` iterations (default 1:
+  each) the ranks checkpoint the iteration *before* rank 0 posts its result,
+  and the report carries the checkpoint's reference (`Report.checkpoint`),
+  so every result the loop hears, and records, has its checkpoint: a driver
+  killed at any moment loses no iteration a record holds. The checkpoint
+  holds the result too (`checkpointed_result`): a driver killed after the
+  checkpoint was written and before it heard the result finds it there when
+  resumed. With ``checkpoint_every`` > 1 (cheaper on big models), a
+  resumed trial goes back to its last checkpoint and redoes the iterations
+  after it (the resume says so);
+- *resize*: suspend, then launch with another number of ranks. The global
+  batch is the trainer's `batch_size` whatever the ranks (split by
+  `sharding.split_batch`, gradients batch-weighted by `reweight`), so a
+  resized trial trains the same model on the same data, only faster or slower
+  (strong scaling); the data position is the step count, so any world resumes
+  any checkpoint.
+
+Overheads are measured, not assumed: the first report after a launch carries
+in ``overhead_s`` the wall time from the launch to the start of its first
+iteration (processes, process group, restore) plus the time the worker took
+to write the checkpoint it restored (0 for a fresh trial), which is what a
+pause/resume or a resize cost the trial (HyperSched's T_o). `launches`
+records each launch's parts.
+
+Every wait has a timeout: a world that does not start within
+`start_timeout_s`, an iteration that does not report within
+`iteration_timeout_s`, a checkpoint not written within `save_timeout_s`, and
+workers waiting on a decision for longer than `decision_timeout_s` (they exit
+by themselves). A worker that raises or dies is a `Crash` (the loop marks the
+trial failed and goes on); every process is reaped when its world ends and in
+`close()`.
+
+*Where the ranks run.* With no provider, on this host (the fork server).
+With a `provider` (a `thrifty.runtime.cluster.provider.RayProvider`: see
+`thrifty.runtime.cluster.tuning.RayExecutor`), on its live machines:
+`MachineSlots` gives each machine as many slots as its instance type has
+devices (GPUs; one per CPU pseudo machine) or `slots_per_machine`, places a
+launch's ranks where the caller says (``where``: machine id -> ranks, what
+the plan executor's placement controller chose) or else on the machines
+with the most free slots (so that trials spread over the machines), and the
+world is started by ``provider.world_launcher`` (an agent per machine forks
+the ranks; rank 0's machine hosts the store). Checkpoints and worker logs
+are written under `workdir` by whichever machine runs the rank, so on
+machines that do not share this host's file system `workdir` must be a
+shared one. Start-up times compare this host's clock with the workers'.
+
+The ranks run the one rank loop (`thrifty.runtime.ddp.loop`) that training
+jobs run, on a `JobSpec` that leaves the batch and the iteration to the
+trainer, evaluates after every iteration and awaits the loop's decision. A
+resumed trial restores every rank's random state when it has as many ranks as
+when it was saved, and after a resize seeds each rank from ``(seed, step,
+rank)`` (`thrifty.runtime.ddp.checkpoint.rank_seed`). Deviation, stated: the
+metric is computed by rank 0 alone, on the whole validation set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from thrifty.core.errors import ProblemError, ProviderError
+from thrifty.runtime.worlds import RankChannel, World, WorldFailed, serve_rank
+from thrifty.runtime.ddp.job import DECISION as COMMAND
+from thrifty.runtime.ddp.job import JobSpec
+from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
+from thrifty.runtime.tuning.clock import Clock, RealClock
+from thrifty.runtime.tuning.trial import Crash, Report, Trial
+
+if TYPE_CHECKING:
+    from thrifty.runtime.providers.base import Provider
+
+__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer",
+           "trial_checkpoint", "checkpointed_result"]
+
+log = logging.getLogger(__name__)
+RANK_ENTRY = "thrifty.runtime.tuning.executors.local:_rank_main"
+# the fork server imports these before forking a trial's ranks
+RANK_PRELOAD = ("thrifty.runtime.ddp.loop", "thrifty.runtime.tuning.executors.local")
+POLL_S = 0.01        # how often worlds are looked at while no result is due
+FAST_POLL_S = 0.0005  # and once one is: a result is taken within half a millisecond
+DUE_FRACTION = 0.8    # a result is due after this fraction of the last iteration's time
+
+
+def accuracy(model: Any, inputs: Any, targets: Any) -> float:
+    """Top-1 accuracy of a classifier on one batch of validation data."""
+    return float((model(inputs).argmax(dim=1) == targets).float().mean())
+
+
+def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, features: int = 8, classes: int = 4,
+                    samples: int = 512, batch_size: int = 32, label_noise: float = 0.1,
+                    steps_per_iteration: int | None = None, seed: int = 0) -> TunableTrainer:
+    """``Linear(features, hidden) -> Tanh -> Linear(hidden, classes)`` on Gaussian
+    points labelled by a fixed random linear teacher (a fraction `label_noise`
+    relabelled at random), `samples` for training and as many for validation;
+    the metric is validation accuracy. Its hyperparameters (lr, hidden,
+    momentum, batch size) change the learning curve, which is what a tuning
+    test needs. ``thrifty.runtime.tuning.executors.local:example_trainer``."""
+
+    def data(split: int) -> tuple[Any, Any]:
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        teacher = torch.randn(features, classes, generator=generator)
+        generator.manual_seed(seed + 1 + split)
+        inputs = torch.randn(samples, features, generator=generator)
+        targets = (inputs @ teacher).argmax(dim=1)
+        noisy = torch.rand(samples, generator=generator) < label_noise
+        targets[noisy] = torch.randint(0, classes, (int(noisy.sum()),), generator=generator)
+        return inputs, targets
+
+    def model() -> Any:
+        import torch
+        from torch import nn
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+
+    def optimizer(parameters: Any) -> Any:
+        import torch
+
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+
+    def dataset() -> Any:
+        from torch.utils.data import TensorDataset
+
+        return TensorDataset(*data(0))
+
+    def loss(outputs: Any, targets: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs, targets)
+
+    validation = data(1)
+    return TunableTrainer(model=model, optimizer=optimizer, dataset=dataset, loss=loss,
+                          metric=lambda m: accuracy(m, *validation), batch_size=batch_size,
+                          steps_per_iteration=steps_per_iteration)
+
+
+# --- the worker side (runs in the trial's processes; imports torch) --------------------------
+
+def _rank_main(argv: list[str]) -> None:  # pragma: no cover - runs in a trial's worker process
+    """Entry point of one rank of a trial (a worker world's rank): the one
+    rank loop (`thrifty.runtime.ddp.loop`) on the trial's job."""
+    job = JobSpec.from_dict(json.loads(argv[0]))
+
+    def body(channel: RankChannel) -> None:
+        from thrifty.runtime.ddp.loop import run_rank
+
+        run_rank(job, channel)
+
+    serve_rank(body)
+
+
+# --- the executor side ------------------------------------------------------------------------
+
+def trial_checkpoint(workdir: str | Path, trial_id: int) -> Path:
+    """Where a trial's checkpoint is, under the executor's `workdir`."""
+    return Path(workdir) / f"trial-{trial_id}" / "checkpoint.pt"
+
+
+def checkpointed_result(workdir: str | Path, trial_id: int, after: int) -> dict[str, Any] | None:
+    """The result of iteration ``after + 1`` of the trial, when its checkpoint
+    holds it: the driver was killed after the iteration was checkpointed and
+    before the result was heard (the ranks write a due checkpoint, with the
+    result, before posting the result). None when the checkpoint is not one
+    iteration ahead (or there is none, or it cannot be read). Reads the
+    checkpoint with torch (only a resume of a killed run calls this)."""
+    from thrifty.core.errors import ThriftyError
+    from thrifty.runtime.ddp.checkpoint import load_checkpoint
+
+    path = trial_checkpoint(workdir, trial_id)
+    if not path.is_file():
+        return None
+    try:
+        state = load_checkpoint(str(path))
+    except ThriftyError:
+        return None
+    if state is None or int(state.get("iteration", -1)) != after + 1 or not isinstance(state.get("result"), dict):
+        return None
+    result = state["result"]
+    return {"iteration": after + 1, "metric": float(result["metric"]), "iteration_s": float(result["iteration_s"]),
+            "checkpoint": {"path": str(path), "iteration": after + 1}}
+
+
+@dataclass
+class LaunchRecord:
+    """One launch of a trial: its ranks, the iteration it resumed from, and
+    what it cost before its first iteration started (seconds)."""
+
+    trial_id: int
+    atoms: int
+    from_iteration: int
+    startup_s: float | None = None   # launch -> first iteration started (processes, group, restore)
+    restore_s: float | None = None   # the restore alone (rank 0)
+    save_s: float = 0.0              # writing the checkpoint it restored
+    ended: str | None = None         # suspended | terminated | crashed
+    pids: list[int] = field(default_factory=list)
+    machines: list[str] = field(default_factory=list)  # rank r's machine (with a provider)
+
+    @property
+    def overhead_s(self) -> float | None:
+        return None if self.startup_s is None else self.startup_s + self.save_s
+
+
+class MachineSlots:
+    """Which of `provider`'s live machines each rank of a launch runs on.
+
+    A machine has `slots_per_machine` slots, or as many as its instance
+    type's devices in `provider.catalog` (at least 1). `take` returns the
+    machine of each rank and holds those slots until `free`; `ProviderError`
+    when the machines cannot hold the launch."""
+
+    def __init__(self, provider: Provider, slots_per_machine: int | None = None):
+        if slots_per_machine is not None and (not isinstance(slots_per_machine, int) or slots_per_machine < 1):
+            raise ProblemError(f"`slots_per_machine` is {slots_per_machine!r}, but must be a positive integer",
+                               path="slots_per_machine")
+        self.provider, self.slots_per_machine = provider, slots_per_machine
+        self._held: dict[int, list[str]] = {}
+
+    def capacity(self) -> dict[str, int]:
+        """Free slots of each live machine, in the provider's order."""
+        used: dict[str, int] = {}
+        for machines in self._held.values():
+            for m in machines:
+                used[m] = used.get(m, 0) + 1
+        return {m.id: self._slots(m.instance_type) - used.get(m.id, 0) for m in self.provider.machines()}
+
+    def _slots(self, instance_type: str) -> int:
+        if self.slots_per_machine is not None:
+            return self.slots_per_machine
+        catalog = getattr(self.provider, "catalog", None)
+        return max(1, catalog.get(instance_type).gpus) if catalog is not None else 1
+
+    def take(self, trial_id: int, atoms: int, where: Mapping[str, int] | None = None) -> list[str]:
+        free = self.capacity()
+        if where is not None:
+            over = {m: n for m, n in where.items() if n > free.get(m, 0)}
+            if over or sum(where.values()) != atoms:
+                raise ProviderError(f"trial {trial_id}: cannot place {atoms} ranks as {dict(where)} on the free "
+                                    f"slots {free}")
+            ranks = [m for m, n in where.items() for _ in range(n)]
+        else:
+            if sum(free.values()) < atoms:
+                raise ProviderError(f"trial {trial_id} needs {atoms} slots; the {len(free)} machines have "
+                                    f"{sum(free.values())} free")
+            ranks = []
+            for _ in range(atoms):  # each rank on the machine with the most free slots: trials spread out
+                m = max(free, key=lambda k: free[k])
+                free[m] -= 1
+                ranks.append(m)
+            ranks.sort(key=list(free).index)  # a machine's ranks together, rank 0 on the first
+        self._held[trial_id] = ranks
+        return ranks
+
+    def free(self, trial_id: int) -> None:
+        self._held.pop(trial_id, None)
+
+
+@dataclass
+class _World:
+    trial_id: int
+    world: World
+    record: LaunchRecord
+    launched_at: float             # unix time
+    waiting_since: float           # monotonic: since the launch or the last "go"
+    iteration: int                 # last iteration reported
+    reported: bool = False
+    idle: bool = False             # reported and waiting for the loop's decision
+    saved: dict[str, Any] | None = None
+    error: str | None = None
+    error_seen_at: float | None = None
+    pending: deque = field(default_factory=deque)
+    expected_s: float | None = None  # the last iteration's time: when the next result is due
+
+    def saved_now(self) -> bool:
+        """Is the checkpoint of the iteration last reported written?"""
+        return self.saved is not None and int(self.saved["iteration"]) == self.iteration
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds (monotonic) until the next result may arrive: a little before
+        the last iteration's time has passed since "go"; None if not known."""
+        if self.idle or not self.reported or self.expected_s is None:
+            return None
+        return self.waiting_since + DUE_FRACTION * self.expected_s - now
+
+
+class LocalExecutor:
+    """Trials as worker processes on this host (see the module docstring).
+
+    `trainer` is ``MODULE:FACTORY`` (or a module-level function) returning a
+    `TunableTrainer` when called with a trial's configuration; `workdir`
+    holds each trial's checkpoint and worker logs. Use it as a context
+    manager, or call `close()`: it kills and reaps whatever still runs.
+    """
+
+    def __init__(self, trainer: str | Callable[..., Any], workdir: str | Path, *, clock: Clock | None = None,
+                 seed: int = 0, threads: int = 1, start_timeout_s: float = 120.0,
+                 iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
+                 decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0, provider: Provider | None = None,
+                 slots_per_machine: int | None = None, checkpoint_every: int | None = 1):
+        if not isinstance(threads, int) or threads < 1:
+            raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
+        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+            raise ProblemError(f"`checkpoint_every` is {checkpoint_every!r}, but must be a positive integer "
+                               "(or None: only when paused)", path="checkpoint_every")
+        for name, value in (("start_timeout_s", start_timeout_s), ("iteration_timeout_s", iteration_timeout_s),
+                            ("save_timeout_s", save_timeout_s), ("decision_timeout_s", decision_timeout_s),
+                            ("stop_grace_s", stop_grace_s)):
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ProblemError(f"`{name}` is {value!r}, but must be a positive number of seconds", path=name)
+        self.trainer = trainer_spec(trainer)
+        self.workdir = Path(workdir)
+        self.clock = clock if clock is not None else RealClock()
+        self.seed, self.threads = seed, threads
+        self.start_timeout_s, self.iteration_timeout_s = start_timeout_s, iteration_timeout_s
+        self.save_timeout_s, self.decision_timeout_s = save_timeout_s, decision_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.checkpoint_every = checkpoint_every
+        self.provider = provider
+        self.slots = MachineSlots(provider, slots_per_machine) if provider is not None else None
+        self.launches: list[LaunchRecord] = []
+        self._worlds: dict[int, _World] = {}
+        self._ready: deque[Report | Crash] = deque()
+
+    # --- the executor interface ---------------------------------------------------------------
+    def launch(self, trial: Trial, atoms: int, where: Mapping[str, int] | None = None) -> None:
+        """Start (or resume) `trial` on `atoms` ranks; with a provider, on the
+        machines `where` says (machine id -> ranks), else where most slots are free."""
+        checkpoint = trial.checkpoint
+        record = LaunchRecord(trial.trial_id, atoms, 0 if checkpoint is None else int(checkpoint["iteration"]),
+                              save_s=0.0 if checkpoint is None else float(checkpoint.get("save_s", 0.0)))
+        self.launches.append(record)
+        folder = trial_checkpoint(self.workdir, trial.trial_id).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        if checkpoint is not None and checkpoint.get("error"):
+            record.ended = "crashed"
+            self._ready.append(Crash(trial.trial_id, f"cannot resume: {checkpoint['error']}", self.clock.now()))
+            return
+        job = JobSpec(trainer=self.trainer, trainer_args=dict(trial.config),
+                      checkpoint_path=str(trial_checkpoint(self.workdir, trial.trial_id)),
+                      restore="required" if checkpoint is not None else "never", steps_per_iteration=None,
+                      checkpoint_every=self.checkpoint_every, evaluate=True, await_decision=True, metrics_every_s=None,
+                      weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
+                      timeout_s=self.decision_timeout_s)
+        launcher = None
+        if self.slots is not None:
+            assert self.provider is not None  # slots come with a provider
+            try:
+                record.machines = self.slots.take(trial.trial_id, atoms, where)
+            except ProviderError as e:
+                record.ended = "crashed"
+                self._ready.append(Crash(trial.trial_id, str(e), self.clock.now()))
+                return
+            launcher = self.provider.world_launcher(record.machines, RANK_PRELOAD)
+        world = World(atoms, RANK_ENTRY, [json.dumps(job.to_dict())], logs=lambda rank: folder / f"rank{rank}.log",
+                      threads=self.threads, timeout_s=self.decision_timeout_s,
+                      preload=RANK_PRELOAD, launcher=launcher,
+                      where=f"trial {trial.trial_id}")
+        entry = _World(trial.trial_id, world, record, time.time(), time.monotonic(), record.from_iteration)
+        self._worlds[trial.trial_id] = entry
+        try:
+            world.start()
+        except WorldFailed as e:
+            self._crash(entry, str(e))
+            return
+        record.pids.extend(world.pids)
+
+    def proceed(self, trial: Trial) -> None:
+        world = self._worlds[trial.trial_id]
+        world.world.command(COMMAND.format(world.iteration), "go")
+        world.idle = False
+        world.waiting_since = time.monotonic()
+
+    def suspend(self, trial: Trial) -> dict[str, Any]:
+        """Checkpoint and stop; the reference carries an `error` (and the trial
+        fails at its next launch) if the checkpoint could not be written. A
+        trial that does not run (one a resumed run settles from its last
+        result) is where its last checkpoint is: `trial.checkpoint`."""
+        world = self._worlds.pop(trial.trial_id, None)
+        if world is None:
+            return trial.checkpoint
+        reference: dict[str, Any] = {"path": str(trial_checkpoint(self.workdir, trial.trial_id)),
+                                     "iteration": world.iteration}
+        if world.error is None and world.world.procs:
+            world.world.command(COMMAND.format(world.iteration), "save")
+            limit = time.monotonic() + self.save_timeout_s
+            while not world.saved_now() and world.error is None and time.monotonic() < limit:
+                self._read_events(world)
+                if not world.saved_now() and all(c is not None for c in world.world.exit_codes()):
+                    self._read_events(world)
+                    break
+                time.sleep(POLL_S)
+        if world.saved_now():
+            assert world.saved is not None
+            reference.update(save_s=float(world.saved["save_s"]), bytes=int(world.saved["bytes"]))
+        else:
+            reference["error"] = world.error or f"no checkpoint written within {self.save_timeout_s:g} s"
+        world.record.ended = "suspended"
+        self._end(world, graceful=world.saved_now())
+        return reference
+
+    def terminate(self, trial: Trial) -> None:
+        world = self._worlds.pop(trial.trial_id, None)
+        self._ready = deque(e for e in self._ready if e.trial_id != trial.trial_id)
+        if world is None:
+            return
+        world.record.ended = world.record.ended or "terminated"
+        if world.idle:  # waiting for a decision: let it exit cleanly
+            world.world.command(COMMAND.format(world.iteration), "stop")
+        self._end(world, graceful=world.idle)
+
+    def next_event(self, until: float | None) -> Report | Crash | None:
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            if not self._worlds:
+                return None
+            for world in list(self._worlds.values()):
+                self._check(world)
+            if self._ready:
+                continue
+            now = self.clock.now()
+            if until is not None and now >= until:
+                return None
+            wait = self._poll_interval()
+            self.clock.sleep_until(now + wait if until is None else min(until, now + wait))
+
+    def _poll_interval(self) -> float:
+        """`FAST_POLL_S` while some running trial's result is due, else until
+        the first one is due (at most `POLL_S`): short iterations are not
+        held up by the poll, and idle waits cost little."""
+        now = time.monotonic()
+        wait = POLL_S
+        for world in self._worlds.values():
+            due = world.due_in(now)
+            if due is not None:
+                wait = min(wait, max(due, FAST_POLL_S))
+        return wait
+
+    def close(self) -> None:
+        """Stop every world (no checkpoints) and reap its processes."""
+        for world in list(self._worlds.values()):
+            world.record.ended = world.record.ended or "terminated"
+            self._end(world, graceful=False)
+        self._worlds.clear()
+        self._ready.clear()
+
+    def __enter__(self) -> "LocalExecutor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- watching worlds ----------------------------------------------------------------------
+    def _read_events(self, world: _World) -> None:
+        for event in world.world.events():
+            kind = event["event"]
+            if kind == "result":
+                world.pending.append(event)
+            elif kind == "checkpoint":
+                world.saved = event
+            elif kind == "error" and world.error is None:
+                world.error = f"rank {event['rank']}: {event['message']}"
+
+    def _check(self, world: _World) -> None:
+        """Turn what a world did since the last look into events."""
+        self._read_events(world)
+        if world.pending:
+            while world.pending:
+                event = world.pending.popleft()
+                if not world.reported and int(event["iteration"]) != world.record.from_iteration + 1:
+                    self._crash(world, f"trial {world.trial_id} restored a checkpoint at iteration "
+                                       f"{int(event['iteration']) - 1}, not at its last recorded iteration "
+                                       f"{world.record.from_iteration}")
+                    return
+                self._ready.append(self._report(world, event))
+            return
+        tid = world.trial_id
+        codes = world.world.exit_codes()
+        now = time.monotonic()
+        if world.error is not None:
+            world.error_seen_at = world.error_seen_at or now
+            if all(c is not None for c in codes) or now - world.error_seen_at > 1.0:
+                self._crash(world, world.error)
+            return
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            self._read_events(world)  # an error report may have landed just before the exit
+            rank, code = failed[0]
+            self._crash(world, world.error or f"rank {rank} of trial {tid} exited with code {code} without a "
+                                              f"report (log: {self.workdir / f'trial-{tid}' / f'rank{rank}.log'})")
+            return
+        if all(c == 0 for c in codes):
+            self._crash(world, f"the workers of trial {tid} exited without being asked to")
+            return
+        if world.idle:
+            return
+        waited = now - world.waiting_since
+        if not world.reported and waited > self.start_timeout_s:
+            self._crash(world, f"trial {tid} did not start within {self.start_timeout_s:g} s")
+        elif world.reported and waited > self.iteration_timeout_s:
+            self._crash(world, f"trial {tid} reported no result within {self.iteration_timeout_s:g} s")
+
+    def _report(self, world: _World, event: dict[str, Any]) -> Report:
+        overhead = 0.0
+        if not world.reported:
+            world.record.startup_s = max(0.0, float(event["started_at"]) - world.launched_at)
+            world.record.restore_s = float(event["restore_s"])
+            overhead = world.record.startup_s + world.record.save_s
+        world.reported = True
+        world.iteration = int(event["iteration"])
+        world.expected_s = float(event["iteration_s"])
+        world.idle = True
+        checkpoint = None
+        if event.get("checkpointed"):  # written before the result was posted: its checkpoint event came first
+            checkpoint = {"path": str(trial_checkpoint(self.workdir, world.trial_id)), "iteration": world.iteration}
+            if world.saved_now():
+                assert world.saved is not None
+                checkpoint.update(save_s=float(world.saved["save_s"]), bytes=int(world.saved["bytes"]))
+        return Report(world.trial_id, world.iteration, float(event["metric"]), float(event["iteration_s"]),
+                      world.world.size, self.clock.now(), overhead, checkpoint)
+
+    def _crash(self, world: _World, message: str) -> None:
+        world.record.ended = "crashed"
+        self._worlds.pop(world.trial_id, None)
+        self._ready.append(Crash(world.trial_id, message, self.clock.now()))
+        self._end(world, graceful=False)
+
+    def _end(self, world: _World, graceful: bool = True) -> None:
+        """Let the processes exit (when they were told to) or kill them; reap them; free their slots."""
+        try:
+            world.world.close(grace_s=self.stop_grace_s if graceful else 0.0)
+        finally:
+            if self.slots is not None:
+                self.slots.free(world.trial_id)

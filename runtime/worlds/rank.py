@@ -1,0 +1,227 @@
+"""One rank of a worker world, from the inside: the channel to the process
+that started the world (`thrifty.runtime.worlds.world.World`).
+
+The starter hosts the world's rendezvous store (a ``TCPStore`` on 127.0.0.1)
+and gives each rank the torchrun environment (``MASTER_ADDR``,
+``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...) plus
+``THRIFTY_WORLD=1`` and ``THRIFTY_WORLD_TIMEOUT_S``. Ranks talk to it through
+that store, in one protocol:
+
+- events: JSON lines ``{"event": kind, "rank": r, "at": unix time, ...}``
+  appended to one key (`post`); ``error`` (``message``, ``traceback``) and
+  ``finished`` (``value``: the rank's result) are the kinds every world
+  knows, its users add their own;
+- progress: each rank's ``"<count> <unix time>"``, overwritten (`progress`):
+  the starter's stall clock restarts when it moves;
+- latest values: a JSON value per name, overwritten (`publish`), for reports
+  the starter reads when it likes (training loss and metrics);
+- commands from the starter: a string per name (`command`, `wait_command`);
+- barriers of the whole world through the store (`barrier`), for worlds
+  without a process group.
+
+A rank started outside a thrifty world (``torchrun``) has a channel without a
+store: events at rank 0 go to its log, commands never come.
+
+`serve_rank` runs a rank's body and ends the process: every failure is
+reported as an ``error`` event (and logged), and the process leaves with
+``os._exit``, because gloo can abort or block in interpreter teardown.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, NoReturn
+
+__all__ = ["RankChannel", "serve_rank", "configure_logging", "join_world", "world_barrier", "KEY_EVENTS",
+           "progress_key", "latest_key", "command_key", "DEFAULT_TIMEOUT_S", "leave", "STACKS_SIGNAL",
+           "dump_stacks_on_signal"]
+
+log = logging.getLogger(__name__)
+
+KEY_EVENTS = "thrifty/events"
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def progress_key(rank: int) -> str:
+    return f"thrifty/progress/{rank}"
+
+
+def latest_key(name: str) -> str:
+    return f"thrifty/latest/{name}"
+
+
+def command_key(name: str) -> str:
+    return f"thrifty/command/{name}"
+
+
+class RankChannel:
+    """This rank's side of the world's store (see the module docstring)."""
+
+    def __init__(self, store: Any | None, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
+
+    @classmethod
+    def from_env(cls) -> "RankChannel":
+        """The channel of a rank a `World` started; one without a store otherwise."""
+        rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        timeout_s = float(os.environ.get("THRIFTY_WORLD_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        if os.environ.get("THRIFTY_WORLD") != "1":
+            return cls(None, rank, size, timeout_s)
+        import torch.distributed as dist
+
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                              timedelta(seconds=timeout_s))
+        return cls(store, rank, size, timeout_s)
+
+    def post(self, event: str, **data: Any) -> None:
+        if self.store is not None:
+            line = json.dumps({"event": event, "rank": self.rank, "at": time.time(), **data})
+            self.store.append(KEY_EVENTS, line + "\n")
+        elif self.rank == 0 and event != "error":
+            log.info("%s: %s", event, data)
+
+    def progress(self, done: int) -> None:
+        if self.store is not None:
+            self.store.set(progress_key(self.rank), f"{done} {time.time()!r}")
+
+    def publish(self, name: str, value: Any) -> None:
+        if self.store is not None:
+            self.store.set(latest_key(name), json.dumps(value))
+        elif self.rank == 0:
+            log.info("%s: %s", name, value)
+
+    def command(self, name: str) -> str | None:
+        """The starter's command `name`, or None when it has not given it."""
+        if self.store is None or not self.store.check([command_key(name)]):
+            return None
+        return self.store.get(command_key(name)).decode()
+
+    def wait_command(self, name: str, timeout_s: float | None = None) -> str:
+        """Wait (at most `timeout_s`, default the world's timeout) for the command `name`."""
+        if self.store is None:
+            raise RuntimeError("this rank was not started by a thrifty world: no commands come")
+        self.store.wait([command_key(name)], timedelta(seconds=timeout_s or self.timeout_s))
+        return self.store.get(command_key(name)).decode()
+
+    def barrier(self, name: str) -> None:
+        """Wait until every rank of the world has reached the barrier `name`
+        (a fresh name per barrier)."""
+        if self.store is None or self.world_size == 1:
+            return
+        key = f"thrifty/barrier/{name}"
+        if self.store.add(key, 1) == self.world_size:
+            self.store.set(key + "/open", "1")
+        self.store.wait([key + "/open"], timedelta(seconds=self.timeout_s))
+
+    def finish(self, value: Any) -> None:
+        """Report this rank's result (any JSON value) to the starter."""
+        self.post("finished", value=value)
+
+    def finish_and_leave(self, value: Any) -> NoReturn:
+        """Report this rank's result and end the process at once (``os._exit(0)``),
+        before the caller's locals go away. Call it past the rank's last
+        collective (after a barrier). Tearing down DDP and gloo objects (a
+        Reducer and its ProcessGroupGloo, by `destroy_process_group` or by a
+        frame's locals being freed) has blocked for good at times on this
+        host, after the work was done: measured with the stall's stack dump,
+        rank 0 of a truth-loop world hung returning from its training
+        function, in C++ destructors, once in 34 runs. A rank has nothing left
+        to clean up."""
+        self.finish(value)
+        leave()
+
+
+def leave() -> NoReturn:
+    """End this rank's process now (``os._exit(0)``), its output flushed,
+    without tearing anything down (see `RankChannel.finish_and_leave`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def configure_logging(rank: int) -> None:
+    """Worker log lines on stderr (the worker's log file), stamped with the rank,
+    unless the process already configured logging."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                            format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
+
+
+STACKS_SIGNAL = signal.SIGUSR1  # a rank writes every thread's stack to its log (stderr) on this signal
+
+
+def dump_stacks_on_signal() -> None:
+    """On `STACKS_SIGNAL`, write every thread's Python stack to stderr (the
+    rank's log) and go on: what a starter asks for before it stops a world
+    that stalled, so the failure says where each rank was."""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError):  # no such signal here, or stderr has no file descriptor
+        pass
+
+
+def serve_rank(body: Callable[[RankChannel], Any]) -> NoReturn:
+    """Run one rank: ``body(channel)``, then end the process with ``os._exit``
+    (0; 1 after reporting an ``error`` event when `body` raised; argparse's
+    code on ``SystemExit``). Never returns."""
+    rank = int(os.environ.get("RANK", "0"))
+    configure_logging(rank)
+    dump_stacks_on_signal()
+    channel = RankChannel(None, rank, int(os.environ.get("WORLD_SIZE", "1")))
+    code = 0
+    try:
+        channel = RankChannel.from_env()
+        body(channel)
+    except SystemExit as e:  # argparse
+        code = e.code if isinstance(e.code, int) else 2
+    except BaseException as e:  # noqa: BLE001 - report anything; the starter decides
+        code = 1
+        text = traceback.format_exc()
+        log.error("failed:\n%s", text)
+        try:
+            channel.post("error", message=f"{type(e).__name__}: {e}", traceback=text)
+        except Exception:  # noqa: BLE001 - the starter also sees the exit code
+            pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def join_world(channel: RankChannel, backend: str, timeout_s: float | None = None) -> Any:
+    """Join the world's process group through its store (every collective
+    bounded by `timeout_s`, default the world's); return this rank's torch
+    device (``cuda:LOCAL_RANK`` under NCCL, one GPU per rank, else the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", channel.rank))
+    gpu = backend == "nccl"
+    if gpu:
+        torch.cuda.set_device(local_rank)
+    timeout = timedelta(seconds=timeout_s or channel.timeout_s)
+    if channel.store is not None:
+        dist.init_process_group(backend, store=channel.store, rank=channel.rank, world_size=channel.world_size,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    return torch.device("cuda", local_rank) if gpu else torch.device("cpu")
+
+
+def world_barrier(device: Any) -> None:
+    """A barrier of the whole process group (NCCL needs to be told this rank's GPU)."""
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
