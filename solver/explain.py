@@ -717,6 +717,8 @@ def _fastest_tuning(problem: Any, values: dict[str, Any], time_limit_s: float) -
         fast = solve_cpsat(space, "min_time", None, time_limit_s)
     except ThriftyError:
         return None
+    if fast.status == "unknown":  # not planned within the time limit: no evidence either way
+        return None
     if fast.options is None:
         return (math.inf, None)
     c = space.simulate(tuple(o.alloc for o in fast.options))

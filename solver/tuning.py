@@ -308,6 +308,11 @@ def brute_force(space: TuningSpace, limit: int = 2_000_000) -> tuple[tuple[Optio
 
 @dataclass
 class ExactResult:
+    """One answer of the exact formulation. `status` is CP-SAT's: ``optimal``
+    or ``feasible`` with `options` the plan; ``infeasible`` (proven: no plan)
+    or ``unknown`` (the time limit passed before any plan was found, which
+    proves nothing; ``details["reason"]`` says so) with `options` None."""
+
     options: tuple[Option, ...] | None
     model_jct_s: float | None
     model_cost_usd: float | None
@@ -399,6 +404,9 @@ def solve_cpsat(space: TuningSpace, objective: str = "min_cost", deadline: float
     wall = time.perf_counter() - start
     if status == cp_model.INFEASIBLE:
         return ExactResult(None, None, None, "infeasible", wall)
+    if status == cp_model.UNKNOWN:  # the time limit passed before any plan was found (a large space, a busy host)
+        return ExactResult(None, None, None, "unknown", wall,
+                           {"reason": f"CP-SAT found no plan within {time_limit_s:g} s"})
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverError(f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s")
     chosen = tuple(next(o for i, o in enumerate(opts[k]) if solver.value(x[k, i])) for k in range(K))
@@ -667,7 +675,9 @@ def plan_tuning(space: TuningSpace, time_limit_s: float = 10.0, fallback_to_gree
         best, chosen, note = verified, "exact", "exact plan, verified by simulation"
     elif greedy is not None and fallback_to_greedy:
         best, chosen = greedy, "greedy"
-        if verified is None:
+        if exact.status == "unknown":
+            note = f"{exact.details['reason']}; greedy's plan is returned"
+        elif verified is None:
             note = "the exact formulation found no plan; greedy's plan is returned"
         elif not ok:
             note = (f"the exact plan misses the deadline under simulation ({space.jct(verified):.1f} s); "

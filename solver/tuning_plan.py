@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from thrifty.core.errors import SolverError
 from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus
 from thrifty.solver.problem import TuningProblem
 from thrifty.solver.tuning import Candidate, TuningSpace, plan_tuning
@@ -170,6 +171,9 @@ def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
         status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"
         return TuningPlan(kind="tuning", status=status, stages=body["stages"], predicted=body["predicted"],
                           baselines=baselines, solver=solver, **common)
+    if res.exact.status == "unknown":  # no plan found, but none proven impossible: not an infeasibility
+        raise SolverError(f"{res.exact.details['reason']} and greedy found none; no infeasibility is proven: "
+                          f"give the planner more time (thrifty solve --time-limit, or time_limit_s)")
     from thrifty.solver.explain import explain_tuning_infeasibility
 
     why = explain_tuning_infeasibility(space, res.fastest, time_limit_s or 10.0)

@@ -75,13 +75,25 @@ def test_with_varying_latencies_the_formulation_s_optimum_is_the_answer():
     assert res.model_cost_usd == pytest.approx(first.model_cost_usd, rel=1e-12)
 
 
+def test_cp_sat_out_of_time_is_unknown_not_infeasible():
+    """A time limit that passes before CP-SAT finds any plan (a large space on a busy host) proves nothing:
+    the answer says ``unknown`` with the reason, never ``infeasible``, and is no failure by itself (greedy's
+    plan, when it has one, is the answer; without one, no infeasibility is claimed)."""
+    space = TuningSpace(problem([(8, 2), (4, 4), (2, 8)], 200))
+    res = solve_cpsat(space, "min_cost", space.deadline, time_limit_s=1e-9)
+    assert res.status == "unknown" and res.options is None
+    assert res.details["reason"] == "CP-SAT found no plan within 1e-09 s"
+    assert solve_cpsat(space, "min_cost", space.deadline).status == "optimal"  # the same space, given time
+
+
 def test_a_later_deadline_never_costs_more():
     """Hyperband on ResNet-50, stages of a minute or less: the billing minimum decides between plans (a
     review found $0.6297 at 130 s and $0.6596 at 150 s, both called optimal)."""
     hyperband = {"kind": "tuning", "model": "resnet50", "instance_type": "p3.8xlarge",
                  "experiment": {"algorithm": "hyperband", "min_iters": 1, "max_iters": 27, "eta": 3},
                  "cloud": {"scale_latency_s": 10, "init_latency_s": 20}}
-    plans = [solve({**hyperband, "deadline_s": d}) for d in (130, 140, 150, 160)]
+    # optimality is asserted, so the search must end: a generous time limit, which only a loaded host reaches
+    plans = [solve({**hyperband, "deadline_s": d}, time_limit_s=300) for d in (130, 140, 150, 160)]
     costs = [p.predicted.cost_usd for p in plans]
     assert all(p.status == "optimal" for p in plans)
     assert all(later <= earlier + 1e-12 for earlier, later in zip(costs, costs[1:])), costs
