@@ -62,6 +62,9 @@ MARKER = ".gpu-check-owned"  # in the folders this script may wipe and refill
 ZOO = ["mlp", "small_cnn", "tiny_transformer", "lstm_text", "conv1d_audio", "embedding_bag"]
 REFERENCE_REQUIRED = ["resnet50"]
 REFERENCE_OPTIONAL = ["resnet18", "alexnet", "vgg16"]
+# A GPU with no derived profile of its own is set beside the nearest one that has: the H200 is the
+# H100's chip (the same SMs and clocks) with more and faster memory (141 GB HBM3e at 4.8 TB/s).
+NEAREST = {"H200": ("H100",)}
 RESERVE_S = 15.0  # kept back from the budget for the comparison and the archive
 MIN_STEP_S = 20.0  # a step is not started with less than this left
 
@@ -359,9 +362,12 @@ def child_env(device: str) -> None:
         "cuda_available": torch.cuda.is_available(),
         "cpus": os.cpu_count(),
         "device": device,
-        "device_key": device_label(device),
-        "machine": machine_description(device, 1),
     }
+    if device == "cuda" and not torch.cuda.is_available():
+        print(json.dumps(info))  # the check stops: nothing below can be read
+        return
+    info["device_key"] = device_label(device)
+    info["machine"] = machine_description(device, 1)
     if device == "cuda":
         def nccl() -> str:
             version = torch.cuda.nccl.version()
@@ -442,11 +448,11 @@ def compare(stage: Path, device_key: str) -> tuple[str, dict[str, Any]]:
         measured = json.loads(path.read_text())
         name = measured["model"]
         reference_path = None
-        for kind in ("derived", "measured"):
-            candidate = ROOT / "datasets" / "profiles" / kind / f"{name}__{device_key}.json"
-            if candidate.exists():
-                reference_path = candidate
-                break
+        for key in (device_key, *NEAREST.get(device_key, ())):
+            for kind in ("derived", "measured"):
+                candidate = ROOT / "datasets" / "profiles" / kind / f"{name}__{key}.json"
+                if candidate.exists() and reference_path is None:
+                    reference_path = candidate
         model: dict[str, Any] = {
             "model": name, "measured_max_batch": measured["max_batch"],
             "max_batch_source": measured.get("extra", {}).get("max_batch_source"),
@@ -470,7 +476,10 @@ def compare(stage: Path, device_key: str) -> tuple[str, dict[str, Any]]:
             other = theirs.get(point["batch"])
             if other is None:
                 continue
-            row = {"model": name, "batch": point["batch"], "kind": reference["provenance"]["kind"]}
+            kind = reference["provenance"]["kind"]
+            if reference["device"] != device_key:
+                kind += f":{reference['device']}"
+            row = {"model": name, "batch": point["batch"], "kind": kind}
             for part, mine, ref in (
                 ("forward", point["forward_s"], other["forward_s"]),
                 ("backward", point["backward_s"], other["backward_s"]),
@@ -479,18 +488,24 @@ def compare(stage: Path, device_key: str) -> tuple[str, dict[str, Any]]:
                 row[f"{part}_measured_s"], row[f"{part}_reference_s"] = mine, ref
                 row[f"{part}_ratio"] = mine / ref if ref > 0 else None
             rows.append(row)
+        common = [r for r in rows if r["model"] == name]
+        if common:
+            top = common[-1]
+            model["largest_common_batch"] = top["batch"]
+            model["iteration_ratio_at_largest_common_batch"] = top["iteration_ratio"]
     return _table(device_key, models, rows), {"device": device_key, "models": models, "points": rows}
 
 
 def _table(device_key: str, models: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    out.write(f"Measured on {device_key} against the reference profile of the same device "
-              "(derived from published figures, or shipped measured); ratio = measured / reference\n\n")
-    header = (f"{'model':<18}{'kind':>9}{'batch':>7}{'fwd ms':>10}{'ref':>10}{'ratio':>7}{'bwd ms':>10}"
+    out.write(f"Measured on {device_key} against the reference profile of the same device (derived from "
+              "published figures, or shipped measured; kind:DEVICE where it is the nearest device's); "
+              "ratio = measured / reference\n\n")
+    header = (f"{'model':<18}{'kind':>14}{'batch':>7}{'fwd ms':>10}{'ref':>10}{'ratio':>7}{'bwd ms':>10}"
               f"{'ref':>10}{'ratio':>7}{'iter ms':>10}{'ref':>10}{'ratio':>7}")
     out.write(header + "\n" + "-" * len(header) + "\n")
     for r in rows:
-        out.write(f"{r['model']:<18}{r['kind']:>9}{r['batch']:>7}")
+        out.write(f"{r['model']:<18}{r['kind']:>14}{r['batch']:>7}")
         for part in ("forward", "backward", "iteration"):
             ratio = r[f"{part}_ratio"]
             out.write(f"{r[f'{part}_measured_s'] * 1e3:>10.3f}{r[f'{part}_reference_s'] * 1e3:>10.3f}"
@@ -509,6 +524,9 @@ def _table(device_key: str, models: list[dict[str, Any]], rows: list[dict[str, A
             line += f" / {m['reference_grad_bytes'] / 1e6:.2f} MB"
         ddp = m["ddp_overhead_s"] or 0.0  # a profile leaves out an overhead of 0 (measured as none)
         line += f", DDP overhead {ddp * 1e3:.3f} ms"
+        if m.get("largest_common_batch") is not None and m["iteration_ratio_at_largest_common_batch"] is not None:
+            line += (f", iteration at batch {m['largest_common_batch']}: "
+                     f"{m['iteration_ratio_at_largest_common_batch']:.2f}x the reference")
         line += f"  [{ref or 'no reference profile on this device'}]"
         out.write(line + "\n")
     return out.getvalue()
@@ -568,7 +586,8 @@ def main_check(args: argparse.Namespace) -> int:
             log(f"    {key}: {machine[key]}")
     check.device_key = machine.get("device_key") or ("cpu" if args.device == "cpu" else "unknown")
     if args.device == "cuda" and machine and not machine.get("cuda_available"):
-        log("torch sees no CUDA device: stopping")
+        step.outcome = "failed (torch sees no CUDA device)"
+        log(f"torch {machine.get('torch')} sees no CUDA device: stopping")
         return finish(check, out)
     key = check.device_key
     settings = check.settings
@@ -646,7 +665,8 @@ def finish(check: Check, out: Path) -> int:
     failed = [s for s in check.steps if s.required and not s.ok]
     log("--- steps (command, wall time, outcome)")
     for s in check.steps:
-        log(f"  {'req' if s.required else 'opt'} {s.outcome:<24} {s.wall_s:7.1f} s  {s.command}")
+        shown = s.command if len(s.command) <= 110 else s.command[:107] + "..."  # in full above and in summary.json
+        log(f"  {'req' if s.required else 'opt'} {s.outcome:<24} {s.wall_s:7.1f} s  {shown}")
     total = time.monotonic() - check.started
     log(f"total {total:.1f} s; {len(failed)} required step(s) not passed"
         + (": " + ", ".join(s.name for s in failed) if failed else ""))
