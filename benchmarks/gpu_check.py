@@ -347,13 +347,31 @@ def install(site: Path, wheels: Path, log: Log) -> Step:
 # --- children: run in a process of their own, with thrifty and torch importable ------------------
 
 
-def child_env(device: str) -> None:
-    """Print the machine's description as JSON (``machine.json``)."""
+# what the steps import in their processes (the workers' too): a missing package shows here first, by name
+STEP_MODULES = [
+    "thrifty.runtime.cli", "thrifty.runtime.commands.profile", "thrifty.runtime.commands.validate",
+    "thrifty.runtime.measure.profiler", "thrifty.runtime.measure.colocated", "thrifty.runtime.measure.truth",
+    "thrifty.runtime.measure.zoo", "thrifty.runtime.measure.reference", "thrifty.perfmodels.simulator",
+    "thrifty.perfmodels.compute", "thrifty.perfmodels.library", "thrifty.perfmodels.loading",
+    "thrifty.datasets.catalog", "rich.console", "rich.table",
+]
+
+
+def child_env(device: str) -> int:
+    """Print the machine's description as JSON (``machine.json``); exit 1 when
+    a module the steps import cannot be imported."""
+    import importlib
     import platform
 
     import torch
 
-    from thrifty.runtime.measure.workloads import device_label, machine_description
+    failed: dict[str, str] = {}
+    for name in STEP_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # every missing module is named, not just the first
+            failed[name] = f"{type(e).__name__}: {e}"
+            print(f"cannot import {name}: {failed[name]}", file=sys.stderr, flush=True)
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -362,10 +380,16 @@ def child_env(device: str) -> None:
         "cuda_available": torch.cuda.is_available(),
         "cpus": os.cpu_count(),
         "device": device,
+        "imports_failed": failed,
     }
+    try:
+        from thrifty.runtime.measure.workloads import device_label, machine_description
+    except Exception:
+        print(json.dumps(info))
+        return 1
     if device == "cuda" and not torch.cuda.is_available():
         print(json.dumps(info))  # the check stops: nothing below can be read
-        return
+        return 1
     info["device_key"] = device_label(device)
     info["machine"] = machine_description(device, 1)
     if device == "cuda":
@@ -399,6 +423,7 @@ def child_env(device: str) -> None:
             info["nvidia_smi"] = f"not available: {e}"
             info["driver"] = None
     print(json.dumps(info))
+    return 1 if failed else 0
 
 
 def child_max_batch(factory: str, cap: int, device: str) -> None:
@@ -575,11 +600,12 @@ def main_check(args: argparse.Namespace) -> int:
     step, text = check.run("machine", [sys.executable, this, "--child", "env", "--device", args.device],
                            required=True, capture=True)
     machine: dict[str, Any] = {}
-    if step.ok:
-        try:
-            machine = json.loads(text.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            step.outcome = "failed (no JSON)"
+    try:  # also from a failed step: it says what it could read
+        machine = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        step.outcome = step.outcome if not step.ok else "failed (no JSON)"
+    if machine.get("imports_failed"):
+        step.outcome = f"failed (cannot import {', '.join(machine['imports_failed'])})"
     (out / "machine.json").write_text(json.dumps(machine, indent=1) + "\n")
     for key in ("machine", "gpu", "driver", "nvidia_smi", "cudnn", "nccl", "tf32_matmul", "tf32_cudnn"):
         if key in machine:
@@ -695,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         what, *rest = args.child
         if what == "env":
-            child_env(args.device)
+            return child_env(args.device)
         elif what == "max-batch":
             child_max_batch(rest[0], int(rest[1]), args.device)
         else:
