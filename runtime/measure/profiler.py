@@ -54,6 +54,7 @@ profile together.
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -230,6 +231,8 @@ def profile_workload(
             ready, hooked_backward = timed_without_gc(
                 lambda: measure_readiness(trainer, ready_at, ready_repeats, tick))
             ddp_s = 0.0
+            if resolved == "cuda":
+                _release_cached_gpu_memory(torch)
             if factory is not None:
                 bar.update(task, description=f"profiling {model_name}: DDP overhead at batch {ready_at}")
                 ddp_s = measure_ddp_overhead(factory, resolved, ready_at, warmup, repeats, threads)
@@ -280,6 +283,15 @@ def profile_workload(
         colocated=shared,
         extra=extra,
     )
+
+
+def _release_cached_gpu_memory(torch: Any) -> None:
+    """Hand back to the GPU the blocks this process's caching allocator kept
+    from the sweep's largest batches. The DDP-overhead process runs on this
+    same GPU: after a sweep up to the largest batch that fits, the cache holds
+    nearly all of its memory, and that process would run out of it."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _check_settings(
