@@ -172,6 +172,11 @@ class Check:
         `capture`, its standard output."""
         step = Step(name, required, command=shown or shlex.join(argv))
         self.steps.append(step)
+        only = self.args.only
+        if only and name != "machine" and name not in only and not any(word in name.split() for word in only):
+            step.outcome = "skipped (--only)"
+            self.log(f"--- {name}: skipped (not named by --only)")
+            return step, ""
         left = self.remaining() - RESERVE_S
         if left < MIN_STEP_S:
             step.outcome = "skipped (time budget)"
@@ -716,6 +721,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", default="/tmp/gpu-check-stage", help="where the steps write their files")
     parser.add_argument("--no-install", action="store_true",
                         help="use this Python's packages and thrifty as installed (install nothing)")
+    parser.add_argument("--only", type=lambda s: [w for w in s.split(",") if w],
+                        help="run only the steps named by one of these comma-separated words or whole step names "
+                             "(model names such as resnet50, 'validate', 'profile vgg16'); the others are "
+                             "reported as skipped, which counts as not passed for a required step")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -14,12 +14,22 @@ from thrifty.runtime.measure.timing import TimedTrainer
 __all__ = ["iteration_fits", "search_max_batch", "estimate_max_batch"]
 
 
-def iteration_fits(trainer: TimedTrainer, batch: int) -> bool:
-    """Whether one training iteration at `batch` runs without a CUDA OOM."""
+STEADY_ITERATIONS = 3  # iterations in a row that must fit: the first differs from the ones after it
+
+
+def iteration_fits(trainer: TimedTrainer, batch: int, iterations: int = STEADY_ITERATIONS) -> bool:
+    """Whether training at `batch` runs without a CUDA OOM: `iterations`
+    iterations in a row on one batch, as the profiler's sweep and a training
+    loop run them. One iteration is not enough: at the edge of memory the
+    first iteration can fit while the next does not (the first step creates
+    the optimizer's state, and the caching allocator's blocks and the
+    convolution algorithms' workspaces chosen after it differ), and a batch
+    found by a one-iteration test ran out of memory in the sweep on an H100."""
     torch = trainer.torch
     try:
         inputs, targets = trainer.batch(batch)
-        trainer.iteration(inputs, targets)
+        for _ in range(iterations):
+            trainer.iteration(inputs, targets)
         return True
     except torch.cuda.OutOfMemoryError:
         return False

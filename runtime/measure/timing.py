@@ -213,7 +213,12 @@ def measure_sweep(
     # The first iterations of a process pay one-time costs (lazy initialization,
     # allocator growth); paying them at the largest batch grows the allocator
     # once for every batch of the sweep.
-    _first_iterations(trainer, sweep[-1])
+    try:
+        _first_iterations(trainer, sweep[-1])
+    except trainer.torch.cuda.OutOfMemoryError as e:  # the device's memory changed since max_batch was found
+        raise ProblemError(f"batch {sweep[-1]} ran out of GPU memory at the start of the sweep, after it fitted in "
+                           f"the search for the largest batch; is another process using the GPU? (give --max-batch "
+                           f"or --batches below it)") from e
     samples = {batch: Samples([], [], []) for batch in sweep}
     for round_index, round_repeats in enumerate(_split(repeats, rounds)):
         for batch in sweep:
