@@ -19,7 +19,7 @@ from thrifty.core.errors import ProblemError
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
-__all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "short_value"]
+__all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "problem_of", "short_value"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -201,16 +201,25 @@ def validate_model(model: type[M], data: Any, source: str | None = None,
     try:
         return model.model_validate(data, strict=strict)
     except pydantic.ValidationError as e:
-        errors = e.errors(include_url=False)
-        first = _first_error(errors)
-        extra = first["type"] == "extra_forbidden"  # there the last part is the user's own key
-        loc = tuple(p for i, p in enumerate(first["loc"])
-                    if not (_is_tag(p) and not (extra and i == len(first["loc"]) - 1)))
-        more = len({_field(error["loc"]) for error in errors}) - 1  # a union's members: one field
-        suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-        cause = first.get("ctx", {}).get("error")
-        if isinstance(cause, FieldPathError):
-            message, loc = cause.message, loc + cause.loc
-        else:
-            message = _describe(first)
-        raise ProblemError(message + suffix, path=path_of(loc), source=source) from None
+        raise problem_of(e, source, path_of) from None
+
+
+def problem_of(error: pydantic.ValidationError, source: str | None = None,
+               path_of: Callable[[tuple[Any, ...]], str] = json_path) -> ProblemError:
+    """The `ProblemError` that says what pydantic's `error` says first: the
+    path of the bad field (`path_of` its location), the rule broken and the
+    value given, and how many more fields are bad. For models validated
+    another way than `validate_model` (a model's own constructor, JSON text)."""
+    errors = error.errors(include_url=False)
+    first = _first_error(errors)
+    extra = first["type"] == "extra_forbidden"  # there the last part is the user's own key
+    loc = tuple(p for i, p in enumerate(first["loc"])
+                if not (_is_tag(p) and not (extra and i == len(first["loc"]) - 1)))
+    more = len({_field(e["loc"]) for e in errors}) - 1  # a union's members: one field
+    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, FieldPathError):
+        message, loc = cause.message, loc + cause.loc
+    else:
+        message = _describe(first)
+    return ProblemError(message + suffix, path=path_of(loc), source=source)

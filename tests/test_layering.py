@@ -5,7 +5,9 @@ runtime/measure); the worker-world package (runtime/worlds) sits below
 everything in the runtime that launches and imports none of it; the rest of
 the runtime reaches measurement only through the tools' public entry points
 (the `thrifty.runtime.measure` package); and every worker process starts
-through the one worker-world package."""
+through the one worker-world package, which holds every launcher: nothing
+else starts a process but the Ray daemons' start, named below with its
+reason."""
 
 from __future__ import annotations
 
@@ -94,18 +96,41 @@ def test_worlds_import_nothing_that_launches():
     assert not bad, "\n".join(bad)
 
 
+# What starts a process. The worker-world package (runtime/worlds) may: its fork server is how every worker
+# starts, on this host and on a Ray node. Outside it, one file, for one reason:
+STARTS_A_PROCESS = ("os.fork", "subprocess.Popen", "multiprocessing", "spawn")
+NOT_A_WORKER = {
+    Path("runtime/cluster/bootstrap.py"): "starts Ray's daemons (`ray start`, a node's or the head's), "
+                                          "which Ray runs and watches itself",
+}
+
+
 def test_one_way_to_start_worker_processes():
-    """Only the fork server forks or spawns worker processes; everything else
-    starts them as a `World`. (The provider and CLI code start no workers.)"""
-    zygote = ROOT / "runtime" / "worlds" / "zygote.py"
-    bad = []
-    for layer in ("core", "perfmodels", "runtime", "solver", "datasets", "benchmarks"):
-        for path in _python_files(layer):
-            if path == zygote:
+    """Every process thrifty starts, it starts through the worker-world
+    package (a `World`, whose launcher forks it from a fork server), but the
+    Ray daemons; nothing else forks, spawns or opens a subprocess, in the
+    library, its data scripts or the benchmarks."""
+    worlds = ROOT / "runtime" / "worlds"
+    bad, seen = [], set()
+    for folder in (*LAYERS, "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" in path.parts or path.is_relative_to(worlds):
                 continue
-            text = path.read_text()
-            for needle in ("multiprocessing", "get_context(\"spawn", "get_context(\"fork", "os.fork(",
-                           "subprocess.Popen([sys.executable"):
-                if needle in text:
-                    bad.append(f"{path.relative_to(ROOT)} uses {needle}")
+            text, where = path.read_text(), path.relative_to(ROOT)
+            hits = [needle for needle in STARTS_A_PROCESS if needle in text]
+            if hits and where in NOT_A_WORKER:
+                seen.add(where)
+            elif hits:
+                bad.append(f"{where} uses {', '.join(hits)}")
+    assert not bad, "\n".join(bad)
+    assert seen == set(NOT_A_WORKER), f"the exception no longer starts anything: {set(NOT_A_WORKER) - seen}"
+
+
+def test_ranks_are_launched_by_the_worker_world_package_alone():
+    """The launchers (the local one and the Ray one, the driver's side and
+    the node's) live in runtime/worlds: no module elsewhere hosts a world's
+    rendezvous store, which is the first thing a launcher does."""
+    worlds = ROOT / "runtime" / "worlds"
+    bad = [f"{p.relative_to(ROOT)} hosts a TCPStore" for p in _python_files("runtime")
+           if not p.is_relative_to(worlds) and "TCPStore(" in p.read_text()]
     assert not bad, "\n".join(bad)

@@ -349,7 +349,7 @@ def test_the_worker_entry_runs_under_torchrun(tmp_path, backend):
     ranks = 2 if backend == "gloo" else min(2, GPUS)
     batches = "5,11" if ranks == 2 else "16"
     done = subprocess.run(
-        [*torchrun, "--standalone", "--nproc-per-node", str(ranks), "-m", "thrifty.runtime.training.worker",
+        [*torchrun, "--standalone", "--nproc-per-node", str(ranks), "-m", "thrifty.runtime.ddp.worker",
          "--trainer", TINY, "--batches", batches, "--iterations", "8", "--checkpoint", str(checkpoint),
          "--checkpoint-every", "4", "--timeout", "60", "--backend", backend],
         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.core.optional import require
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from thrifty.runtime.providers.config import ClusterConfig
 
 __all__ = ["EXTRAS", "join_script", "install_command", "installed_version", "parse_address", "check_name",
-           "check_ip", "ray_cli_code", "ray_start_command", "join_cluster"]
+           "check_ip", "ray_cli_code", "ray_start_command", "RayDaemons", "start_ray_daemons", "join_cluster"]
 
 # What a machine needs of thrifty: the Ray engine and the training worker.
 EXTRAS = "ray,torch"
@@ -195,8 +195,7 @@ def join_cluster(head_address: str, *, node_ip: str, machine_id: str, instance_t
     log_path = log_path or Path(tempfile.gettempdir()) / f"thrifty-node-{machine_id}.log"
     with open(log_path, "w", encoding="utf-8") as log:
         # Its own process group: on a timeout, ray start and whatever it started go together.
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   process_group=0)
+        process = start_ray_daemons(argv, log, env)
         try:
             code = process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -212,7 +211,22 @@ def join_cluster(head_address: str, *, node_ip: str, machine_id: str, instance_t
     return said
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
+RayDaemons = subprocess.Popen  # the process of a `ray start` (and its group: the daemons it leaves)
+
+
+def start_ray_daemons(argv: list[str], log: IO[Any], env: Mapping[str, str]) -> RayDaemons[bytes]:
+    """Run ``ray start`` (`argv`: a worker node's, or the head's) in a process
+    group of its own, its output to `log`, never to a pipe (the daemons it
+    leaves would hold a pipe open).
+
+    The one place outside the worker-world package (`thrifty.runtime.worlds`)
+    that starts a process: Ray's daemons are not worker processes, and Ray
+    starts and watches them itself (tests/test_layering.py names it)."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
+                            process_group=0)
+
+
+def _kill_group(process: RayDaemons[bytes]) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -12,7 +12,7 @@ no dashboard, and the GCS on ``IP:PORT`` so that a security group can allow
 it. ``--block`` keeps the command in the foreground, so the head's daemons
 are the children of one process that this object stops: SIGTERM to the
 group, then SIGKILL after a grace period. Ray's own fate sharing
-(``--block`` spawns a reaper) kills the daemons should the driver die
+(``--block`` starts a reaper) kills the daemons should the driver die
 harder than that.
 
 The head requires a token of every client (Ray's token authentication:
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from thrifty.core.errors import ProviderError
 from thrifty.core.optional import require
-from thrifty.runtime.cluster.bootstrap import ray_cli_code
+from thrifty.runtime.cluster.bootstrap import RayDaemons, ray_cli_code, start_ray_daemons
 
 __all__ = ["RayHead", "default_head_ip"]
 
@@ -74,7 +74,7 @@ class RayHead:
         self.ip, self.port, self.timeout_s = ip, port, timeout_s
         self.system_config = dict(system_config or {})
         self.log_path = log_path or Path(tempfile.gettempdir()) / f"thrifty-head-{ip}-{port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: RayDaemons[bytes] | None = None
         self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         self._saved_env: dict[str, str | None] | None = None
 
@@ -97,9 +97,8 @@ class RayHead:
                                 "as head_address in the cluster config to join it, or choose another ray_port")
         env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN_PATH"}
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, process_group=0,
-                                            env={**env, **self.auth_env, "RAY_USAGE_STATS_ENABLED": "0"})
+            self.process = start_ray_daemons(self.command(), log,
+                                             {**env, **self.auth_env, "RAY_USAGE_STATS_ENABLED": "0"})
         self._saved_env = {k: os.environ.get(k) for k in (*self.auth_env, "RAY_AUTH_TOKEN_PATH")}
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
         os.environ.update(self.auth_env)

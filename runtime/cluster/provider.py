@@ -14,8 +14,9 @@ to this cluster (``thrifty node join``), and waits for their nodes to join
 capacity failure).
 
 Each machine gets an agent (`thrifty.runtime.cluster.agent.MachineAgent`)
-when it is provisioned; `world_launcher` gives the training driver a
-`RayLauncher` over the agents of a world's machines. `poll_interruptions`
+when it is provisioned; `world_launcher` gives whatever starts a world (the
+training driver, a tuning trial, the allreduce probe) a
+`thrifty.runtime.worlds.ray.RayLauncher` over the agents of its machines. `poll_interruptions`
 reports, never blocking: spot notices the agents read from their machine's
 metadata service (``source="imds"``, with the time left), nodes the cluster
 reports dead (``source="node-lost"``), and what the source provider reports.
@@ -37,7 +38,7 @@ from thrifty.datasets.catalog import Catalog
 from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.cluster.connect import connect, import_ray
 from thrifty.runtime.cluster.driver_log import DriverLog
-from thrifty.runtime.cluster.launcher import RayLauncher
+from thrifty.runtime.worlds.ray import RayLauncher
 from thrifty.runtime.cluster.resources import machine_resource, node_marks
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Market, Provider

@@ -5,7 +5,8 @@ training jobs (`thrifty.runtime.training`) and tuning trials
 - `trainer`: what a user trains (`Trainer`, `TunableTrainer`) and how a
   factory name loads in a worker process;
 - `job`: what one world is asked to do (`JobSpec`) and the names the starter
-  and the ranks share;
+  and the ranks share; `worker`: the one entry point of every rank (training
+  jobs and tuning trials), which takes the job as JSON;
 - `sharding`, `reweight`, `checkpoint`: per-rank batches of the global
   batch, gradient reweighting (Srifty 4.5), atomic checkpoints and random
   states;

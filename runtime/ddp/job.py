@@ -1,8 +1,11 @@
 """What one world of worker processes is asked to do: a `JobSpec`, as JSON.
 
-The training driver writes one job file per launch (``thrifty run`` and
-`train()`), and the tuning executor one job per trial launch; a user who
-launches the worker entry with torchrun gives the same fields as flags. One
+The training driver (``thrifty run`` and `train()`) makes one job per
+launch, and the tuning executor one per trial launch; both give it to their
+ranks one way: as JSON on the command line of the one worker entry
+(`thrifty.runtime.ddp.worker`, ``--job JSON``). The driver also keeps each
+job in its run folder, which a user may hand to the entry under torchrun
+(``--job @FILE``), or give the same fields as flags. One
 loop (`thrifty.runtime.ddp.loop.run_rank`) carries out every job. Rank,
 world size and the rendezvous come from the torchrun-compatible environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``),
@@ -11,13 +14,17 @@ never from the job file, so one file serves every rank.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from thrifty.core.errors import ProblemError
+import pydantic
+from pydantic.dataclasses import dataclass
+
+from thrifty.core.errors import ProblemError, in_file
 from thrifty.core.io import atomic_write_text, read_json
+from thrifty.core.validation import FieldPathError, problem_of
 from thrifty.runtime.ddp import storage
 
 __all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION"]
@@ -28,9 +35,16 @@ METRICS = "metrics"  # rank 0 publishes the latest loss and metrics under this n
 DECISION = "iteration-{}"  # the starter's decision after iteration n of an awaiting job: go | save | stop
 
 WorkerFaultKind = Literal["kill", "notice", "slow", "delay_start", "hang"]
+# strict scalars (a flag is not a number, nor a number a flag, nor "8" a number); the containers are not
+# strict, so a JSON list is a tuple
+_Int = Annotated[int, pydantic.Strict()]
+_Count = Annotated[int, pydantic.Strict(), pydantic.Field(ge=1)]
+_Seconds = Annotated[float, pydantic.Strict(), pydantic.Field(gt=0, allow_inf_nan=False)]
+_Flag = Annotated[bool, pydantic.Strict()]
+_Text = Annotated[str, pydantic.Strict()]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid"))
 class WorkerFault:
     """A fault one rank injects into itself (`thrifty.runtime.training.faults`
     turns the public fault descriptions into these).
@@ -43,19 +57,18 @@ class WorkerFault:
     world. ``hang``: stop making progress at `at_iteration`.
     """
 
-    rank: int
+    rank: Annotated[int, pydantic.Strict(), pydantic.Field(ge=0)]
     kind: WorkerFaultKind
-    at_iteration: int = 0
-    until_iteration: int | None = None
-    seconds: float = 0.0
+    at_iteration: Annotated[int, pydantic.Strict(), pydantic.Field(ge=0)] = 0
+    until_iteration: _Int | None = None
+    seconds: Annotated[float, pydantic.Strict(), pydantic.Field(ge=0, allow_inf_nan=False)] = 0.0
 
     def active(self, done: int) -> bool:
         """For ``slow``: does it slow the iteration after `done` are done?"""
         return done >= self.at_iteration and (self.until_iteration is None or done < self.until_iteration)
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
+class JobSpec(pydantic.BaseModel):
     """One world's job: train `trainer` (called with `trainer_args`) from
     its checkpoint at `checkpoint_path` (a path, or an ``s3://bucket/key``
     URL that every machine reaches: `thrifty.runtime.ddp.storage`) for
@@ -74,99 +87,100 @@ class JobSpec:
     after each iteration. `restore`: ``if-present`` resumes from the
     checkpoint when there is one, ``required`` fails without one, ``never``
     starts fresh.
+
+    A pydantic model, frozen, strict in its scalars (a flag is not a number,
+    nor a number a flag) and closed (an unknown key is an error): every way of making one
+    (keywords, `from_json`, `read`) raises a `ProblemError` naming the JSON
+    path of the first bad field.
     """
 
-    trainer: str
-    checkpoint_path: str
-    global_batch: int | None = None
-    iterations: int | None = None
-    batches: tuple[int, ...] | None = None
-    trainer_args: dict[str, Any] = field(default_factory=dict)
-    steps_per_iteration: int | None = 1
-    checkpoint_every: int | None = 100
-    checkpoint_every_s: float | None = None
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    trainer: _Text
+    checkpoint_path: _Text
+    global_batch: _Count | None = None
+    iterations: _Count | None = None
+    batches: Annotated[tuple[_Count, ...], pydantic.Field(min_length=1)] | None = None
+    trainer_args: dict[str, Any] = pydantic.Field(default_factory=dict)
+    steps_per_iteration: _Count | None = 1
+    checkpoint_every: _Count | None = 100
+    checkpoint_every_s: _Seconds | None = None
     restore: Literal["if-present", "required", "never"] = "if-present"
-    evaluate: bool = False
-    await_decision: bool = False
-    seed: int = 0
-    threads: int = 1
+    evaluate: _Flag = False
+    await_decision: _Flag = False
+    seed: _Int = 0
+    threads: _Count = 1
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    timeout_s: float = 600.0
+    timeout_s: _Seconds = 600.0
     weighting: Literal["batch", "hook", "mean"] = "batch"
     faults: tuple[WorkerFault, ...] = ()
-    machine_ids: tuple[str, ...] = ()
-    metrics_every_s: float | None = 1.0  # how often the loss and metrics are reported; None: never
+    machine_ids: tuple[_Text, ...] = ()
+    metrics_every_s: _Seconds | None = 1.0  # how often the loss and metrics are reported; None: never
 
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
+    def __init__(self, **data: Any) -> None:
         try:
-            storage.parse(self.checkpoint_path)
-        except ProblemError as e:
-            raise ProblemError(e.message, path="checkpoint_path") from None
-        if self.batches is not None:
-            self._validate_batches(self.batches)
-        elif self.global_batch is not None and self.global_batch < 1:
-            raise ProblemError(f"is {self.global_batch}, but must be at least 1", path="global_batch")
-        if self.iterations is not None and self.iterations < 1:
-            raise ProblemError(f"is {self.iterations}, but must be at least 1", path="iterations")
-        for name in ("steps_per_iteration", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ProblemError(f"is {value}, but must be at least 1", path=name)
-        if self.metrics_every_s is not None and not self.metrics_every_s > 0:
-            raise ProblemError(f"is {self.metrics_every_s}, but must be positive (or None: no reports)",
-                               path="metrics_every_s")
-        for name, allowed in (("weighting", ("batch", "hook", "mean")), ("backend", ("auto", "gloo", "nccl")),
-                              ("restore", ("if-present", "required", "never"))):
-            if getattr(self, name) not in allowed:
-                raise ProblemError(f"is '{getattr(self, name)}', but must be one of {', '.join(allowed)}",
-                                   path=name)
-        if self.iterations is None and not self.await_decision:
-            raise ProblemError("is missing, but a job that does not await its starter's decisions needs one",
-                               path="iterations")
+            super().__init__(**data)
+        except pydantic.ValidationError as e:
+            raise problem_of(e) from None
 
-    def _validate_batches(self, batches: tuple[int, ...]) -> None:
-        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
-            raise ProblemError(f"is {list(batches)}, but every local batch must be a positive integer",
-                               path="batches")
-        if sum(batches) != self.global_batch:
-            raise ProblemError(f"sum to {sum(batches)}, but the global batch is {self.global_batch}",
-                               path="batches")
-        if self.weighting == "mean" and len(set(batches)) > 1:
-            raise ProblemError(f"is 'mean' (plain DDP averaging), which is wrong for unequal local batches "
-                               f"{list(batches)}; use 'batch' or 'hook'", path="weighting")
-        if self.machine_ids and len(self.machine_ids) != len(batches):
-            raise ProblemError(f"has {len(self.machine_ids)} entries for {len(batches)} ranks", path="machine_ids")
+    @pydantic.field_validator("checkpoint_path")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        try:
+            storage.parse(value)
+        except ProblemError as e:
+            raise FieldPathError((), e.message) from None
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> "JobSpec":
+        batches = self.batches
+        if batches is not None:
+            if sum(batches) != self.global_batch:
+                raise FieldPathError(("batches",), f"sum to {sum(batches)}, but the global batch is "
+                                                   f"{self.global_batch}")
+            if self.weighting == "mean" and len(set(batches)) > 1:
+                raise FieldPathError(("weighting",), f"is 'mean' (plain DDP averaging), which is wrong for "
+                                                     f"unequal local batches {list(batches)}; use 'batch' or 'hook'")
+            if self.machine_ids and len(self.machine_ids) != len(batches):
+                raise FieldPathError(("machine_ids",), f"has {len(self.machine_ids)} entries for "
+                                                       f"{len(batches)} ranks")
+        if self.iterations is None and not self.await_decision:
+            raise FieldPathError(("iterations",), "is missing, but a job that does not await its starter's "
+                                                  "decisions needs one")
+        return self
 
     def with_changes(self, **changes: Any) -> "JobSpec":
-        return replace(self, **changes)
+        """This job with `changes`, validated again."""
+        return JobSpec(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["batches"] = None if self.batches is None else list(self.batches)
-        out["faults"] = [asdict(f) for f in self.faults]
-        out["machine_ids"] = list(self.machine_ids)
-        return out
+    def to_json(self) -> str:
+        """The job as JSON text (what `from_json` reads)."""
+        return self.model_dump_json()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> "JobSpec":
-        try:
-            data = dict(data)
-            if data.get("batches") is not None:
-                data["batches"] = tuple(int(b) for b in data["batches"])
-            data["faults"] = tuple(WorkerFault(**f) for f in data.get("faults", ()))
-            data["machine_ids"] = tuple(data.get("machine_ids", ()))
+    def from_json(cls, text: str | bytes, source: str | None = None) -> "JobSpec":
+        """The job that JSON `text` describes; a `ProblemError` naming the bad field (and `source`)."""
+        return cls.from_data(_loads(text, source), source)
+
+    @classmethod
+    def from_data(cls, data: Any, source: str | None = None) -> "JobSpec":
+        """The job that JSON-shaped `data` describes; a `ProblemError` naming the bad field (and `source`)."""
+        if not isinstance(data, dict):
+            raise ProblemError(f"is {type(data).__name__}, but a job must be a JSON object", source=source)
+        with in_file(source) if source else contextlib.nullcontext():
             return cls(**data)
-        except ProblemError as e:
-            raise ProblemError(e.message, path=e.path, source=source) from None
-        except (KeyError, TypeError, ValueError) as e:
-            raise ProblemError(f"is not a valid job: {type(e).__name__}: {e}", source=source) from None
 
     def write(self, path: str | Path) -> None:
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        atomic_write_text(path, self.model_dump_json(indent=1) + "\n")
 
     @classmethod
     def read(cls, path: str | Path) -> "JobSpec":
-        return cls.from_dict(read_json(path), source=str(path))
+        return cls.from_data(read_json(path), source=str(path))
+
+
+def _loads(text: str | bytes, source: str | None) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ProblemError(f"is not valid JSON: {e}", source=source) from None

@@ -13,7 +13,7 @@ Two kinds of repeats, because hooks cost time:
   repeats split over a few passes over the sweep (so that noise from other
   work on the machine spreads over every batch size), each pass after warm-up;
 * DDP's overhead (given the workload's factory spec, as the CLI does): in a
-  spawned process, DDP on a world of one against the plain model, iterations
+  worker process (a world of `thrifty.runtime.worlds`), DDP on a world of one against the plain model, iterations
   interleaved in pairs at the trace's batch (``ddp_overhead_s``);
 * readiness repeats, at one reference batch, run with a
   ``register_post_accumulate_grad_hook`` on every parameter. Each hook's
@@ -22,7 +22,7 @@ Two kinds of repeats, because hooks cost time:
   normalizes so that the trace scales to other batch sizes.
 
 Co-located workers (CPU): with ``colocated=k`` the latency sweep is measured
-a second time in ``k`` fresh processes at once (spawned, each loading the
+a second time in ``k`` fresh processes at once (a worker world, each loading the
 workload from its factory spec, one barrier before every batch so that all
 of them run the same batch together, and a real gradient exchange between
 backward and the step of every iteration, untimed, as DDP's; see
@@ -197,7 +197,7 @@ def profile_workload(
     make_optimizer: ``params -> optimizer``; default SGD, momentum 0.9.
     command: the provenance command (the CLI passes its command line).
     factory: the workload's ``module:function`` spec: with it, processes
-        spawned to measure DDP's overhead (and co-located workers) load the
+        started to measure DDP's overhead (and co-located workers) load the
         workload themselves; without it ``ddp_overhead_s`` is 0 (not measured).
     colocated: on CPU, also measure the sweep in this many processes at once
         (see the module docstring); needs `factory` and the default optimizer.

@@ -22,7 +22,7 @@ measurement:
    iteration is done only when its slowest worker is.
 
 After `warmup` untimed iterations, `iterations` timed ones give the mean and
-sample sd of each point. The profile's ``startup_s`` is the time from spawning
+sample sd of each point. The profile's ``startup_s`` is the time from starting
 the smallest world to its rank 0 starting the first iteration (forking the
 ranks from the fork server, which has torch imported, as thrifty's tuning
 runtime launches a trial; model construction; rendezvous), RubberBand's trial
@@ -221,13 +221,13 @@ def profile_scaling(
             if on_progress is not None:
                 on_progress(offset + done, total, _workers(size))
 
-        spawned = time.time()
+        launched = time.time()
         world = World(size, _ENTRY, [json.dumps(asdict(plan))], backend=backend, threads=threads,
                       timeout_s=timeout_s, preload=(_ENTRY.split(":")[0],),
                       where=f"scaling profile of '{spec}' with {_workers(size)}")
         result = world.run(stall_timeout_s=timeout_s, on_progress=progress, failure=ProbeFailed)[0]
         if index == 0:
-            startup_s = max(0.0, result["first_started"] - spawned)
+            startup_s = max(0.0, result["first_started"] - launched)
         points.append(_point(size, result["times"], iterations))
     return ScalingProfileFile(
         format=SCALING_FORMAT,

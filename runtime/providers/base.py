@@ -18,10 +18,13 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from thrifty.core.errors import ProviderError
 from thrifty.runtime.events import Preemption
+
+if TYPE_CHECKING:
+    from thrifty.runtime.worlds import Launcher
 
 __all__ = ["Machine", "MachineState", "Market", "Provider", "CapacityError", "billed_cost_usd"]
 
@@ -148,7 +151,7 @@ class Provider(abc.ABC):
         for, and is then a `CapacityError`, which re-plans)."""
         return None
 
-    def world_launcher(self, machine_ids: Sequence[str], preload: Sequence[str] = ()) -> Any:
+    def world_launcher(self, machine_ids: Sequence[str], preload: Sequence[str] = ()) -> Launcher | None:
         """The launcher (`thrifty.runtime.worlds.Launcher`) of a
         world whose rank r runs on machine `machine_ids[r]`; None (the
         default): the local launcher, which starts ranks on this host."""

@@ -7,9 +7,9 @@ watch its progress, re-plan on preemption or slowdown (Srifty 4.5, 5.4).
 
     result = train("plan.json", "mypkg.jobs:trainer", problem="problem.json")
 
-The names below load on first use (PEP 562), so a worker process, which
-imports ``thrifty.runtime.training.worker``, does not pay for the solver, and
-nothing here imports torch until a run starts.
+The names below load on first use (PEP 562), so importing the package does
+not pay for the solver, and nothing here imports torch until a run starts.
+(Workers run the DDP kit's entry, `thrifty.runtime.ddp.worker`.)
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@
 A segment is a worker world (`thrifty.runtime.worlds.World`): the
 driver hosts the rendezvous store (a ``TCPStore`` on an ephemeral port of
 127.0.0.1, so no port can be raced for) and starts one worker process per rank
-(forked by the fork server, which has torch imported; the same code as
-``python -m thrifty.runtime.training.worker``) with the torchrun environment,
+(forked by the fork server, which has torch imported; the one worker entry,
+`thrifty.runtime.ddp.worker`, given the job as JSON) with the torchrun environment,
 each rank's ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` from its
 machine. The workers report through the world's one protocol; `Segment.poll`
-reads it without blocking and turns what it sees into a `SegmentPoll`, or into
-an exception when waiting longer would be a hang:
+looks at the world through the worlds' one watcher
+(`thrifty.runtime.worlds.watch.Watch`), never blocking, and turns its events
+and typed outcome into a `SegmentPoll`, or into an exception when waiting
+longer would be a hang:
 
 - the world does not form within ``world_timeout_s``: `WorldFormationError`;
 - a worker raises: `WorkerFailed` with its message (traceback in its log);
@@ -33,15 +35,16 @@ from typing import Any, Literal
 
 from thrifty.core.errors import ProblemError
 from thrifty.runtime.worlds import Launcher, World, WorldFailed
+from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
 from thrifty.runtime.ddp.job import METRICS, STOP, JobSpec
+from thrifty.runtime.ddp.worker import ENTRY, PRELOAD, job_argv
 from thrifty.runtime.training.errors import StallError, TrainingError, WorkerFailed, WorldFormationError
 
-__all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS", "WORKER_ENTRY", "WORKER_PRELOAD"]
+__all__ = ["RankSlot", "SegmentPoll", "Segment", "LOCAL_HOSTS", "WORKER_PRELOAD"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
-WORKER_ENTRY = "thrifty.runtime.training.worker:main"
 # imported by the fork server before it forks workers: the worker and what it loads at start
-WORKER_PRELOAD = ("thrifty.runtime.training.worker", "thrifty.runtime.ddp.loop", "thrifty.runtime.training.examples")
+WORKER_PRELOAD = (*PRELOAD, "thrifty.runtime.training.examples")
 ERROR_GRACE_S = 0.5  # after an error report, how long to look for a rank lost without one
 EXIT_GRACE_S = 5.0  # after the workers said they are done, how long they may take to exit
 
@@ -85,7 +88,7 @@ class Segment:
         if remote and launcher is None:
             raise ProblemError(f"the local launcher starts workers on this host only, but machines run on "
                                f"{', '.join(remote)}: start the worker entry there with torchrun "
-                               "(python -m thrifty.runtime.training.worker --help)")
+                               "(python -m thrifty.runtime.ddp.worker --help)")
         self.job, self.slots, self.index = job, list(slots), index
         self.folder = Path(folder)
         self.world_timeout_s, self.stall_timeout_s = world_timeout_s, stall_timeout_s
@@ -93,6 +96,7 @@ class Segment:
         self.extra_env = dict(env or {})
         self.launcher = launcher
         self._world: World | None = None
+        self._watch: Watch | None = None
         self.started_at: float | None = None
         self.formed_at: float | None = None
         self.stop_requested_at: float | None = None
@@ -102,13 +106,7 @@ class Segment:
         self.checkpoints: list[dict[str, Any]] = []
         self._joining: set[int] = set()
         self._ready: set[int] = set()
-        self._errors: dict[int, dict[str, Any]] = {}
-        self._progress: tuple[int, float] | None = None
-        self._last_change = 0.0
-        self._error_seen_at: float | None = None
         self._end_seen_at: float | None = None
-        self._killed = False
-        self._expected: set[int] = set()  # ranks the driver killed on purpose
         self._closed = False
 
     # -- life cycle -----------------------------------------------------------------------
@@ -125,21 +123,29 @@ class Segment:
             raise RuntimeError(f"segment {self.index} has not started")
         return self._world
 
+    @property
+    def watch(self) -> Watch:
+        if self._watch is None:
+            raise RuntimeError(f"segment {self.index} has not started")
+        return self._watch
+
     def start(self) -> None:
-        job_path = self.folder / f"job-segment{self.index}.json"
-        self.job.write(job_path)
-        files = {str(job_path): job_path.read_text()}  # machines that do not share this file system get it
+        self.job.write(self.folder / f"job-segment{self.index}.json")  # the run folder's record of it
 
         def rank_env(rank: int) -> dict[str, str]:
             slot = self.slots[rank]
             return {"LOCAL_RANK": str(slot.local_rank), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
                     "GROUP_RANK": str(slot.machine_index)}
 
-        self._world = World(len(self.slots), WORKER_ENTRY, ["--job", str(job_path)], logs=self.log_path,
+        self._world = World(len(self.slots), ENTRY, job_argv(self.job), logs=self.log_path,
                            env=self.extra_env, rank_env=rank_env, backend="gloo", threads=self.job.threads,
                            timeout_s=max(self.world_timeout_s, self.job.timeout_s), preload=WORKER_PRELOAD,
-                           launcher=self.launcher, files=files, where=f"segment {self.index}")
-        self.started_at = self._last_change = time.monotonic()
+                           launcher=self.launcher, where=f"segment {self.index}")
+        # the stall clock runs from the start until the world forms (then it is the formation timeout)
+        self._watch = Watch(self._world, error_grace_s=ERROR_GRACE_S, settle_timeout_s=self.world_timeout_s,
+                            stall_timeout_s=self.world_timeout_s, progress_ranks=(0,),
+                            ending_events=("error", "done", "stopped"), on_event=self._note)
+        self.started_at = time.monotonic()
         try:
             self.world.start()
         except WorldFailed as e:
@@ -151,20 +157,16 @@ class Segment:
         if self.stop_requested_at is None and not self._closed:
             self.world.command(STOP)
             self.stop_requested_at = time.monotonic()
+            if len(self._ready) == len(self.slots):
+                self.watch.stall_timeout_s = None  # the stop timeout holds from now on (the formation one too)
 
     def kill(self, ranks: Sequence[int] | None = None, as_loss: bool = False) -> None:
         """SIGKILL the given ranks (default: all) that still run. Ranks the
         driver kills are not reported as lost, unless `as_loss` (the fault
         injector taking a machine away, which must look like the real thing)."""
-        if self._closed or self._world is None:
+        if self._closed or self._watch is None:
             return
-        for rank, proc in enumerate(self.procs):
-            if (ranks is None or rank in ranks) and proc.exitcode is None:
-                self.world.kill([rank])
-                if not as_loss:
-                    self._expected.add(rank)
-        if ranks is None and not as_loss:
-            self._killed = True
+        self._watch.kill(ranks, as_loss)
 
     def close(self) -> None:
         """Kill whatever still runs, reap every process, stop the store."""
@@ -185,74 +187,56 @@ class Segment:
         return [s.rank for s in self.slots if s.machine_id == machine_id]
 
     # -- watching -------------------------------------------------------------------------
-    def _new_events(self) -> list[dict[str, Any]]:
-        events = self.world.events()
-        for e in events:
-            kind = e.get("event")
-            if kind == "joining":
-                self._joining.add(e["rank"])
-            elif kind == "ready":
-                self._ready.add(e["rank"])
-                self.start_iteration = e["start_iteration"]
-                self._last_change = time.monotonic()  # the stall clock starts when the world has formed
-            elif kind == "checkpoint":
-                self.last_checkpoint = e["iteration"]
-                self.checkpoints.append(e)
-                self._last_change = time.monotonic()
-            elif kind in ("done", "stopped"):
-                self.end_event = e
-            elif kind == "error":
-                self._errors.setdefault(e["rank"], e)
-        return events
-
-    def _read_progress(self) -> None:
-        progress = self.world.progress(0)
-        if progress is not None and progress != self._progress:
-            self._progress = progress
-            self._last_change = time.monotonic()
-
-    def _read_metrics(self) -> dict[str, Any] | None:
-        return self.world.latest(METRICS)
+    def _note(self, e: dict[str, Any]) -> None:
+        """What the segment keeps of a worker's event."""
+        kind = e.get("event")
+        if kind == "joining":
+            self._joining.add(e["rank"])
+        elif kind == "ready":
+            self._ready.add(e["rank"])
+            self.start_iteration = e["start_iteration"]
+            if len(self._ready) == len(self.slots):  # formed: the stall clock starts (none while stopping)
+                self.watch.sign()
+                self.watch.stall_timeout_s = self.stall_timeout_s if self.stop_requested_at is None else None
+        elif kind == "checkpoint":
+            self.last_checkpoint = e["iteration"]
+            self.checkpoints.append(e)
+            self.watch.sign()
+        elif kind in ("done", "stopped"):
+            self.end_event = e
 
     def poll(self) -> SegmentPoll:
         """What happened since the last poll; raises when waiting on would hang."""
         now = time.monotonic()
-        events = self._new_events()
-        if self.end_event is not None or self._errors:
-            self.world.hurry()  # the world is ending: its exits are what the run waits for now
-        self._read_progress()
-        metrics = self._read_metrics()
-        codes = self.world.exit_codes()
-        if any(c not in (None, 0) for c in codes):
-            events += self._new_events()  # an error report may have landed just before the exit
-        out = SegmentPoll(events=events, formed=len(self._ready) == len(self.slots), metrics=metrics)
-        if self._progress is not None:
-            out.iteration, out.iteration_at = self._progress
+        look = self.watch.look()
+        out = SegmentPoll(events=look.events, formed=len(self._ready) == len(self.slots),
+                          metrics=self.world.latest(METRICS))
+        progress = self.watch.progress.get(0)
+        if progress is not None:
+            out.iteration, out.iteration_at = progress
         if out.formed and self.formed_at is None:
             self.formed_at = now
-        out.lost = self._lost(codes)
-        if out.lost:
+        outcome = look.outcome
+        if isinstance(outcome, Lost):
+            out.lost = list(outcome.ranks)
             return out
-        if self._killed:
+        if isinstance(outcome, Killed):
             out.ended = "killed"
             return out
-        if self._errors:
-            self._error_seen_at = self._error_seen_at or now
-            waited = now - self._error_seen_at
-            # on a cluster, a rank's error may be its peer's machine going away: wait until every
-            # machine has answered since the error (at most the world timeout) before blaming the rank
-            if (waited >= ERROR_GRACE_S and (self.world.settled(self._error_seen_at) or waited > self.world_timeout_s)
-                    or all(c is not None for c in codes)):
-                self._raise_error()
-            return out
-        if all(c == 0 for c in codes):
+        if isinstance(outcome, Failed):
+            self.close()
+            raise WorkerFailed(f"rank {outcome.rank} failed: {outcome.reason} (log: {self.log_path(outcome.rank)})",
+                               rank=outcome.rank, details=outcome.details)
+        if self.watch.errors:
+            return out  # an error is reported once every machine has answered since (the outcome `Failed`)
+        if isinstance(outcome, Finished):
             if self.end_event is None:
                 self.close()
                 raise WorkerFailed(f"the workers of segment {self.index} exited without finishing or stopping; "
                                    f"logs: {self.log_path(0).parent}")
             out.ended = "finished" if self.end_event["event"] == "done" else "stopped"
             return out
-        if any(c is None for c in codes) and not self.world.server_alive:
+        if isinstance(outcome, ServerGone):
             self.close()
             raise WorkerFailed("the worker fork server exited while workers ran; the last checkpoint is kept")
         if self.end_event is not None:  # the work is checkpointed: give the exits a grace, then end them
@@ -261,44 +245,24 @@ class Segment:
                 self.kill()
                 out.ended = "finished" if self.end_event["event"] == "done" else "stopped"
                 return out
-        self._check_timeouts(now, out.formed)
-        if self._killed:
+        if isinstance(outcome, Stalled):
+            self._stalled(out.formed)
+        if self.stop_requested_at is not None and now - self.stop_requested_at > self.stop_timeout_s:
+            self.kill()  # the run restarts from its last checkpoint
             out.ended = "killed"
         return out
 
-    def _lost(self, codes: list[int | None]) -> list[tuple[int, int]]:
-        """Ranks gone without a report: their machine is lost. On a cluster,
-        the ranks whose machine the launcher knows is gone; when the world's
-        store went down with rank 0's machine, no rank can report, and only
-        those killed by a signal are lost (the others exited on the
-        collective error that followed)."""
-        gone = set(self.world.machines_lost())
-        failed = self.world.store_failed is not None
-        return [(r, c) for r, c in enumerate(codes)
-                if c is not None and c != 0 and r not in self._expected
-                and (r in gone or (r not in self._errors and (not failed or c < 0)))]
-
-    def _raise_error(self) -> None:
-        rank = min(self._errors)
-        error = self._errors[rank]
-        self.close()
-        raise WorkerFailed(f"rank {rank} failed: {error['message']} (log: {self.log_path(rank)})",
-                           rank=rank, details=error.get("traceback", ""))
-
-    def _check_timeouts(self, now: float, formed: bool) -> None:
-        if not formed and self.started_at is not None and now - self.started_at > self.world_timeout_s:
+    def _stalled(self, formed: bool) -> None:
+        """The world did not form within the world timeout, or made no progress for the stall timeout."""
+        if not formed:
             missing = sorted(set(range(len(self.slots))) - self._joining)
             why = (f"ranks {', '.join(map(str, missing))} never joined" if missing
                    else "every rank joined, but the process group did not form")
             self.close()
             raise WorldFormationError(f"the world of {len(self.slots)} workers did not form within "
                                       f"{self.world_timeout_s:g} s ({why}); logs: {self.log_path(0).parent}")
-        if self.stop_requested_at is not None:
-            if now - self.stop_requested_at > self.stop_timeout_s:
-                self.kill()  # the run restarts from its last checkpoint
-            return
-        if formed and now - self._last_change > self.stall_timeout_s:
-            done = self._progress[0] if self._progress else self.start_iteration
-            self.close()
-            raise StallError(f"no progress for {self.stall_timeout_s:g} s (at iteration {done}); stopped the "
-                             f"workers; the last checkpoint is kept; logs: {self.log_path(0).parent}")
+        progress = self.watch.progress.get(0)
+        done = progress[0] if progress else self.start_iteration
+        self.close()
+        raise StallError(f"no progress for {self.stall_timeout_s:g} s (at iteration {done}); stopped the "
+                         f"workers; the last checkpoint is kept; logs: {self.log_path(0).parent}")

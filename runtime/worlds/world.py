@@ -17,8 +17,9 @@ thread count and, under gloo, the interface to bind (`Launcher.network_env`). Ea
 protocol of `thrifty.runtime.worlds.rank`.
 
 Watching is by polling, never blocking: `events` (new events), `progress`,
-`latest`, `exit_codes`. `run` is the whole life of a world that computes a
-result: it follows the ranks until every one has exited, calls back on
+`latest`, `exit_codes`, read by the one watcher (`thrifty.runtime.worlds.watch.Watch`),
+whose looks end in a typed outcome. `run` is the whole life of a world that
+computes a result: it follows the ranks until their outcome, calls back on
 progress, and raises `WorldFailed` (or the caller's error type), naming the
 world, when a rank reports an error, dies, goes without progress for the
 stall timeout, or ends without its result. Every process dies with the fork
@@ -39,6 +40,7 @@ from thrifty.runtime.worlds.errors import WorldFailed
 from thrifty.runtime.worlds.launcher import Launcher, LocalLauncher, RankProcess
 from thrifty.runtime.worlds.rank import KEY_EVENTS, DEFAULT_TIMEOUT_S, STACKS_SIGNAL, command_key
 from thrifty.runtime.worlds.rank import latest_key, progress_key
+from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, Outcome, ServerGone, Stalled, Watch
 
 __all__ = ["World", "POLL_S"]
 
@@ -59,7 +61,6 @@ class World:
         entry module, the user's trainer module), so a rank starts warm.
     where: what the world is, for error messages.
     launcher: where the ranks run (default: `LocalLauncher`, this host).
-    files: path -> text that every rank's machine must have (a job file).
     """
 
     _count = 0
@@ -68,8 +69,7 @@ class World:
                  where: str = "a worker world", logs: Callable[[int], str | Path] | None = None,
                  env: Mapping[str, str] | None = None, rank_env: Callable[[int], Mapping[str, str]] | None = None,
                  backend: str = "gloo", threads: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 preload: Sequence[str] = (), launcher: Launcher | None = None,
-                 files: Mapping[str, str] | None = None):
+                 preload: Sequence[str] = (), launcher: Launcher | None = None):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, not {size}")
         World._count += 1
@@ -81,7 +81,6 @@ class World:
         self.backend, self.threads, self.timeout_s = backend, threads, timeout_s
         self.preload = tuple(preload)
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(self.preload)
-        self.files = dict(files or {})
         self.store: Any = None
         self.master: tuple[str, int] | None = None
         self.store_failed: str | None = None
@@ -118,14 +117,14 @@ class World:
                    **self.launcher.network_env(rank, self.backend), **self.env,
                    **(self.rank_env(rank) if self.rank_env else {})}
             self.procs.append(self.launcher.launch(rank, self.entry, list(self._argv(rank)), env,
-                                                   str(self.log_path(rank)), self.files))
+                                                   str(self.log_path(rank))))
         return self
 
     def _stacks_of_stalled(self, wait_s: float = 1.0, lines: int = 12) -> str:
         """Ask every rank still running on this host for its threads' stacks
         (`rank.STACKS_SIGNAL`, written to its log) and return the end of each
         log, so a stall says where the ranks were ("" on other launchers)."""
-        if not isinstance(self.launcher, LocalLauncher):
+        if not self.launcher.on_this_host:
             return ""
         running = [(rank, proc) for rank, proc in enumerate(self.procs) if proc.exitcode is None]
         for _, proc in running:
@@ -184,7 +183,7 @@ class World:
                 return None
             return self.store.get(key).decode("utf-8", errors="replace")
         except Exception as e:  # noqa: BLE001 - torch raises DistStoreError, RuntimeError or OSError
-            if isinstance(self.launcher, LocalLauncher):
+            if self.launcher.on_this_host:
                 raise  # hosted by this process: a failure is a bug, not a lost machine
             self.store_failed = f"{type(e).__name__}: {e}"
             return None
@@ -233,72 +232,67 @@ class World:
         every rank's ``finished`` value, by rank. ``on_progress(total)`` is
         called when the sum of the ranks' progress counts moves; `on_wait`
         while waiting. Raises `failure` naming the world (see the module
-        docstring); the processes are always reaped."""
+        docstring) on any outcome of its `Watch` but a finished one with every
+        result; the processes are always reaped."""
         if self.store is None:
             self.start()
-        results: dict[int, Any] = {}
-        total, last_sign = -1, time.monotonic()
+        def on_event(event: dict[str, Any]) -> None:
+            if event["event"] == "finished":
+                watch.sign()
+
+        watch = Watch(self, error_grace_s=ERROR_GRACE_S, stall_timeout_s=stall_timeout_s,
+                      progress_ranks=range(self.size), on_event=on_event)
+        total = -1
         try:
             while True:
-                for event in self.events():
-                    if event["event"] == "error":
-                        self._wait_exit(ERROR_GRACE_S)
-                        raise failure(f"{self.where}: rank {event['rank']} failed:\n"
-                                      f"{event.get('traceback') or event['message']}".rstrip())
-                    if event["event"] == "finished":
-                        results[event["rank"]] = event["value"]
-                        last_sign = time.monotonic()
-                now_total = sum(p[0] for p in map(self.progress, range(self.size)) if p is not None)
+                look = watch.look()
+                now_total = sum(count for count, _ in watch.progress.values())
                 if now_total != total:
-                    total, last_sign = now_total, time.monotonic()
+                    total = now_total
                     if on_progress is not None:
                         on_progress(total)
-                codes = self.exit_codes()
-                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed and not self._error_posted():
-                    died = ", ".join(f"rank {r} exit code {c}" for r, c in failed)
-                    raise failure(f"{self.where}: a worker died ({died}; log: {self.log_path(failed[0][0])})")
-                if all(c == 0 for c in codes):
-                    missing = [r for r in range(self.size) if r not in results]
-                    if missing:
-                        raise failure(f"{self.where}: the workers exited without a result "
-                                      f"(ranks {', '.join(map(str, missing))})")
-                    return [results[r] for r in range(self.size)]
-                if any(c is None for c in codes) and not self.server_alive:
-                    raise failure(f"{self.where}: the worker fork server exited while workers ran")
-                if time.monotonic() - last_sign > stall_timeout_s:
-                    raise failure(f"{self.where}: no progress for {stall_timeout_s:g} s; stopped the workers"
-                                  + self._stacks_of_stalled())
+                if look.outcome is not None:
+                    return self._result(look.outcome, failure, stall_timeout_s)
                 if on_wait is not None:
                     on_wait()
                 time.sleep(POLL_S)
         finally:
-            self.close(grace_s=10.0 if len(results) == self.size else 0.0)
+            self.close(grace_s=10.0 if len(watch.results) == self.size else 0.0)
 
-    def _error_posted(self) -> bool:
-        """Whether an error event landed just before a rank's exit (read them again)."""
-        return '"event": "error"' in (self._read(KEY_EVENTS) or "")[self._consumed:]
+    def _result(self, outcome: Outcome, failure: type[Exception], stall_timeout_s: float) -> list[Any]:
+        """The results of a finished world, or `failure` saying how it ended."""
+        match outcome:
+            case Finished(results=results):
+                missing = [r for r in range(self.size) if r not in results]
+                if missing:
+                    raise failure(f"{self.where}: the workers exited without a result "
+                                  f"(ranks {', '.join(map(str, missing))})")
+                return [results[r] for r in range(self.size)]
+            case Failed(rank=rank, reason=reason, details=details):
+                raise failure(f"{self.where}: rank {rank} failed:\n{details or reason}".rstrip())
+            case Lost(ranks=lost):
+                died = ", ".join(f"rank {r} exit code {c}" for r, c in lost)
+                raise failure(f"{self.where}: a worker died ({died}; log: {self.log_path(lost[0][0])})")
+            case ServerGone():
+                raise failure(f"{self.where}: the worker fork server exited while workers ran")
+            case Stalled():
+                raise failure(f"{self.where}: no progress for {stall_timeout_s:g} s; "
+                              "stopped the workers" + self._stacks_of_stalled())
+            case Killed():
+                raise failure(f"{self.where}: the workers were killed")
+        raise AssertionError(f"unknown outcome {outcome!r}")
 
     def settled(self, since: float) -> bool:
         """Whether the exit codes are known as of `since` (monotonic) on every
         machine (always, on this host)."""
-        check = getattr(self.launcher, "settled", None)
-        return True if check is None else bool(check(since))
+        return self.launcher.settled(since)
 
     def machines_lost(self) -> list[int]:
         """Ranks whose machine the launcher knows is gone (never, on this host)."""
-        return [r for r, p in enumerate(self.procs) if getattr(p, "machine_lost", False)]
+        return [r for r, p in enumerate(self.procs) if p.machine_lost]
 
     def hurry(self) -> None:
         """The world is ending: its exits will be awaited. A launcher that
         watches remote exits less often while a world trains (the Ray one)
         watches them closely from now on."""
-        hurry = getattr(self.launcher, "hurry", None)
-        if hurry is not None:
-            hurry()
-
-    def _wait_exit(self, seconds: float) -> None:
-        self.hurry()
-        limit = time.monotonic() + seconds
-        while any(c is None for c in self.exit_codes()) and time.monotonic() < limit:
-            time.sleep(POLL_S)
+        self.launcher.hurry()

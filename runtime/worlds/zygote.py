@@ -182,6 +182,11 @@ class WorkerProcess:
         """False once the zygote is gone: no exit code will come any more."""
         return self.owner.alive
 
+    @property
+    def machine_lost(self) -> bool:
+        """Never: the worker runs on the zygote's own machine."""
+        return False
+
     def kill(self) -> None:
         if self.exitcode is None:
             try:

@@ -77,7 +77,6 @@ metric is computed by rank 0 alone, on the whole validation set.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
@@ -87,10 +86,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thrifty.core.errors import ProblemError, ProviderError
-from thrifty.runtime.worlds import RankChannel, World, WorldFailed, serve_rank
+from thrifty.runtime.worlds import World, WorldFailed
+from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
 from thrifty.runtime.ddp.job import DECISION as COMMAND
 from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
+from thrifty.runtime.ddp.worker import ENTRY, PRELOAD, job_argv
 from thrifty.runtime.tuning.clock import Clock, RealClock
 from thrifty.runtime.tuning.trial import Crash, Report, Trial
 
@@ -101,9 +102,9 @@ __all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "MachineSlots", "a
            "trial_checkpoint", "checkpointed_result"]
 
 log = logging.getLogger(__name__)
-RANK_ENTRY = "thrifty.runtime.tuning.executors.local:_rank_main"
-# the fork server imports these before forking a trial's ranks
-RANK_PRELOAD = ("thrifty.runtime.ddp.loop", "thrifty.runtime.tuning.executors.local")
+# the fork server imports these before forking a trial's ranks: the one worker entry, and this module (its
+# example trainer)
+RANK_PRELOAD = (*PRELOAD, "thrifty.runtime.tuning.executors.local")
 POLL_S = 0.01        # how often worlds are looked at while no result is due
 FAST_POLL_S = 0.0005  # and once one is: a result is taken within half a millisecond
 DUE_FRACTION = 0.8    # a result is due after this fraction of the last iteration's time
@@ -163,21 +164,6 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
     return TunableTrainer(model=model, optimizer=optimizer, dataset=dataset, loss=loss,
                           metric=lambda m: accuracy(m, *validation), batch_size=batch_size,
                           steps_per_iteration=steps_per_iteration)
-
-
-# --- the worker side (runs in the trial's processes; imports torch) --------------------------
-
-def _rank_main(argv: list[str]) -> None:  # pragma: no cover - runs in a trial's worker process
-    """Entry point of one rank of a trial (a worker world's rank): the one
-    rank loop (`thrifty.runtime.ddp.loop`) on the trial's job."""
-    job = JobSpec.from_dict(json.loads(argv[0]))
-
-    def body(channel: RankChannel) -> None:
-        from thrifty.runtime.ddp.loop import run_rank
-
-        run_rank(job, channel)
-
-    serve_rank(body)
 
 
 # --- the executor side ------------------------------------------------------------------------
@@ -293,13 +279,25 @@ class _World:
     launched_at: float             # unix time
     waiting_since: float           # monotonic: since the launch or the last "go"
     iteration: int                 # last iteration reported
+    watch: Watch                   # the world's watcher (`on_event` is `note`)
     reported: bool = False
     idle: bool = False             # reported and waiting for the loop's decision
     saved: dict[str, Any] | None = None
-    error: str | None = None
-    error_seen_at: float | None = None
     pending: deque = field(default_factory=deque)
     expected_s: float | None = None  # the last iteration's time: when the next result is due
+
+    @property
+    def error(self) -> str | None:
+        """The first error a rank reported, or None."""
+        first = next(iter(self.watch.errors.values()), None)
+        return None if first is None else f"rank {first['rank']}: {first['message']}"
+
+    def note(self, event: dict[str, Any]) -> None:
+        """Keep a rank's result (for the loop) and checkpoint reports."""
+        if event["event"] == "result":
+            self.pending.append(event)
+        elif event["event"] == "checkpoint":
+            self.saved = event
 
     def saved_now(self) -> bool:
         """Is the checkpoint of the iteration last reported written?"""
@@ -381,11 +379,14 @@ class LocalExecutor:
                 self._ready.append(Crash(trial.trial_id, str(e), self.clock.now()))
                 return
             launcher = self.provider.world_launcher(record.machines, RANK_PRELOAD)
-        world = World(atoms, RANK_ENTRY, [json.dumps(job.to_dict())], logs=lambda rank: folder / f"rank{rank}.log",
+        world = World(atoms, ENTRY, job_argv(job), logs=lambda rank: folder / f"rank{rank}.log",
                       threads=self.threads, timeout_s=self.decision_timeout_s,
                       preload=RANK_PRELOAD, launcher=launcher,
                       where=f"trial {trial.trial_id}")
-        entry = _World(trial.trial_id, world, record, time.time(), time.monotonic(), record.from_iteration)
+        # the stall clock: the start, until the first result; then each iteration, from the loop's "go"
+        watch = Watch(world, settle_timeout_s=self.decision_timeout_s, stall_timeout_s=self.start_timeout_s)
+        entry = _World(trial.trial_id, world, record, time.time(), time.monotonic(), record.from_iteration, watch)
+        watch.on_event = entry.note
         self._worlds[trial.trial_id] = entry
         try:
             world.start()
@@ -399,6 +400,8 @@ class LocalExecutor:
         world.world.command(COMMAND.format(world.iteration), "go")
         world.idle = False
         world.waiting_since = time.monotonic()
+        world.watch.sign()
+        world.watch.stall_timeout_s = self.iteration_timeout_s
 
     def suspend(self, trial: Trial) -> dict[str, Any]:
         """Checkpoint and stop; the reference carries an `error` (and the trial
@@ -414,9 +417,9 @@ class LocalExecutor:
             world.world.command(COMMAND.format(world.iteration), "save")
             limit = time.monotonic() + self.save_timeout_s
             while not world.saved_now() and world.error is None and time.monotonic() < limit:
-                self._read_events(world)
-                if not world.saved_now() and all(c is not None for c in world.world.exit_codes()):
-                    self._read_events(world)
+                look = world.watch.look()
+                if not world.saved_now() and all(c is not None for c in look.codes):
+                    world.watch.look()  # a checkpoint report may have landed just before the exits
                     break
                 time.sleep(POLL_S)
         if world.saved_now():
@@ -481,19 +484,9 @@ class LocalExecutor:
         self.close()
 
     # --- watching worlds ----------------------------------------------------------------------
-    def _read_events(self, world: _World) -> None:
-        for event in world.world.events():
-            kind = event["event"]
-            if kind == "result":
-                world.pending.append(event)
-            elif kind == "checkpoint":
-                world.saved = event
-            elif kind == "error" and world.error is None:
-                world.error = f"rank {event['rank']}: {event['message']}"
-
     def _check(self, world: _World) -> None:
         """Turn what a world did since the last look into events."""
-        self._read_events(world)
+        look = world.watch.look()
         if world.pending:
             while world.pending:
                 event = world.pending.popleft()
@@ -505,30 +498,24 @@ class LocalExecutor:
                 self._ready.append(self._report(world, event))
             return
         tid = world.trial_id
-        codes = world.world.exit_codes()
-        now = time.monotonic()
-        if world.error is not None:
-            world.error_seen_at = world.error_seen_at or now
-            if all(c is not None for c in codes) or now - world.error_seen_at > 1.0:
-                self._crash(world, world.error)
-            return
-        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
-        if failed:
-            self._read_events(world)  # an error report may have landed just before the exit
-            rank, code = failed[0]
-            self._crash(world, world.error or f"rank {rank} of trial {tid} exited with code {code} without a "
-                                              f"report (log: {self.workdir / f'trial-{tid}' / f'rank{rank}.log'})")
-            return
-        if all(c == 0 for c in codes):
-            self._crash(world, f"the workers of trial {tid} exited without being asked to")
-            return
-        if world.idle:
-            return
-        waited = now - world.waiting_since
-        if not world.reported and waited > self.start_timeout_s:
-            self._crash(world, f"trial {tid} did not start within {self.start_timeout_s:g} s")
-        elif world.reported and waited > self.iteration_timeout_s:
-            self._crash(world, f"trial {tid} reported no result within {self.iteration_timeout_s:g} s")
+        match look.outcome:
+            case None:
+                return
+            case Lost(ranks=[(rank, code), *_]) if world.error is None:
+                self._crash(world, f"rank {rank} of trial {tid} exited with code {code} without a report "
+                                   f"(log: {self.workdir / f'trial-{tid}' / f'rank{rank}.log'})")
+            case Finished():
+                self._crash(world, f"the workers of trial {tid} exited without being asked to")
+            case Stalled() if world.reported:
+                self._crash(world, f"trial {tid} reported no result within {self.iteration_timeout_s:g} s")
+            case Stalled():
+                self._crash(world, f"trial {tid} did not start within {self.start_timeout_s:g} s")
+            case Failed() | Lost():
+                self._crash(world, world.error or "")
+            case ServerGone():
+                self._crash(world, f"the worker fork server exited while trial {tid} ran")
+            case Killed():  # the executor ends its worlds by closing them, never through the watch
+                self._crash(world, f"the workers of trial {tid} were killed")
 
     def _report(self, world: _World, event: dict[str, Any]) -> Report:
         overhead = 0.0
@@ -540,6 +527,7 @@ class LocalExecutor:
         world.iteration = int(event["iteration"])
         world.expected_s = float(event["iteration_s"])
         world.idle = True
+        world.watch.stall_timeout_s = None  # the world awaits the loop's decision (its ranks time out by themselves)
         checkpoint = None
         if event.get("checkpointed"):  # written before the result was posted: its checkpoint event came first
             checkpoint = {"path": str(trial_checkpoint(self.workdir, world.trial_id)), "iteration": world.iteration}

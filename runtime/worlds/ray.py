@@ -1,26 +1,44 @@
-"""`RayLauncher`: a world's ranks on the machines of a Ray cluster.
+"""A world's ranks on the machines of a Ray cluster: both sides of it.
 
-The `thrifty.runtime.worlds.launcher.Launcher` of worlds whose
-ranks run on Ray nodes: rank r runs on the machine of `agents[r]` (a
-`thrifty.runtime.cluster.agent.MachineAgent` actor), forked there by that
-machine's fork server; the rendezvous store is hosted by rank 0's agent on
-its node's address (``MASTER_ADDR``), and this process is a client of it.
+The driver's side is `RayLauncher`, the `thrifty.runtime.worlds.launcher.Launcher`
+of worlds whose ranks run on Ray nodes: rank r runs on the machine of
+`agents[r]` (an actor of a `NodeRanks` subclass, one per machine:
+`thrifty.runtime.cluster.agent.MachineAgent`), forked there by that machine's
+fork server; the rendezvous store is hosted by rank 0's agent on its node's
+address (``MASTER_ADDR``), and this process is a client of it.
+
+The node's side is `NodeRanks`: what an agent does for the worlds of its
+machine (start the machine's fork server, host a world's store, fork ranks,
+report their exit codes, kill and reap them). The
+cluster code makes it a Ray actor and adds what is about the machine itself
+(its lease, its spot notices).
 
 Watching never blocks: exit codes come from one ``exit_codes`` call per
 agent in flight at a time, collected with ``ray.wait(timeout=0)``. An agent
 whose call fails with ``RayActorError`` (its node died, or it was killed) has
 lost its ranks: they report exit code -9, as a machine taken away without
 notice does under the local launcher, and `machine_lost` says so.
+
+Ray is imported when a launcher is made (`thrifty.core.optional.require`),
+torch when a store is hosted; importing this module imports neither.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-__all__ = ["RayLauncher", "RayRankProcess"]
+from thrifty.core.optional import require
+from thrifty.runtime.worlds.network import interface_of
+from thrifty.runtime.worlds.zygote import WorkerProcess, start_zygote, zygote
+
+__all__ = ["RayLauncher", "RayRankProcess", "NodeRanks"]
 
 REFRESH_S = 0.1         # at most one round of exit-code calls this often while the world trains
 HURRY_REFRESH_S = 0.01  # and while it is ending (`hurry`): the next world waits for these exits
@@ -58,11 +76,10 @@ class RayLauncher:
     """Ranks on Ray nodes: `agents[r]` is rank r's machine agent (an actor handle)."""
 
     where = "the Ray cluster"
+    on_this_host = False
 
     def __init__(self, agents: Sequence[Any]):
-        import ray
-
-        self._ray = ray
+        self._ray: Any = require("ray", "ray")
         self.agents = list(agents)
         self._unique: list[Any] = []
         for agent in self.agents:
@@ -81,9 +98,7 @@ class RayLauncher:
 
     # -- Launcher ----------------------------------------------------------------------------
     def rendezvous(self, timeout_s: float) -> tuple[str, int, Any]:
-        import torch.distributed as dist
-        from datetime import timedelta
-
+        dist = require("torch.distributed", "torch", package="torch")
         owner = self._index[0]
         address, port = self._ray.get(self._unique[owner].host_store.remote(timeout_s), timeout=timeout_s)
         self._store = (owner, port)
@@ -93,10 +108,8 @@ class RayLauncher:
     def network_env(self, rank: int, backend: str) -> dict[str, str]:
         return self._ray.get(self.agents[rank].network_env.remote(backend), timeout=60)
 
-    def launch(self, rank: int, entry: str, argv: list[str], env: dict[str, str], log: str,
-               files: Mapping[str, str]) -> RayRankProcess:
-        pid = self._ray.get(self.agents[rank].launch.remote(entry, argv, env, log, dict(files), list(sys.path)),
-                            timeout=120)
+    def launch(self, rank: int, entry: str, argv: list[str], env: dict[str, str], log: str) -> RayRankProcess:
+        pid = self._ray.get(self.agents[rank].launch.remote(entry, argv, env, log, list(sys.path)), timeout=120)
         self._pids[rank], self._codes[rank] = pid, None
         return RayRankProcess(self, rank, pid)
 
@@ -130,8 +143,7 @@ class RayLauncher:
     def hurry(self) -> None:
         """The world is ending and its exits are awaited: ask the agents often
         from now on. While it trains, each round of calls costs the agents CPU
-        that the ranks beside them need (on this 2-core host, 8% of the
-        iteration time at 30 rounds a second), so rounds are rarer then."""
+        that the ranks beside them need, so rounds are rarer then (`REFRESH_S`)."""
         self._refresh_s = HURRY_REFRESH_S
 
     def refresh(self, force: bool = False) -> None:
@@ -186,3 +198,78 @@ class RayLauncher:
                 self._ray.get(ref)
             except self._ray.exceptions.RayError:
                 pass
+
+
+class NodeRanks:
+    """One machine's side of the worlds whose ranks it runs (see the module
+    docstring): a plain class, made a Ray actor by its cluster subclass.
+    `preload`: the modules the machine's fork server imports, started at
+    once (torch imported while the rest of the plan's machines come up)."""
+
+    def __init__(self, preload: Sequence[str] = ()):
+        ray = require("ray", "ray")
+        self.node_ip = ray.util.get_node_ip_address()
+        self.preload = tuple(preload)
+        self._stores: dict[int, Any] = {}
+        self._procs: dict[int, WorkerProcess] = {}
+        self._lock = threading.Lock()
+        start_zygote(self.preload)
+
+    def ready(self) -> bool:
+        """Wait for this machine's fork server (its torch import)."""
+        zygote(self.preload)
+        return True
+
+    # -- the rendezvous ------------------------------------------------------------------
+    def host_store(self, timeout_s: float) -> tuple[str, int]:
+        """Host a world's store on this node's address: ``(address, port)``."""
+        dist = require("torch.distributed", "torch", package="torch")
+        store = dist.TCPStore(self.node_ip, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+        with self._lock:
+            self._stores[int(store.port)] = store
+        return self.node_ip, int(store.port)
+
+    def drop_store(self, port: int) -> None:
+        with self._lock:
+            self._stores.pop(port, None)
+
+    # -- ranks ---------------------------------------------------------------------------
+    def network_env(self, backend: str) -> dict[str, str]:
+        if backend != "gloo" or "GLOO_SOCKET_IFNAME" in os.environ:
+            return {}
+        name = interface_of(self.node_ip)
+        return {"GLOO_SOCKET_IFNAME": name} if name else {}
+
+    def launch(self, entry: str, argv: list[str], env: dict[str, str], log: str, sys_path: Sequence[str] = ()) -> int:
+        """Fork one rank on this machine, with the driver's ``sys.path``
+        entries that exist here ahead of the node's own; its pid."""
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        proc = zygote(self.preload).launch(entry, argv, env, log,
+                                           sys_path=[p for p in sys_path if os.path.exists(p)])
+        with self._lock:
+            self._procs[proc.pid] = proc
+        return proc.pid
+
+    def exit_codes(self, pids: Sequence[int]) -> dict[int, int | None]:
+        """Each pid's exit code (None while it runs; -9 for one this agent does not know)."""
+        with self._lock:
+            procs = dict(self._procs)
+        return {pid: procs[pid].exitcode if pid in procs else LOST_CODE for pid in pids}
+
+    def kill(self, pids: Sequence[int]) -> None:
+        with self._lock:
+            procs = [self._procs[p] for p in pids if p in self._procs]
+        for proc in procs:
+            proc.kill()
+
+    def reap(self, pids: Sequence[int], timeout_s: float = 10.0) -> None:
+        """Wait (at most `timeout_s`) for the ranks to exit, then forget them."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            procs = [self._procs[p] for p in pids if p in self._procs]
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            for proc in procs:
+                if proc.exitcode is not None:
+                    self._procs.pop(proc.pid, None)

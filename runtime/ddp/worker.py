@@ -1,22 +1,25 @@
-"""The worker: one rank of synchronous data-parallel training (Srifty 4.5).
+"""The worker: the one entry point of every rank of a training job or a
+tuning trial (synchronous data-parallel training, Srifty 4.5).
 
-Run by the driver (`thrifty.runtime.training.launcher`) as
-``python -m thrifty.runtime.training.worker --job JOB.json``, or by torchrun::
+A thrifty starter (the training driver's `thrifty.runtime.training.launcher`,
+the tuning executor) starts each rank of a worker world
+(`thrifty.runtime.worlds`) as ``ENTRY`` with `job_argv(job)`: the `JobSpec`
+as JSON on its command line, ``--job JSON``. By hand, a job file (the driver
+keeps each world's job in its run folder) is ``--job @JOB.json``, and under
+torchrun the job's fields may be given as flags::
 
-    torchrun --nproc-per-node 3 -m thrifty.runtime.training.worker \\
+    torchrun --nproc-per-node 3 -m thrifty.runtime.ddp.worker \\
         --trainer thrifty.runtime.training.examples:tiny_mlp --batches 3,5,8 \\
         --iterations 100 --checkpoint run/checkpoint.pt
 
 Rank, world size and the rendezvous come from the torchrun environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``init_method="env://"``); gloo on CPU, NCCL on GPUs. The job (a job file, or
-the flags below) is carried out by the one rank loop,
-`thrifty.runtime.ddp.loop.run_rank`, which tuning trials run too: per-rank
-batches, gradient reweighting, checkpoints, loss and metric reports, and the
-driver's stop command.
+``init_method="env://"``); gloo on CPU, NCCL on GPUs. The job is carried out
+by the one rank loop, `thrifty.runtime.ddp.loop.run_rank`: per-rank batches,
+gradient reweighting, checkpoints, loss and metric reports, a trial's
+results, and the starter's commands.
 
-When the thrifty driver launched it (a rank of a worker world,
-`thrifty.runtime.worlds`; the driver hosts the rendezvous store,
+When a thrifty starter launched it (the starter hosts the rendezvous store,
 as torchrun's agent does with ``TORCHELASTIC_USE_AGENT_STORE``), the worker
 also reports through that store, in the worlds' one protocol. This module
 imports no torch itself; the loop does.
@@ -28,18 +31,29 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from thrifty.runtime.worlds import RankChannel, serve_rank
 from thrifty.runtime.ddp.job import JobSpec
+from thrifty.runtime.worlds import RankChannel, serve_rank
 
-__all__ = ["main"]
+__all__ = ["main", "ENTRY", "PRELOAD", "job_argv"]
+
+ENTRY = "thrifty.runtime.ddp.worker:main"
+# what the fork server imports before forking ranks: this entry and the loop it runs
+PRELOAD = ("thrifty.runtime.ddp.worker", "thrifty.runtime.ddp.loop")
+
+
+def job_argv(job: JobSpec) -> list[str]:
+    """The command line that gives `job` to a rank started as `ENTRY`."""
+    return ["--job", job.to_json()]
 
 
 # -- the entry point -------------------------------------------------------------------
 
 def _parse(argv: Sequence[str] | None) -> JobSpec:
-    parser = argparse.ArgumentParser(prog="python -m thrifty.runtime.training.worker",
-                                     description="one rank of a thrifty training job (torchrun-compatible)")
-    parser.add_argument("--job", metavar="JOB.json", help="a job file written by the thrifty driver")
+    parser = argparse.ArgumentParser(prog="python -m thrifty.runtime.ddp.worker",
+                                     description="one rank of a thrifty training job or tuning trial "
+                                                 "(torchrun-compatible)")
+    parser.add_argument("--job", metavar="JSON|@JOB.json",
+                        help="the job as JSON, or @ and the path of a job file (one the thrifty driver kept)")
     parser.add_argument("--trainer", metavar="MODULE:FACTORY")
     parser.add_argument("--trainer-args", metavar="JSON", default="{}")
     parser.add_argument("--batches", metavar="B0,B1,...", help="local batch of each rank, in rank order")
@@ -54,7 +68,9 @@ def _parse(argv: Sequence[str] | None) -> JobSpec:
                         help="report the loss and the trainer's metrics this often (0: never)")
     args = parser.parse_args(argv)
     if args.job:
-        return JobSpec.read(args.job)
+        if args.job.startswith("@"):
+            return JobSpec.read(args.job[1:])
+        return JobSpec.from_json(args.job, source="--job")
     missing = [flag for flag, value in (("--trainer", args.trainer), ("--batches", args.batches),
                                         ("--iterations", args.iterations), ("--checkpoint", args.checkpoint))
                if value is None]
