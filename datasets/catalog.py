@@ -1,5 +1,5 @@
 """The instance catalog: machine types a plan may name, with their GPUs,
-rated network and prices (DESIGN.md, Data).
+rated network and prices (docs/architecture.md, "Problem files and data").
 
 The shipped catalog is ``datasets/catalog/aws-us-east-1.json`` (format
 ``thrifty.catalog/1``, schema `CatalogFile`; its fields are described in

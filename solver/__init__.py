@@ -1,6 +1,6 @@
 """thrifty.solver: problems, formulations, search and ``solve()``.
 
-The public entry points (DESIGN.md)::
+The public entry points (docs/architecture.md, "Contracts")::
 
     from thrifty.solver import solve, Problem, Plan
 """

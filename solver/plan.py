@@ -1,6 +1,6 @@
 """The answer of `solve()`: a plan, or a proof that none exists with the reason.
 
-JSON keys every consumer may rely on (DESIGN.md, training): ``kind``,
+JSON keys every consumer may rely on (docs/architecture.md, "Plan JSON"): ``kind``,
 ``status`` (``optimal`` | ``feasible`` | ``infeasible``), ``objective``,
 ``allocation: [{instance_type, market, count, batch_per_instance}]``,
 ``predicted: {iteration_s, total_s, cost_usd, total_s_p95}``,

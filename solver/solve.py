@@ -1,4 +1,4 @@
-"""``solve()``: a problem in, a `Plan` out (DESIGN.md contract).
+"""``solve()``: a problem in, a `Plan` out (the contract: docs/architecture.md).
 
 ``method``:
 

@@ -1,4 +1,4 @@
-"""The answer of `solve()` for ``kind: "tuning"`` (DESIGN.md contract).
+"""The answer of `solve()` for ``kind: "tuning"`` (the contract: docs/architecture.md).
 
 JSON keys every consumer may rely on: ``kind``, ``status``
 (``optimal`` | ``feasible`` | ``infeasible``),

@@ -1,5 +1,5 @@
-"""EC2 machines join the run's Ray cluster from their user data (DESIGN,
-"Execution across machines").
+"""EC2 machines join the run's Ray cluster from their user data
+(docs/architecture.md, "Machines and launchers").
 
 The join script's rendering and quoting are checked by running it under bash
 with stand-ins for ``python3`` and ``thrifty`` that print their arguments.

@@ -1,5 +1,5 @@
-"""How an EC2 machine becomes a node of the run's Ray cluster (DESIGN:
-"an EC2 machine joins the Ray cluster from its user-data").
+"""How an EC2 machine becomes a node of the run's Ray cluster: it joins
+from its user data (docs/architecture.md, "Machines and launchers").
 
 `join_script` renders the user data: a bash script that cloud-init runs once,
 as root, on first boot. It runs the cluster config's setup commands (first,

@@ -1,6 +1,6 @@
 """Reading a training plan and checking it against its problem.
 
-A plan (``thrifty solve --out PLAN.json``, DESIGN.md keys) is run only if it
+A plan (``thrifty solve --out PLAN.json``; its keys: docs/architecture.md) is run only if it
 fits its problem: a training plan with a feasible status, every allocation an
 (instance type, market) the problem offers, within its quota, the per-machine
 batches adding up to the problem's global batch, and each batch at least the

@@ -53,7 +53,7 @@ class RunRecord:
     """What `train` was asked to run, as JSON values."""
 
     run_id: str
-    plan: dict[str, Any]  # the current plan (the last re-plan's), DESIGN.md plan keys
+    plan: dict[str, Any]  # the current plan (the last re-plan's), docs/architecture.md's plan keys
     problem: dict[str, Any]  # with absolute file paths, so a resume works from any folder
     trainer: str
     trainer_args: dict[str, Any]
