@@ -102,6 +102,8 @@ STARTS_A_PROCESS = ("os.fork", "subprocess.Popen", "multiprocessing", "spawn")
 NOT_A_WORKER = {
     Path("runtime/cluster/bootstrap.py"): "starts Ray's daemons (`ray start`, a node's or the head's), "
                                           "which Ray runs and watches itself",
+    Path("benchmarks/gpu_check.py"): "a harness outside the library: it runs thrifty's own commands as a user's "
+                                     "shell does, each in a session of its own under a time limit",
 }
 
 
