@@ -15,8 +15,10 @@ the reader:
   time to checkpoint and stop (Srifty 4.5: EC2 gives two minutes);
 - `MachineLost`: the machine is gone now (or its warning is unknown): what
   ran on it is lost since its last checkpoint;
-- `CapacityChange`: a market has no capacity (a launch failed, or the
-  provider said so): no new machine of it, none that runs stops.
+- `CapacityChange`: a market has no capacity (the provider says so while
+  the run goes on): no new machine of it, none that runs stops. (A launch
+  that fails for capacity raises `CapacityError` to whoever asked for the
+  machines, which re-plans at once.)
 
 Each event carries its `Preemption` (`thrifty.runtime.events`), the record
 the run log and the hooks get. Every provider has one feed

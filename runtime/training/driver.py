@@ -49,7 +49,7 @@ from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.training.launcher import WORKER_PRELOAD, RankSlot, Segment
 from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, prediction_off, spent_cost
-from thrifty.runtime.training.plans import plan_and_problem, within_capacity
+from thrifty.runtime.training.plans import PlanArgument, ProblemArgument, run_plan, within_capacity
 from thrifty.runtime.training.prediction import ZOO_TRAINER, PredictionOff, prediction_off_cause, profile_command
 from thrifty.runtime.training.preflight import RunInputs, check_run
 from thrifty.runtime.training.records import ProgressSnapshot, RunResult, SegmentRecord, checkpoint_location
@@ -62,7 +62,7 @@ from thrifty.runtime.ddp.sharding import split_batch
 from thrifty.runtime.ddp.trainer import trainer_spec
 from thrifty.runtime.worlds import zygote
 from thrifty.solver.plan import Plan
-from thrifty.solver.problem import Problem, TrainingProblem
+from thrifty.solver.problem import TrainingProblem
 
 __all__ = ["PreparedRun", "prepare_run", "train", "rank_slots", "resumed_prediction"]
 
@@ -111,9 +111,8 @@ class PreparedRun:
     options: dict[str, Any]
 
 
-def prepare_run(plan: Plan | Problem | dict | str | Path | None = None,
-                trainer: str | Callable[..., Any] | None = None, *,
-                problem: TrainingProblem | dict | str | Path | None = None, config: RunConfig | None = None,
+def prepare_run(plan: PlanArgument = None, trainer: str | Callable[..., Any] | None = None, *,
+                problem: ProblemArgument = None, config: RunConfig | None = None,
                 faults: Iterable[Fault] = (), run_dir: str | Path | None = None,
                 trainer_args: Mapping[str, Any] | None = None, resume: bool | str | Path = False,
                 run_id: str | None = None, cluster: str | Path | None = None,
@@ -139,24 +138,23 @@ def prepare_run(plan: Plan | Problem | dict | str | Path | None = None,
         run_id = run_id or record.run_id
         cluster = cluster if cluster is not None else record.cluster
         options = {**record.options, **(options or {})}
-    plan_given = plan
-    plan, problem = plan_and_problem(plan, problem, record, folder if resuming else None)
+    given = run_plan(plan, problem, record, folder if resuming else None)  # one type from here on
     finish = finished_run(events) if resuming else None
-    if finish is not None and int(finish.get("iterations") or 0) >= problem.iterations:
+    if finish is not None and int(finish.get("iterations") or 0) >= given.problem.iterations:
         assert folder is not None  # resuming
         raise RunFinished(folder, finish)  # nothing to run, nothing to append (more iterations: it goes on)
     config = config or RunConfig()
     run_id = run_id or new_run_id()
     folder = folder if folder is not None else default_run_dir(run_id)
     carried = carried_over(events) if resuming else CarriedOver()
-    inputs = RunInputs(plan, problem, trainer, dict(trainer_args or {}), checkpoint_location(config.checkpoint, folder),
-                       "checkpoint" if config.checkpoint else "run_dir", resuming, tuple(faults), carried.seconds,
-                       cluster, plan_source=str(plan_given) if isinstance(plan_given, (str, Path)) else None)
+    inputs = RunInputs(given.plan, given.problem, trainer, dict(trainer_args or {}),
+                       checkpoint_location(config.checkpoint, folder), "checkpoint" if config.checkpoint else "run_dir",
+                       resuming, tuple(faults), carried.seconds, cluster, plan_source=given.source)
     return PreparedRun(inputs, config, run_id, folder, record, carried, dict(options or {}))
 
 
-def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str | Callable[..., Any] | None = None,
-          *, problem: TrainingProblem | dict | str | Path | None = None, provider: Provider | None = None,
+def train(plan: PlanArgument = None, trainer: str | Callable[..., Any] | None = None,
+          *, problem: ProblemArgument = None, provider: Provider | None = None,
           hooks: Hooks | None = None, config: RunConfig | None = None, faults: Iterable[Fault] = (),
           run_dir: str | Path | None = None, trainer_args: Mapping[str, Any] | None = None,
           resume: bool | str | Path = False, on_progress: Callable[[ProgressSnapshot], None] | None = None,
