@@ -250,6 +250,11 @@ def _start_fork_server() -> None:
 
 
 class _Driver:
+    """One run's mechanics: its machines (acquire, give back, bill), its
+    segments one after another, its log, record and hooks. Each segment is
+    watched by a `watch.SegmentWatch`, which works on the run through the
+    public part of this class (`watch.WatchedRun`)."""
+
     def __init__(self, plan: Plan, problem: TrainingProblem, catalog: Catalog, spec: str,
                  trainer_args: dict[str, Any], provider: Provider, hooks: Hooks, config: RunConfig,
                  injector: FaultInjector, folder: Path, run_id: str,
