@@ -229,14 +229,30 @@ def baselines() -> None:
     console.print(table)
 
 
-if __name__ == "__main__":
-    if "--large-only" not in sys.argv:
-        main_job()
-        if "--main-only" in sys.argv:
-            sys.exit(0)
-        paper_scale()
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Speed and quality of the training solver, beside baselines "
+                                                 "(the module docstring lists the parts and their targets).")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--main-only", action="store_true", help="only part 0: the README's main job end to end")
+    only.add_argument("--large-only", action="store_true", help="only part 2: the large-scale ilp problem")
+    parser.add_argument("--runs", type=int, default=MAIN_JOB_RUNS, help="runs of the main job (default %(default)s)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs is {args.runs}, but must be at least 1")
+    if args.large_only:
+        large_scale()
+        return 0
+    main_job(args.runs)
+    if args.main_only:
+        return 0
+    paper_scale()
     large_scale()
-    if "--large-only" in sys.argv:
-        sys.exit(0)
     simulation_rate()
     baselines()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,7 +22,8 @@ pytest.importorskip("torch")
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OUTSIDE_LIMITS, main  # noqa: E402
 from thrifty.runtime.training import ProgressMonitor, RunConfig, SlowWorker, read_run_log, train  # noqa: E402
-from thrifty.runtime.training.driver import resumed_prediction, slowdown_hold_off_s  # noqa: E402
+from thrifty.runtime.training.driver import resumed_prediction  # noqa: E402
+from thrifty.runtime.training.replan import slowdown_hold_off_s  # noqa: E402
 from thrifty.runtime.training.monitor import WINDOW_MAX_S, WINDOW_MIN_S, auto_window_s  # noqa: E402
 from thrifty.runtime.training.plans import as_plan, plan_and_problem  # noqa: E402
 from thrifty.runtime.training.rundir import RunRecord, carried_over  # noqa: E402

@@ -27,7 +27,7 @@ from thrifty.runtime.worlds.zygote import Zygote  # noqa: E402
 from thrifty.runtime.cli import EXIT_INFEASIBLE, main  # noqa: E402
 from thrifty.runtime.providers.local import LocalProvider  # noqa: E402
 from thrifty.runtime.training import RunConfig, SlowWorker, read_run_log, train  # noqa: E402
-from thrifty.runtime.training.driver import profile_command  # noqa: E402
+from thrifty.runtime.training.prediction import profile_command  # noqa: E402
 from thrifty.runtime.training.monitor import ThroughputWindow, prediction_off  # noqa: E402
 from thrifty.runtime.training.preflight import RunProblems  # noqa: E402
 

@@ -261,6 +261,32 @@ def test_capacity_error_and_spot_notice_replan_without_losing_work(tmp_path):
     assert provider.machines() == []
 
 
+def test_a_spot_notice_from_the_provider_replans_without_losing_work(tmp_path):
+    """A notice the provider gives (here `LocalProvider.interrupt`, as EC2's
+    instance-action would come) reaches the driver through the interruption feed."""
+    provider = LocalProvider("notice", DEMO_CATALOG)
+    plan = plan_dict(("local-a", "spot", 1, 8), ("local-b", "spot", 1, 8))
+    told = []
+
+    def on_progress(snapshot):
+        if not told and snapshot.state == "training" and snapshot.iterations >= 15:
+            machine = next(m for m in provider.machines() if m.instance_type == "local-a")
+            told.append(provider.interrupt(machine.id, time_left_s=120.0, reason="test: spot notice"))
+
+    with provider:
+        result = train(plan, TINY, problem=demo_problem(iterations=50), run_dir=tmp_path, config=FAST,
+                       provider=provider, on_progress=on_progress)
+    assert list(result.preemptions) == told
+    [replan] = result.replans
+    assert replan.reason == "preemption" and replan.event == told[0]
+    assert all((a.instance_type, a.market) != ("local-a", "spot") for a in replan.new_plan.allocation)
+    noticed, last = result.segments
+    assert noticed.ended == "stopped" and noticed.lost_iterations == 0 and noticed.committed_iteration >= 15
+    check_accounting(result, 50, every=10)
+    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, B, 50)) < 1e-6
+    assert provider.machines() == []
+
+
 class Enough(Exception):
     pass
 

@@ -443,7 +443,7 @@ def test_job_spec_names_the_bad_field(changes, path):
 
 
 def test_a_segment_reports_its_measured_iteration_against_the_prediction():
-    from thrifty.runtime.training.driver import SegmentRecord
+    from thrifty.runtime.training.records import SegmentRecord
     from thrifty.runtime.training.report import _describe, format_prediction_check
 
     record = SegmentRecord(0, "2xlocal@32", (32, 32), 0, 100, 100, "finished", 0.5, (), throughput=20.0,

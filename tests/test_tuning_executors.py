@@ -339,3 +339,106 @@ def test_a_plan_runs_with_real_processes_on_local_machines(tmp_path):
         check_placements(record, 1)
     check_costs(result)
     assert result.cost_usd > 0 and result.jct_s > 0
+
+
+# --- machines taken away: the executors read the provider's interruption feed --------------------
+
+class Interrupting:
+    """An executor that, once trial `victim` reported `after` results, has the
+    local provider take away the machine that trial runs on (a spot notice
+    with `time_left_s`, or a loss with 0): the injection goes through
+    `LocalProvider.interrupt`, as a cloud's notice would come."""
+
+    def __init__(self, inner, provider, time_left_s, victim=0, after=1):
+        self.inner, self.provider, self.time_left_s = inner, provider, time_left_s
+        self.victim, self.after = victim, after
+        self.clock = inner.clock
+        self.where = []  # (trial id, machines) of each launch
+        self.taken = None
+
+    def launch(self, trial, atoms, where=None):
+        self.inner.launch(trial, atoms, where)  # without `where`, the local executor chose the machines
+        self.where.append((trial.trial_id, set(where) if where is not None else set(self.inner.launches[-1].machines)))
+
+    def proceed(self, trial):
+        self.inner.proceed(trial)
+
+    def suspend(self, trial):
+        return self.inner.suspend(trial)
+
+    def terminate(self, trial):
+        self.inner.terminate(trial)
+
+    def next_event(self, until):
+        event = self.inner.next_event(until)
+        if self.taken is None and event is not None and event.trial_id == self.victim \
+                and getattr(event, "iteration", 0) == self.after:
+            self.taken = next(iter(next(m for t, m in reversed(self.where) if t == self.victim)))
+            self.provider.interrupt(self.taken, time_left_s=self.time_left_s, reason="test: spot")
+        return event
+
+
+def local_plan(instances):
+    return {"kind": "tuning", "status": "feasible", "billing": "per_instance", "stages": [
+        {"trials": 4, "iters_per_trial": 3, "instance_type": "local-a", "instances": instances, "gpus_per_trial": 1,
+         "gpus": instances}]}
+
+
+def simulated_on_local_machines(tmp_path):
+    profile = tmp_path / "tiny.json"
+    profile.write_text(json.dumps({"format": "thrifty.scaling_profile/1", "model": "tiny", "instance_type": "local-a",
+                                   "startup_s": 0.1, "points": [{"gpus": 1, "iteration_s": 0.5}]}))
+    return simulated_backend(parse_problem({
+        "kind": "tuning", "stages": [{"trials": 4, "iters": 3}], "model": str(profile), "instance_type": "local-a",
+        "catalog": DEMO_CATALOG, "deadline_s": 60.0, "max_instances": 2, "samples": 20}), seed=0)
+
+
+def interrupted_plan(tmp_path, instances, time_left_s):
+    """A one-stage plan of simulated trials on `instances` local machines, the
+    machine of trial 0 taken away after its first result; (result, executor)."""
+    backend = simulated_on_local_machines(tmp_path)
+    with LocalProvider("interrupted", catalog=DEMO_CATALOG) as provider:
+        executor = Interrupting(backend.executor, provider, time_left_s=time_left_s)
+        result = execute_plan(local_plan(instances), executor, provider, synthetic_search_space(seed=0),
+                              stage_hook=backend.stage_hook)
+        assert provider.machines() == []
+    return result, executor
+
+
+def test_a_spot_notice_on_the_local_provider_moves_the_trial_to_a_machine_left(tmp_path):
+    result, executor = interrupted_plan(tmp_path, 2, time_left_s=120.0)
+    stage, taken = result.stages[0], executor.taken
+    assert stage.preempted == [taken] and stage.provisioned == 2 and not result.failed
+    victim = result.trials[0]  # paused with a checkpoint at its next result, and on from it elsewhere
+    assert victim.state == TrialState.COMPLETED and victim.iteration == 3 and victim.launches == 2
+    relaunched = [m for t, m in executor.where if t == 0][1]
+    assert taken not in relaunched
+    after = executor.where[[t for t, _ in executor.where].index(0, 1):]  # launches from the victim's relaunch
+    assert all(taken not in machines for _, machines in after)
+    assert all(t.iteration == 3 and t.state == TrialState.COMPLETED for t in result.trials)
+    gone = next(m for m in result.machines if m.id == taken)
+    assert gone.terminated_at < max(m.terminated_at for m in result.machines)  # given back before the end
+
+
+def test_a_machine_lost_on_the_local_provider_fails_its_trial_and_is_replaced(tmp_path):
+    result, executor = interrupted_plan(tmp_path, 1, time_left_s=0.0)
+    stage, taken = result.stages[0], executor.taken
+    assert stage.preempted == [taken] and stage.provisioned == 2 and len(stage.machines) == 2
+    assert list(result.failed) == [0] and taken in result.failed[0] and "test: spot" in result.failed[0]
+    assert result.trials[0].iteration == 1
+    assert all(t.iteration == 3 and t.state == TrialState.COMPLETED for t in result.trials[1:])
+    assert all(taken not in machines for t, machines in executor.where if t != 0)
+
+
+def test_the_local_executor_fails_the_trials_of_a_lost_machine_and_the_loop_goes_on(tmp_path):
+    configs = ConfigList([{"lr": 0.3}, {"lr": 0.1}, {"lr": 0.2}])
+    with LocalProvider("lost", catalog=DEMO_CATALOG) as provider, \
+            LocalExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60, provider=provider) as inner:
+        provider.provision("local-a", 3, "spot")  # one to spare: the loop's two atoms fit on what is left
+        executor = Interrupting(inner, provider, time_left_s=0.0)
+        result = run_experiment(FIFO(), executor, configs, total_atoms=2, max_iterations=2)
+    assert_reaped(inner)
+    taken = executor.taken
+    assert [t.state for t in result.trials] == [TrialState.FAILED, TrialState.COMPLETED, TrialState.COMPLETED]
+    assert taken in result.trials[0].error and "test: spot" in result.trials[0].error
+    assert all(taken not in r.machines for r in inner.launches[1:] if r.trial_id != 0)

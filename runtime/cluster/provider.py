@@ -97,6 +97,7 @@ def lacking_message(address: str, nodes: Sequence[Mapping[str, Any]], shortfalls
 class RayProvider(Provider):
     name = "ray"
     local_workers = False
+    catalog: Catalog
 
     def __init__(self, run_id: str, catalog: Catalog, address: str = "auto", *, source: Provider | None = None,
                  join_timeout_s: float = 600.0, imds_interval_s: float = 5.0, preload: Sequence[str] = (),

@@ -185,7 +185,7 @@ def _resume_folder(args: argparse.Namespace) -> Any:
 
 
 def _config(args: argparse.Namespace, record: Any) -> Any:
-    from thrifty.runtime.training.driver import RunConfig
+    from thrifty.runtime.training.config import RunConfig
 
     given = {name: getattr(args, flag) for name, flag in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
     if args.no_replan_on_slowdown:

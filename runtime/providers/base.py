@@ -3,7 +3,9 @@
 Operations (issue 7): provision ``count`` machines of one instance type in one
 market and wait until they run (with a timeout); terminate machines; list the
 machines this run owns; the current price of an (instance type, market); and
-the interruption events seen since the last poll. A provider owns what it
+the interruption events seen since the last poll, which reach the runtime
+through the provider's one `interruptions` feed (with the notices and losses
+other sources push into it). A provider owns what it
 provisioned: `close()` terminates everything still running, and a provider is
 a context manager so that happens on normal exit, on error and on Ctrl-C.
 
@@ -21,7 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from thrifty.core.errors import ProviderError
+from thrifty.datasets.catalog import Catalog
 from thrifty.runtime.events import Preemption
+from thrifty.runtime.providers.interruptions import InterruptionFeed
 
 if TYPE_CHECKING:
     from thrifty.runtime.worlds import Launcher
@@ -85,15 +89,23 @@ class Provider(abc.ABC):
     The base keeps the ledger of what the run owns (`_own`, and default
     `terminate`, `machines`, `all_machines` that only update it), with times
     from `now()`; a provider whose machines live elsewhere (EC2) overrides
-    them."""
+    them.
+
+    Optional abilities have defaults here, so callers ask every provider
+    alike: `check_plan` (checks nothing), `pool_capacity` (None: machines are
+    started on demand), `world_launcher` (None: the local launcher),
+    `catalog` (None: the provider prices machines without one)."""
 
     name: str = "provider"
     local_workers: bool = True  # whether its machines' workers run on this host (`world_launcher` is None)
+    catalog: Catalog | None = None  # the catalog its machines' types (and devices) come from, when it has one
 
     def __init__(self, run_id: str):
         self.run_id = run_id
         self._machines: dict[str, Machine] = {}
         self._lock = threading.RLock()
+        # every interruption of this run's machines: the provider's own notices and what other sources push
+        self.interruptions = InterruptionFeed(self.poll_interruptions)
 
     def now(self) -> float:
         """The time machines are billed by (Unix seconds; a virtual clock's time in simulation)."""
@@ -149,6 +161,13 @@ class Provider(abc.ABC):
         starts (`thrifty.runtime.training.preflight.check_run`); the default
         checks nothing (a cloud's capacity shows only when machines are asked
         for, and is then a `CapacityError`, which re-plans)."""
+        return None
+
+    def pool_capacity(self) -> dict[tuple[str, str], int] | None:
+        """How many machines of each (instance type, market) a fixed pool
+        holds (the nodes of a running Ray cluster), so that a plan and its
+        re-plans pick only from it; None (the default): machines are started
+        on demand, as many as the problem's quotas allow."""
         return None
 
     def world_launcher(self, machine_ids: Sequence[str], preload: Sequence[str] = ()) -> Launcher | None:

@@ -34,6 +34,7 @@ MARKETS = ("on_demand", "spot")
 
 class LocalProvider(Provider):
     name = "local"
+    catalog: Catalog
 
     def __init__(self, run_id: str, catalog: Catalog | str | Path | None = None,
                  capacity: Mapping[tuple[str, str], int] | None = None, launch_delay_s: float = 0.0):

@@ -18,8 +18,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "train": "driver", "RunConfig": "driver", "RunResult": "driver", "SegmentRecord": "driver",
-    "ProgressSnapshot": "driver",
+    "train": "driver", "RunConfig": "config", "RunResult": "records", "SegmentRecord": "records",
+    "ProgressSnapshot": "records",
     "Trainer": "thrifty.runtime.ddp.trainer", "load_trainer": "thrifty.runtime.ddp.trainer",
     "Hooks": "hooks", "HOOK_EVENTS": "hooks",
     "KillWorker": "faults", "SlowWorker": "faults", "DelayStart": "faults",

@@ -7,14 +7,16 @@ batches adding up to the problem's global batch, and each batch at least the
 machine's worker count (every worker needs a sample). Each error names the
 JSON path of the field.
 
-`plan_and_problem` takes what ``thrifty run`` and `train` accept: a plan and
-its problem, or a training problem alone (a file, a dict or a `Problem`),
-which is solved first; when a run is resumed, its run record fills in what is
-not given.
+`run_plan` takes what ``thrifty run`` and `train` accept (`PlanArgument`): a
+plan and its problem, or a training problem alone (a file, a dict or a
+`Problem`), which is solved first; when a run is resumed, its run record
+fills in what is not given. It makes them one type, `RunPlan`, at the edge:
+the driver works on that alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,8 @@ from thrifty.runtime.training.rundir import RECORD_NAME, RunRecord
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 
-__all__ = ["as_plan", "check_plan", "plan_problems", "plan_and_problem", "as_training_problem"]
+__all__ = ["as_plan", "check_plan", "plan_problems", "run_plan", "RunPlan", "PlanArgument", "ProblemArgument",
+           "plan_and_problem", "as_training_problem"]
 
 
 def as_plan(plan: Plan | dict[str, Any] | str | Path, source: str | None = None) -> Plan:
@@ -60,17 +63,33 @@ def as_training_problem(problem: Problem | dict[str, Any] | str | Path) -> Train
     return made
 
 
-def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
-                     problem: Problem | dict[str, Any] | str | Path | None,
-                     resumed: RunRecord | None = None,
-                     run_dir: str | Path | None = None) -> tuple[Plan, TrainingProblem]:
-    """(plan, problem) from a plan and its problem, or from a training problem
-    alone (given in place of the plan, as a file, a dict or a `Problem`),
-    solved here; the plan may be infeasible (`Plan.feasible`).
+PlanArgument = Plan | Problem | dict[str, Any] | str | Path | None
+"""What `train` and ``thrifty run`` take as the plan: a `Plan`, a problem
+(`Problem`) to solve first, either's JSON object, either's file, or None (a
+resumed run's plan in force)."""
+ProblemArgument = Problem | dict[str, Any] | str | Path | None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A plan argument made one type: the plan to run, its problem, and the
+    file it was read from (named in its errors; None when not from a file)."""
+
+    plan: Plan
+    problem: TrainingProblem
+    source: str | None = None
+
+
+def run_plan(plan: PlanArgument, problem: ProblemArgument, resumed: RunRecord | None = None,
+             run_dir: str | Path | None = None) -> RunPlan:
+    """The plan and problem of a run from a plan and its problem, or from a
+    training problem alone (given in place of the plan, as a file, a dict or
+    a `Problem`), solved here; the plan may be infeasible (`Plan.feasible`).
 
     `resumed` is the record of the run being resumed (in `run_dir`): it gives
     the plan when none is given (its plan in force), and the problem when a
     plan comes without one."""
+    given = str(plan) if isinstance(plan, (str, Path)) else None
     if plan is None and resumed is not None:
         plan = as_plan(resumed.plan, source=str(Path(run_dir or ".") / RECORD_NAME))
     if plan is None:
@@ -85,21 +104,28 @@ def plan_and_problem(plan: Plan | Problem | dict[str, Any] | str | Path | None,
             raise ProblemError("is a problem, and another problem is given with it: give a plan with its problem, "
                                "or the problem alone", source=source)
         if isinstance(plan, (TrainingProblem, TuningProblem)):
-            given: Problem = plan
+            made: Problem = plan
         elif source is not None:
-            given = load_problem(source)  # resolves the file's relative paths
+            made = load_problem(source)  # resolves the file's relative paths
         else:
-            given = parse_problem(data)
+            made = parse_problem(data)
         from thrifty.solver.solve import solve
 
-        training = as_training_problem(given)
-        return solve(training), training
+        training = as_training_problem(made)
+        return RunPlan(solve(training), training, given)
     if problem is None and resumed is not None:
         problem = resumed.problem
     if problem is None:
         raise ProblemError("--problem PROBLEM.json is required with a plan (problem= in train()): the runtime "
                            "re-plans with it", source=source)
-    return as_plan(data, source=source), as_training_problem(problem)
+    return RunPlan(as_plan(data, source=source), as_training_problem(problem), given)
+
+
+def plan_and_problem(plan: PlanArgument, problem: ProblemArgument, resumed: RunRecord | None = None,
+                     run_dir: str | Path | None = None) -> tuple[Plan, TrainingProblem]:
+    """`run_plan`'s plan and problem, as a pair."""
+    made = run_plan(plan, problem, resumed, run_dir)
+    return made.plan, made.problem
 
 
 def check_plan(plan: Plan, problem: TrainingProblem, catalog: Catalog) -> None:

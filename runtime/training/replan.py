@@ -1,4 +1,23 @@
-"""Re-solving a running job with what is left (Srifty 4.5, 5.4).
+"""Re-solving a running job with what is left (Srifty 4.5, 5.4): when, and with what.
+
+**When** (`ReplanPolicy`, asked by the segment watch, `watch.SegmentWatch`):
+
+- a *preemption* (a `Notice` or a `MachineLost` from the interruption feed,
+  `thrifty.runtime.providers.interruptions`): always. When every machine
+  going has time left (all notices) the workers checkpoint and stop after
+  the iteration they are in, and the re-plan is for what is left after the
+  iteration reached; otherwise they are killed and it is for what is left
+  after the last checkpoint (`ReplanPolicy.restart`);
+- a launch that fails for *capacity*: always, from where the run is;
+- a market that loses capacity while the run goes on (`CapacityChange`):
+  it is depleted, nothing stops, no re-plan;
+- a *slowdown* (the progress monitor says the limits will be missed with
+  high certainty): when `replan_on_slowdown`, and the new plan is switched
+  to only when it is a different configuration; one that changes nothing
+  (the same configuration, or none meets the limits) is asked for again
+  only after a hold-off that doubles each time (`slowdown_hold_off_s`).
+
+**With what** (`Replanner`):
 
 When a spot machine is preempted (or a launch fails for capacity) its
 (instance type, market) is *depleted*: no new machine of it is chosen again.
@@ -38,19 +57,30 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from thrifty.runtime.events import Preemption
+from thrifty.runtime.providers.interruptions import Interruption, Notice
 from thrifty.runtime.training.errors import ReplanInfeasible
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Limits, Overheads, TrainingProblem
 from thrifty.solver.solve import solve
 from thrifty.solver.training import TrainingSpace
 
-__all__ = ["Replan", "replan_changes", "Replanner"]
+__all__ = ["Replan", "replan_changes", "Replanner", "ReplanPolicy", "slowdown_hold_off_s"]
 
 Key = tuple[str, str]
+MAX_HOLD_OFF_WINDOWS = 8
+
+
+def slowdown_hold_off_s(window_s: float, fruitless_replans: int) -> float:
+    """How long the monitor holds off after `fruitless_replans` slowdown
+    re-plans in a row that changed nothing: one window after the first, then
+    twice as long after each, at most `MAX_HOLD_OFF_WINDOWS` windows (a
+    persistent slowdown with no better plan is then re-solved, and logged,
+    a few times in a short job, not every window)."""
+    return window_s * min(2 ** max(0, fruitless_replans - 1), MAX_HOLD_OFF_WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -193,6 +223,57 @@ class Replanner:
                                    f"iterations, {_limits_text(space.problem.limits)}): {why}", plan=plan)
         return Replan(reason, old_plan, plan, space.problem, time.time() - event_at, solve_s, event,
                       tuple(sorted(self.depleted)))
+
+
+class ReplanPolicy:
+    """When a running job re-plans (see the module docstring); the driver
+    carries out what it says. `window_s` is the progress monitor's window,
+    the unit of the slowdown hold-off."""
+
+    def __init__(self, window_s: float, on_slowdown: bool = True):
+        self.window_s, self.on_slowdown = window_s, on_slowdown
+        self.fruitless = 0  # slowdown re-plans in a row that changed nothing (kept or infeasible)
+
+    @staticmethod
+    def graceful(events: Sequence[Interruption]) -> bool:
+        """Every machine going has time left: the workers checkpoint and stop."""
+        return all(isinstance(e, Notice) for e in events)
+
+    @staticmethod
+    def restart(graceful: bool, reached: int, last_checkpoint: int | None, start: int) -> int:
+        """The iteration the next world starts from, so the re-plan is for the
+        iterations after it: with time left, at least the one reached (the
+        plan is for at most what is left); without, the last checkpoint (or
+        where this world started)."""
+        if graceful:
+            return reached
+        return last_checkpoint if last_checkpoint is not None else start
+
+    @staticmethod
+    def best_effort(reason: str) -> bool:
+        """Machines lost (a preemption, no capacity): go on late rather than stop
+        half done; a slowdown without a plan goes on as planned."""
+        return reason != "slowdown"
+
+    def on_slowdown_verdict(self, replan_asked: bool) -> bool:
+        """Re-plan on the monitor's slowdown verdict?"""
+        return replan_asked and self.on_slowdown
+
+    def switch_on_slowdown(self, replan: Replan | None, config: str) -> bool:
+        """Switch to a slowdown re-plan (None: none met the limits) from the
+        plan of `config`? Only to a different configuration: switching to the
+        same machines would only cost. One that changes nothing counts toward
+        the hold-off (`hold_off_s`)."""
+        if replan is None or replan.new_config == config:
+            self.fruitless += 1
+            return False
+        self.fruitless = 0
+        return True
+
+    def hold_off_s(self) -> float:
+        """How long the monitor waits before it judges a slowdown again after
+        re-plans that changed nothing."""
+        return slowdown_hold_off_s(self.window_s, self.fruitless)
 
 
 def _limits_text(limits: Limits) -> str:

@@ -66,6 +66,14 @@ are written under `workdir` by whichever machine runs the rank, so on
 machines that do not share this host's file system `workdir` must be a
 shared one. Start-up times compare this host's clock with the workers'.
 
+*Machines taken away.* With a provider, the executor reads its
+interruption feed (`Provider.interruptions`) while it waits for events: a
+machine with a spot notice or lost takes no new rank; the trials with
+ranks on it crash (a `Crash`: the loop marks them failed and its scheduler
+places what comes next on the atoms left) when it is lost, or when the
+notice's deadline passes with them still there (a plan executor above
+pauses them before: `thrifty.runtime.tuning.executors.plan`).
+
 The ranks run the one rank loop (`thrifty.runtime.ddp.loop`) that training
 jobs run, on a `JobSpec` that leaves the batch and the iteration to the
 trainer, evaluates after every iteration and awaits the loop's decision. A
@@ -86,6 +94,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thrifty.core.errors import ProblemError, ProviderError
+from thrifty.runtime.providers.interruptions import Notice
 from thrifty.runtime.worlds import World, WorldFailed
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
 from thrifty.runtime.ddp.job import DECISION as COMMAND
@@ -231,6 +240,7 @@ class MachineSlots:
                                path="slots_per_machine")
         self.provider, self.slots_per_machine = provider, slots_per_machine
         self._held: dict[int, list[str]] = {}
+        self.gone: set[str] = set()  # machines taken away (a notice, a loss): no new rank goes there
 
     def capacity(self) -> dict[str, int]:
         """Free slots of each live machine, in the provider's order."""
@@ -238,12 +248,13 @@ class MachineSlots:
         for machines in self._held.values():
             for m in machines:
                 used[m] = used.get(m, 0) + 1
-        return {m.id: self._slots(m.instance_type) - used.get(m.id, 0) for m in self.provider.machines()}
+        return {m.id: self._slots(m.instance_type) - used.get(m.id, 0) for m in self.provider.machines()
+                if m.id not in self.gone}
 
     def _slots(self, instance_type: str) -> int:
         if self.slots_per_machine is not None:
             return self.slots_per_machine
-        catalog = getattr(self.provider, "catalog", None)
+        catalog = self.provider.catalog
         return max(1, catalog.get(instance_type).gpus) if catalog is not None else 1
 
     def take(self, trial_id: int, atoms: int, where: Mapping[str, int] | None = None) -> list[str]:
@@ -345,6 +356,9 @@ class LocalExecutor:
         self.checkpoint_every = checkpoint_every
         self.provider = provider
         self.slots = MachineSlots(provider, slots_per_machine) if provider is not None else None
+        self._interruptions = provider.interruptions.reader() if provider is not None else None
+        self._leaving: dict[str, tuple[float, str]] = {}  # machine -> (when it goes, Unix seconds; why)
+        self._interruptions_read = 0.0  # monotonic
         self.launches: list[LaunchRecord] = []
         self._worlds: dict[int, _World] = {}
         self._ready: deque[Report | Crash] = deque()
@@ -447,6 +461,7 @@ class LocalExecutor:
                 return self._ready.popleft()
             if not self._worlds:
                 return None
+            self._interrupted()
             for world in list(self._worlds.values()):
                 self._check(world)
             if self._ready:
@@ -484,6 +499,28 @@ class LocalExecutor:
         self.close()
 
     # --- watching worlds ----------------------------------------------------------------------
+    def _interrupted(self) -> None:
+        """Machines taken away (the provider's interruption feed, read at most
+        every `POLL_S`): no new rank goes there; the trials on a machine lost,
+        or whose notice ran out, crash."""
+        now = time.monotonic()
+        if self._interruptions is None or self.slots is None or now - self._interruptions_read < POLL_S:
+            return
+        self._interruptions_read = now
+        for event in self._interruptions.poll():
+            machine = event.machine_id
+            if machine is None or machine in self.slots.gone:
+                continue
+            self.slots.gone.add(machine)
+            self._leaving[machine] = (event.deadline if isinstance(event, Notice) else event.at,
+                                      event.preemption.reason or event.preemption.source)
+        for machine, (deadline, why) in list(self._leaving.items()):
+            if time.time() < deadline:
+                continue
+            del self._leaving[machine]
+            for world in [w for w in self._worlds.values() if machine in w.record.machines]:
+                self._crash(world, f"trial {world.trial_id}: machine {machine} was taken away ({why})")
+
     def _check(self, world: _World) -> None:
         """Turn what a world did since the last look into events."""
         look = world.watch.look()

@@ -62,6 +62,20 @@ from the problem's scaling profile (`ProfileWorkload`), so a realistic plan
    no entry point for a job partly done, and a plan re-solved on a shorter
    deadline would change stages that the recorded trials already followed.
 
+7. *Interruptions.* Between events the executor reads the provider's
+   interruption feed (`Provider.interruptions`: spot notices, lost
+   machines). A machine of the stage with a `Notice` takes no new trial;
+   each trial on it is paused with a checkpoint at its next result and
+   queued again, to go on from that checkpoint on the machines left; the
+   machine is given back once nothing runs on it. A machine lost (a
+   `MachineLost`, or a notice whose deadline passed with trials still on
+   it) is given back at once and its trials fail, as a crash does; the
+   stage goes on with the others. A stage left without machines to place
+   its queued trials on asks the provider for replacements up to its
+   instances. (`StageRecord.preempted` lists the machines taken away.)
+   The feed is read when an event arrives, so a notice is acted on at the
+   next result of any trial.
+
 Deviations, stated: Hyperband brackets are told apart by stage sizes, as the
 plan JSON does not mark them; instances that a stage does not use are
 released at the stage's start, never in the middle of it.
@@ -72,7 +86,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -84,6 +97,7 @@ from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.placement import place
 from thrifty.runtime.providers.base import Machine, Market, Provider
+from thrifty.runtime.providers.interruptions import CapacityChange, Notice
 from thrifty.runtime.tuning.clock import Clock, VirtualClock
 from thrifty.runtime.tuning.executors.sim import SimulatedExecutor, SyntheticWorkload, Workload
 from thrifty.runtime.tuning.loop import STOP_POLL_S, Executor, Resumed
@@ -161,6 +175,7 @@ class StageRecord:
     predicted_s: float | None = None
     predicted_cost_usd: float | None = None
     done_before: bool = False                                 # a resumed run found it trained already
+    preempted: list[str] = field(default_factory=list)       # machines taken away during the stage (notice, loss)
 
     @property
     def actual_s(self) -> float:
@@ -242,7 +257,7 @@ class PlanExecutor:
         self.provider = provider
         self.search_space = search_space
         self.market = market
-        self.catalog = catalog or getattr(provider, "catalog", None) or load_catalog()
+        self.catalog = catalog or provider.catalog or load_catalog()
         self.min_billed_s = min_billed_s
         self.provision_timeout_s = provision_timeout_s
         self.stage_hook = stage_hook
@@ -250,7 +265,7 @@ class PlanExecutor:
         self.records: list[StageRecord] = []
         self._held: list[Machine] = []       # in launch order
         self._released: list[Machine] = []
-        self._billing_now: Callable[[], float] = getattr(provider, "now", time.time)
+        self._billing_now: Callable[[], float] = provider.now
         self.stop = stop
         self.stopped: str | None = None
         self.earlier_cost_usd = earlier_cost_usd
@@ -259,6 +274,7 @@ class PlanExecutor:
         self.trials = list(self._resumed)
         self._bracket_iters = 0   # iterations a trial of the current bracket has reached by the current stage
         self._note: Callable[[dict[str, Any]], None] | None = getattr(executor, "note", None)
+        self._interruptions = provider.interruptions.reader()
 
     # --- the whole plan -----------------------------------------------------------------------
     def run(self) -> PlanResult:
@@ -411,6 +427,7 @@ class PlanExecutor:
         g, target = stage.gpus_per_trial, self._bracket_iters
         queue = [t for t in trials if t.iteration < target and t.state != TrialState.FAILED]
         placement: dict[str, dict[str, int]] = {}
+        leaving: dict[str, tuple[float, str]] = {}  # machine -> (when it goes, on the provider's clock; why)
         full = False  # once a trial did not fit, the ones placed later had to wait
         while queue or running:
             if self.stop is not None and self.stopped is None:
@@ -419,9 +436,14 @@ class PlanExecutor:
                 queue.clear()
                 if not running:
                     return
+            self._interrupted(nodes, leaving, placement, running, record)
             while queue:  # place the next queued trial beside the running ones, if it fits
                 name = str(queue[0].trial_id)
                 attempt = place({**{str(tid): g for tid in running}, name: g}, placement, nodes)
+                if attempt.unplaced and not running and len(self._held) < stage.instances:
+                    new = self._replace_taken(stage.instances, record)  # machines were taken away
+                    nodes.update({m.id: self.catalog.get(m.instance_type).gpus for m in new})
+                    continue
                 if attempt.unplaced:
                     if not running:
                         raise ProblemError(f"stage {record.index}: {len(nodes)} x {record.instance_type} cannot "
@@ -453,8 +475,48 @@ class PlanExecutor:
                 trial.interrupted = trial.iteration < target  # the run stops: it goes on from here
                 trial.checkpoint = self.executor.suspend(trial)
                 self._end(trial, TrialState.PAUSED, running, placement)
+            elif leaving.keys() & placement[str(trial.trial_id)].keys():  # its machine is going: on elsewhere
+                trial.checkpoint = self.executor.suspend(trial)
+                self._end(trial, TrialState.PAUSED, running, placement)
+                queue.insert(0, trial)
             else:
                 self.executor.proceed(trial)
+
+    def _replace_taken(self, instances: int, record: StageRecord) -> list[Machine]:
+        """New machines for those taken away, up to the stage's `instances`."""
+        before = {m.id for m in self._held}
+        self._scale(record.instance_type, instances, record)
+        new = [m for m in self._held if m.id not in before]
+        record.machines += [m.id for m in new]
+        record.provisioned += len(new)
+        return new
+
+    def _interrupted(self, nodes: dict[str, int], leaving: dict[str, tuple[float, str]],
+                     placement: dict[str, dict[str, int]], running: dict[int, Trial], record: StageRecord) -> None:
+        """What the interruption feed says of the stage's machines (module
+        docstring, 7): a machine with a notice takes no new trial and is given
+        back once its trials left it; a machine gone fails its trials."""
+        now = self._billing_now()
+        for event in self._interruptions.poll(set(nodes)):
+            machine = event.machine_id
+            if isinstance(event, CapacityChange) or machine is None or machine in leaving:
+                continue  # a market without capacity: the plan's machines are asked for stage by stage
+            record.preempted.append(machine)
+            why = event.preemption.reason or event.preemption.source
+            leaving[machine] = (event.deadline if isinstance(event, Notice) else now, why)
+        for machine, (deadline, why) in list(leaving.items()):
+            on_it = [running[int(name)] for name, where in placement.items() if machine in where]
+            if deadline <= now:  # gone: what ran on it is lost
+                for trial in on_it:
+                    self.executor.terminate(trial)
+                    self._end(trial, TrialState.FAILED, running, placement)
+                    trial.error = f"machine {machine} was taken away ({why})"
+                on_it = []
+            if on_it:  # full with the trials it still runs: none is placed there
+                nodes[machine] = sum(placement[str(t.trial_id)][machine] for t in on_it)
+                continue
+            del nodes[machine], leaving[machine]
+            self._release([m for m in self._held if m.id == machine])
 
     def _launch(self, trial: Trial, atoms: int, running: dict[int, Trial], where: Mapping[str, int]) -> None:
         trial.state, trial.atoms, trial.interrupted = TrialState.RUNNING, atoms, False
@@ -543,6 +605,7 @@ class VirtualProvider(Provider):
     clock times."""
 
     name = "virtual"
+    catalog: Catalog
 
     def __init__(self, run_id: str, clock: Clock, catalog: Catalog | str | None = None, *,
                  scale_latency_s: float = 0.0, scale_latency_sd_s: float = 0.0, init_latency_s: float = 0.0,

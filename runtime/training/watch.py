@@ -1,0 +1,332 @@
+"""The segment watch: the driver's side of one world of workers, from its launch to its end.
+
+It polls the world (`launcher.Segment`) and the run's interruption feed
+(`thrifty.runtime.providers.interruptions`), logs what the workers did
+(checkpoints, the world formed, metrics, throughput), feeds the progress
+monitor, and reacts:
+
+- to the feed: a `CapacityChange` depletes its market; `Notice`s and
+  `MachineLost`s of this world's machines stop it (gracefully while every
+  machine going has time left; a machine still running when its warning
+  runs out is killed) and re-plan (`replan.ReplanPolicy` says when and from
+  which iteration). The sources pushed into the feed here are the world's
+  own: a notice planted in a worker (driver -> rank -> driver), ranks gone
+  without notice, and the fault injector's time-triggered kills and notices;
+  the provider's notices are pulled from it;
+- to the monitor: a slowdown re-plans (when the policy says so);
+- to Ctrl-C: the workers checkpoint and stop.
+
+It works on the run through `WatchedRun`, the public surface of the driver
+(`driver._Driver`): announce an interruption, solve a re-plan, commit it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from thrifty.runtime.events import Preemption
+from thrifty.runtime.providers.base import Machine
+from thrifty.runtime.providers.interruptions import CapacityChange, FeedReader, Interruption, Notice
+from thrifty.runtime.training.config import RunConfig
+from thrifty.runtime.training.errors import ReplanInfeasible, TrainingError
+from thrifty.runtime.training.faults import FaultInjector
+from thrifty.runtime.training.hooks import Hooks
+from thrifty.runtime.training.launcher import RankSlot, Segment, SegmentPoll
+from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow
+from thrifty.runtime.training.records import SegmentRecord
+from thrifty.runtime.training.replan import Replan, ReplanPolicy
+from thrifty.runtime.training.runlog import RunLog
+from thrifty.solver.plan import Plan
+from thrifty.solver.problem import TrainingProblem
+
+__all__ = ["SegmentWatch", "WatchedRun", "SAME_INTERRUPT_S"]
+
+SAME_INTERRUPT_S = 1.0  # a second SIGINT sooner than this after the first is the same Ctrl-C
+
+
+class WatchedRun(Protocol):
+    """What a segment watch uses of the run it watches."""
+
+    config: RunConfig
+    problem: TrainingProblem
+    log: RunLog
+    hooks: Hooks
+    monitor: ProgressMonitor
+    injector: FaultInjector
+    policy: ReplanPolicy
+    interruptions: FeedReader
+    machines: dict[str, Machine]  # every machine of the run, by id
+    segments: list[SegmentRecord]  # this session's, the last one ended last
+    start: float  # the run's clock: Unix seconds at its start
+    done: int  # the iteration the next world starts from
+    launch_s: float  # the longest launch seen (the switching overhead of a re-plan)
+    metrics: dict[str, Any] | None
+    throughput_log_s: float
+
+    def announce(self, event: Preemption, **extra: Any) -> None:
+        """Record an interruption: deplete its market, log it, tell the hooks."""
+
+    def solve(self, reason: str, plan: Plan, remaining: int, event: Preemption | None = None,
+              event_at: float | None = None, gone: Iterable[str] = ()) -> Replan:
+        """Re-solve for `remaining` iterations; machines in `gone` are not survivors."""
+
+    def commit(self, replan: Replan) -> Plan:
+        """Make a re-plan the plan in force; returns its plan."""
+
+    def give_back(self, machines: Sequence[Machine]) -> None:
+        """Terminate machines the run no longer uses."""
+
+    def report(self, now: float, state: str, plan: Plan) -> None:
+        """Tell the progress callback where the run is."""
+
+    def check_prediction(self, segment: int, plan: Plan, slots: Sequence[RankSlot], reached: int, start: int,
+                         window: ThroughputWindow | None) -> None:
+        """Say (once a run) when the steady iteration time is off the plan's prediction."""
+
+
+class SegmentWatch:
+    """The driver's side of one segment: reacts to each poll."""
+
+    def __init__(self, run: WatchedRun, plan: Plan, slots: list[RankSlot], index: int, acquire_at: float):
+        self.d, self.plan, self.slots, self.index, self.acquire_at = run, plan, slots, index, acquire_at
+        self.ours = {s.machine_id for s in slots}
+        self.segment: Segment = None  # type: ignore[assignment]
+        self.next_plan: Plan | None = None
+        self.failure: BaseException | None = None
+        self.handled: set[str] = set()  # machines already preempted
+        self.kill_at: dict[str, float] = {}  # machine id -> when its warning runs out
+        self.start = self.reached = run.done
+        self.first_progress_at: float | None = None
+        self.last_throughput_log = 0.0
+        self.timing: dict | None = None
+
+    def machine_of(self, machine_id: str) -> Machine:
+        return self.d.machines[machine_id]
+
+    def follow(self) -> str:
+        try:
+            return self._follow()
+        except KeyboardInterrupt:
+            self._stop_on_interrupt()
+            raise
+
+    def _stop_on_interrupt(self) -> None:
+        """Ctrl-C: ask the workers to checkpoint and stop, and wait for them up
+        to the stop timeout; a second Ctrl-C stops waiting (the workers are
+        then killed and the run resumes from its last checkpoint). A SIGINT
+        within `SAME_INTERRUPT_S` of the first is the same one delivered twice
+        (to the process and to its process group, as ``timeout`` does)."""
+        seg, d = self.segment, self.d
+        if seg is None:
+            return
+        first = time.monotonic()
+        deadline = first + d.config.stop_timeout_s
+        try:
+            seg.request_stop()
+        except Exception:  # noqa: BLE001 - a failure while stopping: the workers are killed on exit
+            return
+        while time.monotonic() < deadline:
+            try:
+                if self._stopped_after_interrupt(seg):
+                    return
+                time.sleep(d.config.poll_s)
+            except KeyboardInterrupt:
+                if time.monotonic() - first >= SAME_INTERRUPT_S:
+                    return
+            except Exception:  # noqa: BLE001 - a failure while stopping: the workers are killed on exit
+                return
+
+    def _stopped_after_interrupt(self, seg: Segment) -> bool:
+        d = self.d
+        poll = seg.poll()
+        self._worker_events(poll)
+        if poll.iteration is not None:
+            self.reached = max(self.reached, poll.iteration)
+            d.monitor.iterations = max(d.monitor.iterations, poll.iteration)
+        return bool(poll.ended or poll.lost)
+
+    def _follow(self) -> str:
+        d, seg = self.d, self.segment
+        while True:
+            poll = seg.poll()
+            now = time.time()
+            self._worker_events(poll)
+            self._react(d.interruptions.poll(self.ours, pull=False))  # a notice a worker passed on
+            if poll.metrics is not None:
+                d.metrics = poll.metrics
+                d.log.write("metrics", at=poll.metrics.get("at"), segment=self.index,
+                            iteration=poll.metrics.get("iteration"), loss=poll.metrics.get("loss"),
+                            metrics=poll.metrics.get("metrics", {}))
+            if poll.iteration is not None and poll.iteration_at is not None:
+                if self.first_progress_at is None and poll.iteration > d.done:
+                    self.first_progress_at = poll.iteration_at
+                    d.launch_s = max(d.launch_s, poll.iteration_at - self.acquire_at)
+                self.reached = max(self.reached, poll.iteration)
+                d.monitor.observe(poll.iteration_at, poll.iteration)
+            if poll.lost:
+                self._lost(poll.lost)
+                return "lost"
+            if poll.ended:
+                return poll.ended
+            self._inject(now)
+            self._react(d.interruptions.poll(self.ours))  # the provider's notices and the injector's
+            for machine_id, deadline in list(self.kill_at.items()):
+                if now >= deadline:  # the warning ran out: the machine goes, stopped or not
+                    seg.kill(seg.ranks_of(machine_id), as_loss=True)
+                    del self.kill_at[machine_id]
+            if poll.formed and seg.stop_requested_at is None:
+                self._check_progress(now)
+            self._report(now, "stopping" if seg.stop_requested_at is not None else
+                         "training" if poll.formed else "launching")
+            time.sleep(d.config.poll_s)
+
+    def _worker_events(self, poll: SegmentPoll) -> None:
+        d = self.d
+        for e in poll.events:
+            kind = e["event"]
+            if kind == "checkpoint":
+                d.log.write("checkpoint", at=e["at"], segment=self.index, iteration=e["iteration"],
+                            save_s=e["save_s"], bytes=e["bytes"])
+            elif kind == "ready" and e["rank"] == 0:
+                d.log.write("world_formed", at=e["at"], segment=self.index, start_iteration=e["start_iteration"],
+                            rng=e["rng"], since_launch_s=e["at"] - self.acquire_at)
+                if e["start_iteration"] != self.start:
+                    self._found_checkpoint(e["start_iteration"])
+            elif kind == "notice":  # planted in a worker by the fault injector, passed back here
+                self.reached = max(self.reached, e["iteration"])
+                m = self.machine_of(e["machine_id"])
+                d.interruptions.feed.push(Preemption(m.instance_type, m.market, "injector", m.id, e["time_left_s"],
+                                                     "fault injector: spot notice", at=e["at"]))
+            elif kind in ("done", "stopped"):
+                self.timing = e.get("timing")
+
+    def _inject(self, now: float) -> None:
+        """The fault injector's time-triggered kills that are due: one with no
+        warning kills the machine's ranks (their loss shows in a later poll),
+        one with a warning is a spot notice in the feed."""
+        d, seg = self.d, self.segment
+        for action in d.injector.due(now - d.start, 1 + max(s.machine_index for s in self.slots)):
+            machine_id = next(s.machine_id for s in self.slots if s.machine_index == action.machine)
+            if action.warning_s is None:
+                seg.kill(seg.ranks_of(machine_id), as_loss=True)
+            else:
+                m = self.machine_of(machine_id)
+                d.interruptions.feed.push(Preemption(m.instance_type, m.market, "injector", machine_id,
+                                                     action.warning_s, "fault injector: spot notice"))
+
+    def _found_checkpoint(self, iteration: int) -> None:
+        """The workers started from a later checkpoint than the driver knew of:
+        the last world saved it and was killed before it could say so."""
+        d = self.d
+        if iteration < self.start or not d.segments:
+            raise TrainingError(f"segment {self.index} started at iteration {iteration}, but the driver "
+                                f"expected {self.start}")
+        d.log.write("checkpoint_found", segment=self.index - 1, iteration=iteration, expected=self.start)
+        d.segments[-1] = replace(d.segments[-1], committed_iteration=iteration)
+        self.start = self.reached = d.done = iteration
+        d.monitor.reset(iteration)
+
+    def _react(self, events: Sequence[Interruption]) -> None:
+        """A market without capacity is depleted (nothing stops); machines of
+        this world going are preempted."""
+        for e in events:
+            if isinstance(e, CapacityChange):
+                self.d.announce(e.preemption, segment=self.index)
+        going = [e for e in events if not isinstance(e, CapacityChange)]
+        if going:
+            self._preempted(going)
+
+    def _preempted(self, events: Sequence[Interruption]) -> None:
+        """Machines of this world are being taken away: deplete, stop
+        (gracefully while there is time left), re-plan."""
+        fresh = [e for e in events if e.machine_id not in self.handled]
+        if not fresh:
+            return
+        d, seg = self.d, self.segment
+        graceful = d.policy.graceful(fresh)
+        self.handled.update(e.machine_id for e in fresh if e.machine_id is not None)
+        restart = d.policy.restart(graceful, self.reached, seg.last_checkpoint, self.start)
+        for e in fresh:
+            d.announce(e.preemption, segment=self.index, iteration=self.reached, plan_from_iteration=restart)
+        if graceful:
+            seg.request_stop()
+            for e in fresh:
+                assert isinstance(e, Notice) and e.machine_id is not None  # what makes the stop graceful
+                self.kill_at[e.machine_id] = e.deadline
+        else:
+            seg.kill()
+        try:
+            self.next_plan = d.commit(d.solve("preemption", self.plan, d.problem.iterations - restart,
+                                              fresh[0].preemption, gone=self.handled))
+        except ReplanInfeasible as e:
+            self.failure = e
+            seg.request_stop()
+
+    def _lost(self, lost: list[tuple[int, int]]) -> None:
+        """Workers gone without notice: their machines are lost."""
+        self.segment.kill()
+        events: dict[str, Preemption] = {}
+        for rank, code in lost:
+            slot = self.slots[rank]
+            events.setdefault(slot.machine_id, Preemption(
+                slot.instance_type, slot.market, "worker-exit", slot.machine_id, 0.0,
+                f"rank {rank} exited with code {code} without notice"))
+        feed = self.d.interruptions
+        feed.feed.push(*events.values())
+        self._react(feed.poll(self.ours, pull=False))
+
+    def _check_progress(self, now: float) -> None:
+        d = self.d
+        verdict = d.monitor.check(now, d.machines.values())
+        d.check_prediction(self.index, self.plan, self.slots, self.reached, self.start, verdict.window)
+        if now - self.last_throughput_log >= d.throughput_log_s:
+            self.last_throughput_log = now
+            d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
+        if not d.policy.on_slowdown_verdict(verdict.replan):
+            return
+        d.monitor.hold_off(now, d.policy.window_s)  # judge again only on a fresh window
+        d.log.write("slowdown", at=now, segment=self.index, **verdict.to_dict())
+        d.hooks.emit("slowdown", verdict)
+        try:
+            replan: Replan | None = d.solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
+        except ReplanInfeasible as e:
+            d.log.write("replan_infeasible", reason="slowdown", error=str(e))
+            replan = None
+        if not d.policy.switch_on_slowdown(replan, self.plan.config):
+            if replan is not None:
+                d.log.write("replan_kept", config=self.plan.config, latency_s=replan.latency_s)
+            d.monitor.hold_off(now, d.policy.hold_off_s())  # ask again later, and later still each time
+            return
+        assert replan is not None  # switch_on_slowdown switches only to a plan
+        self.next_plan = d.commit(replan)
+        self.segment.request_stop()
+
+    def _report(self, now: float, state: str) -> None:
+        self.d.report(now, state, self.plan)
+
+    def finish(self, ended: str) -> Plan:
+        d, seg = self.d, self.segment
+        committed = seg.last_checkpoint if seg.last_checkpoint is not None else self.start
+        throughput = None
+        if self.timing and self.timing["seconds"] > 0:
+            throughput = (self.timing["to_iteration"] - self.timing["from_iteration"]) / self.timing["seconds"]
+        record = SegmentRecord(self.index, self.plan.config, tuple(s.batch for s in self.slots), self.start,
+                               self.reached, committed, ended,
+                               None if self.first_progress_at is None else self.first_progress_at - self.acquire_at,
+                               tuple(c["save_s"] for c in seg.checkpoints), throughput,
+                               self.plan.predicted.iteration_s if self.plan.predicted else None)
+        d.segments.append(record)
+        d.log.write("segment_end", **record.to_dict())
+        d.injector.reached(self.reached)
+        d.done = committed
+        d.give_back([d.machines[m] for m in self.handled if d.machines[m].terminated_at is None])
+        if self.failure is not None:
+            raise self.failure
+        if ended == "finished":
+            return self.plan
+        if self.next_plan is None:  # stopped or killed without a new plan (stop timeout): same plan again
+            return self.plan
+        return self.next_plan
