@@ -469,9 +469,9 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     spec = trainer_spec(inputs.trainer)
     folder.mkdir(parents=True, exist_ok=True)
     resumed = prepared.record
-    record = RunRecord(run_id, plan.to_dict(), absolute_paths(problem.model_dump(mode="json")), spec,
+    record = RunRecord(run_id, plan.model_dump(), absolute_paths(problem.model_dump(mode="json")), spec,
                        dict(inputs.trainer_args), dataclasses.asdict(config),
-                       first_plan=resumed.first_plan if resumed is not None else plan.to_dict(),
+                       first_plan=resumed.first_plan if resumed is not None else plan.model_dump(),
                        cluster=None if cluster is None else str(cluster), options=prepared.options)
     write_run_record(folder, record)
     if provider.local_workers:
@@ -596,7 +596,7 @@ class _Driver:
                 self.plan, self.problem.iterations - self.done, self.problem.overheads.launch_s, self.carried_s,
                 self.carried_usd)
         self.log.write("start", run_id=self.run_id, trainer=self.spec, trainer_args=self.trainer_args,
-                       plan=self.plan.to_dict(), iterations=self.problem.iterations, start_iteration=self.done,
+                       plan=self.plan.model_dump(), iterations=self.problem.iterations, start_iteration=self.done,
                        global_batch=self.problem.global_batch, limits=self.problem.limits.model_dump(),
                        config=self.config.__dict__, window_s=self.window_s, resumed=resume,
                        carried_s=self.carried_s, carried_usd=self.carried_usd,
@@ -691,7 +691,7 @@ class _Driver:
         self.predicted_total_s = now - self.start + predicted.total_s
         self.predicted_cost_usd = self._spent(now) + predicted.cost_usd
         self.log.write("replan", **replan.to_dict())
-        self.record = dataclasses.replace(self.record, plan=replan.new_plan.to_dict())
+        self.record = dataclasses.replace(self.record, plan=replan.new_plan.model_dump())
         write_run_record(self.folder, self.record)  # a resume goes on with the plan in force
         self.hooks.emit("replanned", replan)
         return replan.new_plan

@@ -84,7 +84,7 @@ class Replan:
             "problem": {"iterations": self.problem.iterations, "limits": self.problem.limits.model_dump(),
                         "launch_s": self.problem.overheads.launch_s,
                         "instances": [c.model_dump() for c in self.problem.instances]},
-            "plan": self.new_plan.to_dict(), "best_effort": self.best_effort,
+            "plan": self.new_plan.model_dump(), "best_effort": self.best_effort,
         }
 
 
