@@ -34,10 +34,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, computed_field, field_serializer
+from pydantic.dataclasses import dataclass as record_dataclass
 
 from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import RECORD_CONFIG, json_object
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
 from thrifty.runtime.training.errors import ReplanInfeasible, RunFinished, RunInterrupted, Terminated, TrainingError
@@ -123,9 +127,11 @@ class RunConfig:
                              self.window_bins)
 
 
-@dataclass(frozen=True)
+@record_dataclass(frozen=True, config=RECORD_CONFIG)
 class SegmentRecord:
-    """One world of workers: from which iteration, to where, and how it ended."""
+    """One world of workers: from which iteration, to where, and how it ended;
+    the ``segment_end`` event of the run log, with the figures derived below
+    (`thrifty.core.validation.json_object`)."""
 
     index: int
     config: str
@@ -139,15 +145,18 @@ class SegmentRecord:
     throughput: float | None  # iterations per second in steady state, from the workers' clock
     predicted_iteration_s: float | None = None  # what the segment's plan predicted for one iteration
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def lost_iterations(self) -> int:
         return self.reached_iteration - self.committed_iteration
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def actual_iteration_s(self) -> float | None:
         """The steady-state iteration time the workers measured."""
         return 1.0 / self.throughput if self.throughput else None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def prediction_ratio(self) -> float | None:
         """Measured over predicted iteration time (1.0: the prediction held)."""
@@ -155,14 +164,13 @@ class SegmentRecord:
             return None
         return self.actual_iteration_s / self.predicted_iteration_s
 
-    def to_dict(self) -> dict:
-        return {**self.__dict__, "batches": list(self.batches), "checkpoint_s": list(self.checkpoint_s),
-                "lost_iterations": self.lost_iterations, "actual_iteration_s": self.actual_iteration_s,
-                "prediction_ratio": self.prediction_ratio}
 
-
-@dataclass(frozen=True)
+@record_dataclass(frozen=True, config=RECORD_CONFIG)
 class RunResult:
+    """How a run ended. Its JSON (``thrifty run --json``,
+    `thrifty.core.validation.json_object`) gives the configurations of its
+    plans (``configs``), not the plans, and leaves the checkpoint out."""
+
     run_id: str
     run_dir: Path
     iterations: int
@@ -171,11 +179,16 @@ class RunResult:
     cost_usd: float
     time_limit_s: float | None
     cost_limit_usd: float | None
-    plans: tuple[Plan, ...]
+    plans: Annotated[tuple[Plan, ...], Field(exclude=True)]
     replans: tuple[Replan, ...]
     preemptions: tuple[Preemption, ...]
     segments: tuple[SegmentRecord, ...]
-    checkpoint: str = ""  # where the checkpoint is: a path, or s3://bucket/key; "" = run_dir/checkpoint.pt
+    # where the checkpoint is: a path, or s3://bucket/key; "" = run_dir/checkpoint.pt
+    checkpoint: Annotated[str, Field(exclude=True)] = ""
+
+    @field_serializer("run_dir")
+    def _run_dir_text(self, run_dir: Path) -> str:
+        return str(run_dir)
 
     @property
     def checkpoint_path(self) -> Path | str:
@@ -189,11 +202,13 @@ class RunResult:
     def log_path(self) -> Path:
         return self.run_dir / "run.jsonl"
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def within_limits(self) -> bool:
         return ((self.time_limit_s is None or self.elapsed_s <= self.time_limit_s)
                 and (self.cost_limit_usd is None or self.cost_usd <= self.cost_limit_usd))
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def exceeded(self) -> list[str]:
         """What the run went past, in words (empty within its limits)."""
@@ -206,15 +221,11 @@ class RunResult:
                        f"(+${self.cost_usd - self.cost_limit_usd:,.4f})")
         return out
 
-    def to_dict(self) -> dict:
-        return {
-            "run_id": self.run_id, "run_dir": str(self.run_dir), "iterations": self.iterations,
-            "total_iterations": self.total_iterations, "elapsed_s": self.elapsed_s, "cost_usd": self.cost_usd,
-            "time_limit_s": self.time_limit_s, "cost_limit_usd": self.cost_limit_usd,
-            "within_limits": self.within_limits, "exceeded": self.exceeded, "configs": [p.config for p in self.plans],
-            "replans": [r.to_dict() for r in self.replans], "preemptions": [p.to_dict() for p in self.preemptions],
-            "segments": [s.to_dict() for s in self.segments],
-        }
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def configs(self) -> list[str]:
+        """Each plan's configuration, in the order they ran."""
+        return [p.config for p in self.plans]
 
 
 @dataclass(frozen=True)
@@ -243,7 +254,7 @@ class ProgressSnapshot:
         return None if self.projected_total_s is None else max(0.0, self.projected_total_s - self.elapsed_s)
 
 
-@dataclass(frozen=True)
+@record_dataclass(frozen=True, config=RECORD_CONFIG)
 class PredictionOff:
     """Measured and predicted iteration time differ by more than
     `monitor.PREDICTION_OFF_FACTOR` over a steady window: the likely cause,
@@ -256,12 +267,10 @@ class PredictionOff:
     cause: str
     command: str
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ratio(self) -> float:
         return self.measured_iteration_s / self.predicted_iteration_s
-
-    def to_dict(self) -> dict:
-        return {**self.__dict__, "ratio": self.ratio}
 
     def __str__(self) -> str:
         return (f"iteration time {self.measured_iteration_s * 1e3:.1f} ms measured, "
@@ -469,9 +478,9 @@ def train(plan: Plan | Problem | dict | str | Path | None = None, trainer: str |
     spec = trainer_spec(inputs.trainer)
     folder.mkdir(parents=True, exist_ok=True)
     resumed = prepared.record
-    record = RunRecord(run_id, plan.model_dump(), absolute_paths(problem.model_dump(mode="json")), spec,
-                       dict(inputs.trainer_args), dataclasses.asdict(config),
-                       first_plan=resumed.first_plan if resumed is not None else plan.model_dump(),
+    record = RunRecord(run_id=run_id, plan=plan, problem=absolute_paths(problem.model_dump(mode="json")),
+                       trainer=spec, trainer_args=dict(inputs.trainer_args), config=dataclasses.asdict(config),
+                       first_plan=resumed.first_plan if resumed is not None else plan,
                        cluster=None if cluster is None else str(cluster), options=prepared.options)
     write_run_record(folder, record)
     if provider.local_workers:
@@ -667,7 +676,7 @@ class _Driver:
     def _announce(self, event: Preemption, **extra: Any) -> None:
         self.preemptions.append(event)
         self.replanner.deplete(event.key)
-        self.log.write("preemption", **event.to_dict(), **extra)
+        self.log.write("preemption", **json_object(event), **extra)
         self.hooks.emit("preemption", event)
 
     def _solve(self, reason: str, plan: Plan, remaining: int, event: Preemption | None = None,
@@ -690,8 +699,8 @@ class _Driver:
         assert predicted is not None  # Replanner.replan returns feasible plans, which predict
         self.predicted_total_s = now - self.start + predicted.total_s
         self.predicted_cost_usd = self._spent(now) + predicted.cost_usd
-        self.log.write("replan", **replan.to_dict())
-        self.record = dataclasses.replace(self.record, plan=replan.new_plan.model_dump())
+        self.log.write("replan", **json_object(replan))
+        self.record = self.record.model_copy(update={"plan": replan.new_plan})
         write_run_record(self.folder, self.record)  # a resume goes on with the plan in force
         self.hooks.emit("replanned", replan)
         return replan.new_plan
@@ -914,11 +923,11 @@ class _SegmentWatch:
             self._check_prediction(verdict.window)
         if now - self.last_throughput_log >= d.throughput_log_s:
             self.last_throughput_log = now
-            d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
+            d.log.write("throughput", at=now, segment=self.index, **json_object(verdict))
         if not verdict.replan or not d.config.replan_on_slowdown:
             return
         d.monitor.hold_off(now, d.window_s)  # judge again only on a fresh window
-        d.log.write("slowdown", at=now, segment=self.index, **verdict.to_dict())
+        d.log.write("slowdown", at=now, segment=self.index, **json_object(verdict))
         d.hooks.emit("slowdown", verdict)
         try:
             replan = d._solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
@@ -968,7 +977,7 @@ class _SegmentWatch:
         local = len(self.slots) if d.provider.local_workers else 1
         said = PredictionOff(self.index, self.plan.config, predicted.iteration_s * ratio, predicted.iteration_s,
                              cause, profile_command(d.spec, d.trainer_args, device, d.config.threads, local))
-        d.log.write("prediction_off", **said.to_dict())
+        d.log.write("prediction_off", **json_object(said))
         d.hooks.emit("prediction_off", said)
 
     def _fruitless(self, now: float) -> None:
@@ -993,7 +1002,7 @@ class _SegmentWatch:
                                tuple(c["save_s"] for c in seg.checkpoints), throughput,
                                self.plan.predicted.iteration_s if self.plan.predicted else None)
         d.segments.append(record)
-        d.log.write("segment_end", **record.to_dict())
+        d.log.write("segment_end", **json_object(record))
         d.injector.reached(self.reached)
         d.done = committed
         d._give_back([d.machines[m] for m in self.handled if d.machines[m].terminated_at is None])
