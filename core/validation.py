@@ -19,7 +19,8 @@ from thrifty.core.errors import ProblemError
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
-__all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "problem_of", "short_value"]
+__all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "problem_of", "short_value", "json_object",
+           "RECORD_CONFIG"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -223,3 +224,26 @@ def problem_of(error: pydantic.ValidationError, source: str | None = None,
     else:
         message = _describe(first)
     return ProblemError(message + suffix, path=path_of(loc), source=source)
+
+
+# The config of the runtime's records and run-log events, frozen pydantic dataclasses (validated when made,
+# made with positional arguments as dataclasses are): their schemas are built on first use, not at import,
+# and they may hold objects of the runtime's own classes (a machine, a path).
+RECORD_CONFIG = pydantic.ConfigDict(defer_build=True, arbitrary_types_allowed=True)
+
+
+_ADAPTERS: dict[type, pydantic.TypeAdapter[Any]] = {}  # by record class, each made on its first use
+
+
+def json_object(record: Any) -> dict[str, Any]:
+    """The JSON object of a record that is a pydantic dataclass (a run-log
+    event, a run's result): pydantic's serialization of its fields and
+    computed fields, by their JSON names (serialization aliases), with
+    Python values that `json.dumps` writes as they are (a tuple is a list;
+    an infinite projection stays ``Infinity``, as the run log always wrote
+    it). The records' schemas are built on first use, not at import."""
+    kind = type(record)
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        adapter = _ADAPTERS[kind] = pydantic.TypeAdapter(kind)
+    return adapter.dump_python(record, by_alias=True)

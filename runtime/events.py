@@ -11,15 +11,19 @@ with what is left (Srifty 4.5, 5.4).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import field
+from typing import Literal
+
+from pydantic.dataclasses import dataclass
+
+from thrifty.core.validation import RECORD_CONFIG
 
 __all__ = ["Preemption", "PreemptionSource"]
 
 PreemptionSource = Literal["injector", "imds", "describe", "capacity", "worker-exit", "node-lost"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Preemption:
     """One machine (or one whole market, for capacity) taken away.
 
@@ -41,6 +45,3 @@ class Preemption:
     def key(self) -> tuple[str, str]:
         """The (instance type, market) this event depletes."""
         return (self.instance_type, self.market)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

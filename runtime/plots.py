@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
 
+    from thrifty.solver.tuning_plan import TuningPlan, TuningStage
+
 __all__ = ["TUNING_PLANNERS", "LineStyle", "PlotRecord", "crowded_groups", "literal_text", "padded_limits",
            "pareto_front", "place_annotation", "plot_training_plan", "plot_tuning_plan", "pyplot", "save_png",
            "training_plan_figure", "tuning_plan_figure", "wrap_title"]
@@ -587,57 +589,74 @@ class _TuningRun:
 
     key: str
     label: str
-    stages: list[dict[str, Any]]
+    stages: list[TuningStage]
     cost_usd: float | None = None  # the predicted total, with what no stage is charged
 
 
-def _tuning_runs(plan, unit: str) -> list[_TuningRun]:
+def _tuning_runs(plan: TuningPlan, unit: str) -> list[_TuningRun]:
     """The answer (named after the planner it came from) and every baseline;
     the exact planner's plan when it is not the answer (its model figures,
     or for an infeasible problem the fastest plan, with the deadline it needs).
     Times in the labels are in `unit` ("s" or "min")."""
-    chosen = plan.solver.get("chosen", "exact")
+    solver = plan.solver
+    chosen = solver.chosen if solver is not None and solver.chosen is not None else "exact"
     runs = []
-    if plan.stages:
-        p = plan.predicted
-        runs.append(_TuningRun("thrifty", f"thrifty = {chosen}: {_duration(p['jct_s'], unit)}, {_usd(p['cost_usd'])}",
-                               plan.stages, p["cost_usd"]))
+    if plan.stages and plan.predicted is not None:
+        ours = plan.predicted
+        runs.append(_TuningRun("thrifty", f"thrifty = {chosen}: {_duration(ours.jct_s, unit)}, "
+                                          f"{_usd(ours.cost_usd)}", plan.stages, ours.cost_usd))
     for key, name in (("static", "static"), ("naive_elastic", "naive elastic"), ("greedy", "greedy")):
-        b = plan.baselines.get(key) or {}
-        p = b.get("predicted")
-        label = f"{name}: {_duration(p['jct_s'], unit)}, {_usd(p['cost_usd'])}" if p else \
+        b = plan.baselines.get(key)
+        p = b.predicted if b is not None else None
+        label = f"{name}: {_duration(p.jct_s, unit)}, {_usd(p.cost_usd)}" if p else \
             f"{name}: no plan meets the deadline"
-        runs.append(_TuningRun(name, label, b.get("stages") or [], p["cost_usd"] if p else None))
+        runs.append(_TuningRun(name, label, b.stages if b is not None else [], p.cost_usd if p else None))
     if plan.feasible and chosen == "exact":
         return runs
-    fastest = [(r, stages) for r in (plan.infeasibility or {}).get("relaxations", [])
-               if (stages := _relaxation_stages(r))]
+    fastest = [(r, stages) for r in _relaxations(plan) if (stages := _relaxation_stages(r))]
     if fastest:
         r, stages = fastest[0]
-        jct = r.get("total_s", stages[-1]["end_s"])
-        cost = r.get("cost_usd", sum(s["cost_usd"] for s in stages))
+        jct = r.get("total_s", _end_s(stages[-1]))
+        cost = r.get("cost_usd", sum(s.cost_usd or 0.0 for s in stages))
         runs.append(_TuningRun("exact", f"exact, the fastest plan (needs {r.get('field', 'deadline_s')} >= "
                                         f"{r['needed']:,.0f} s): {_duration(jct, unit)}, {_usd(cost)}", stages,
                                r.get("cost_usd")))
-    elif plan.solver.get("exact_model_cost_usd") is not None:
+    elif solver is not None and solver.exact_model_cost_usd is not None:
         runs.append(_TuningRun("exact", f"exact, not chosen (not drawn): its model predicted "
-                                        f"{_duration(plan.solver['exact_model_jct_s'], unit)}, "
-                                        f"{_usd(plan.solver['exact_model_cost_usd'])}", []))
+                                        f"{_duration(solver.exact_model_jct_s or 0.0, unit)}, "
+                                        f"{_usd(solver.exact_model_cost_usd)}", []))
     else:
         runs.append(_TuningRun("exact", "exact: no plan meets the deadline", []))
     return runs
 
 
-def _relaxation_stages(relaxation: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _relaxations(plan: TuningPlan) -> list[dict[str, Any]]:
+    return plan.infeasibility.relaxations if plan.infeasibility is not None else []
+
+
+def _relaxation_stages(relaxation: dict[str, Any]) -> list[TuningStage] | None:
     """The stages of the plan a relaxation of a tuning problem allows, if it
-    carries them (JSON objects, or `TuningStage`s that read alike)."""
-    from thrifty.solver.plan import PlanRecord
+    carries them with their times (JSON objects, or `TuningStage`s)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from thrifty.solver.tuning_plan import TuningStage
 
     for key in ("stages", "plan"):
-        stages = relaxation.get(key)
-        if isinstance(stages, list) and stages and isinstance(stages[0], (dict, PlanRecord)) and "start_s" in stages[0]:
+        given = relaxation.get(key)
+        if not (isinstance(given, list) and given):
+            continue
+        try:
+            stages = TypeAdapter(list[TuningStage]).validate_python(given)
+        except ValidationError:
+            continue  # not a list of stages (a training relaxation's plan is its configuration)
+        if stages[0].start_s is not None:
             return stages
     return None
+
+
+def _end_s(stage: TuningStage) -> float:
+    """A drawn stage's end (the planners write it; `_relaxation_stages` and the plan's own stages carry it)."""
+    return stage.end_s if stage.end_s is not None else 0.0
 
 
 def _duration(seconds: float, unit: str) -> str:
@@ -648,27 +667,27 @@ def _usd(value: float) -> str:
     return f"${value:,.2f}" if value >= 1 else f"${value:,.4f}"
 
 
-def _tuning_unit(plan) -> str:
+def _tuning_unit(plan: TuningPlan) -> str:
     """Minutes for a job whose plans or deadline pass 5 minutes, else seconds."""
-    ends = [plan.deadline_s] + [s["end_s"] for s in plan.stages]
-    ends += [s["end_s"] for b in plan.baselines.values() for s in b.get("stages") or []]
-    ends += [s["end_s"] for r in (plan.infeasibility or {}).get("relaxations", []) for s in _relaxation_stages(r) or []]
+    ends = [plan.deadline_s] + [_end_s(s) for s in plan.stages]
+    ends += [_end_s(s) for b in plan.baselines.values() for s in b.stages]
+    ends += [_end_s(s) for r in _relaxations(plan) for s in _relaxation_stages(r) or []]
     return "min" if max(ends) > 300 else "s"
 
 
-def _cumulative_cost(stages: list[dict[str, Any]], total_usd: float | None) -> list[float]:
+def _cumulative_cost(stages: list[TuningStage], total_usd: float | None) -> list[float]:
     """The cost at each stage boundary; a last value, at the end, when the
     predicted total adds what no stage is charged (billing minimums, data)."""
     cost = [0.0]
     for s in stages:
-        cost.append(cost[-1] + s["cost_usd"])
+        cost.append(cost[-1] + (s.cost_usd or 0.0))
     if total_usd is not None and total_usd - cost[-1] > 1e-3 * max(total_usd, 1e-9):
         cost.append(total_usd)
     return cost
 
 
 @literal_text
-def tuning_plan_figure(plan):
+def tuning_plan_figure(plan: TuningPlan):
     """A tuning plan over time, with every baseline: GPUs per trial and
     instances per stage, and the cumulative cost; the deadline on each panel.
     Returns (figure, record: a series per planner, empty when it has no plan
@@ -691,10 +710,10 @@ def tuning_plan_figure(plan):
             handles.append(Line2D([], [], color=style["color"], ls=style["ls"], lw=1.5, label=run.label))
             continue
         stages = run.stages
-        xs = [s["start_s"] / per for s in stages] + [stages[-1]["end_s"] / per]
-        ax_gpu.step(xs, [s["gpus_per_trial"] for s in stages] + [stages[-1]["gpus_per_trial"]], where="post",
+        xs = [(s.start_s or 0.0) / per for s in stages] + [_end_s(stages[-1]) / per]
+        ax_gpu.step(xs, [s.gpus_per_trial for s in stages] + [stages[-1].gpus_per_trial], where="post",
                     **style)
-        ax_inst.step(xs, [s["instances"] for s in stages] + [stages[-1]["instances"]], where="post", **style)
+        ax_inst.step(xs, [s.instances for s in stages] + [stages[-1].instances], where="post", **style)
         cost = _cumulative_cost(stages, run.cost_usd)
         cost_xs = xs + [xs[-1]] * (len(cost) - len(xs))
         unstaged |= len(cost) > len(xs)
@@ -705,8 +724,8 @@ def tuning_plan_figure(plan):
     for ax in (ax_gpu, ax_inst, ax_cost):
         ax.axvline(deadline, color="black", ls="--", lw=1)
         ax.grid(alpha=0.3)
-    deadline = f"deadline {plan.deadline_s:,.1f}".removesuffix(".0") + " s"
-    handles.append(Line2D([], [], color="black", ls="--", lw=1, label=deadline))
+    deadline_label = f"deadline {plan.deadline_s:,.1f}".removesuffix(".0") + " s"
+    handles.append(Line2D([], [], color="black", ls="--", lw=1, label=deadline_label))
     if unstaged:
         handles.append(Line2D([], [], ls="", label="a step up at a run's end: billing minimums and data,\n"
                                                    "charged to no stage"))
@@ -721,9 +740,10 @@ def tuning_plan_figure(plan):
     ax_cost.set_xlabel(f"time since the job started ({unit})")
     name = plan.problem_name or "tuning plan"
     if plan.feasible:
-        status = f"{plan.status} ({plan.solver.get('note', plan.solver.get('chosen', ''))})"
+        solver = plan.solver
+        status = f"{plan.status} ({(solver.note or solver.chosen or '') if solver is not None else ''})"
     else:
-        status = f"infeasible: {(plan.infeasibility or {}).get('reason', 'no plan meets the deadline')}"
+        status = f"infeasible: {plan.infeasibility.reason if plan.infeasibility else 'no plan meets the deadline'}"
     title = f"{name}: {plan.experiment}, {plan.billing.replace('_', '-')} billing\n{status}"
     rec.title = wrap_title(title, 8, 12)
     fig.suptitle(rec.title, fontsize=12)
@@ -735,7 +755,7 @@ def tuning_plan_figure(plan):
     return fig, rec
 
 
-def plot_tuning_plan(plan, path: str | Path) -> PlotRecord:
+def plot_tuning_plan(plan: TuningPlan, path: str | Path) -> PlotRecord:
     """`tuning_plan_figure` saved to `path` as PNG; returns what it drew."""
     fig, rec = tuning_plan_figure(plan)
     save_png(pyplot(), fig, path)

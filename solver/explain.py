@@ -64,7 +64,7 @@ would be faster), so raising any member of that set is a way out.
 Values are stored exactly as computed (never rounded); the command line prints
 limits rounded up (a printed limit is never below what is needed).
 
-JSON keys (``plan.to_dict()["infeasibility"]``)
+JSON keys (``plan.model_dump()["infeasibility"]``)
 -----------------------------------------------
 - ``conflict_sets``: ``[[name, ...], ...]`` every minimal conflict set, names
   in the order limits, ``global_batch``, quotas;
@@ -739,11 +739,12 @@ def _tuning_plan(problem: Any, values: dict[str, Any], time_limit_s: float) -> t
 
 
 def _tuning_consequence(space: Any, best: Any) -> dict[str, Any]:
-    from thrifty.solver.tuning_plan import candidate_json
+    from thrifty.solver.tuning_plan import candidate_answer
 
-    body = candidate_json(space, best)
-    return {"plan": body["stages"], "total_s": body["predicted"]["jct_s"], "jct_s_p95": body["predicted"]["jct_s_p95"],
-            "cost_usd": body["predicted"]["cost_usd"]}
+    body = candidate_answer(space, best)
+    assert body.predicted is not None  # `best` is a plan
+    return {"plan": [s.model_dump() for s in body.stages], "total_s": body.predicted.jct_s,
+            "jct_s_p95": body.predicted.jct_s_p95, "cost_usd": body.predicted.cost_usd}
 
 
 def _deadline_relaxation(space: Any, fastest: Any, time_limit_s: float) -> list[dict[str, Any]]:

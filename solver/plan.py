@@ -10,15 +10,18 @@ JSON keys every consumer may rely on (docs/architecture.md, "Plan JSON"): ``kind
 ``reason``; `Infeasibility`).
 
 The plan is a frozen pydantic model owned by this layer: the solver builds it,
-`Plan.to_dict` writes its JSON, and the runtime reads a plan file back with
-`Plan.from_dict` (every error names the JSON path of the bad field), so the
-schema of a plan file is the model's (``thrifty schema plan``).
+``plan.model_dump()`` is its JSON object (`Plan.to_json` its text), and the
+runtime reads a plan file back with
+``thrifty.core.validation.validate_model(Plan, data)`` (every error names the
+JSON path of the bad field), so the schema of a plan file is the model's
+(``thrifty schema plan``).
 
 Unknown keys are refused (``extra="forbid"``), as in problem files: a plan is
 input to ``thrifty run``, and a misspelt optional key (``predicted.totl_s``)
-would otherwise be dropped without a word. Every key that `to_dict` writes is
-read back, ``name`` included (the problem's name, `Plan.problem_name`), so
-``Plan.from_dict(plan.to_dict()) == plan``. Open-ended parts stay open where
+would otherwise be dropped without a word. Every key that ``model_dump``
+writes is read back, ``name`` included (the problem's name,
+`Plan.problem_name`), so ``validate_model(Plan, plan.model_dump()) == plan``.
+Open-ended parts stay open where
 the solver's answer is open: ``solver.details`` and each relaxation are JSON
 objects of any keys.
 """
@@ -43,36 +46,28 @@ Count = Annotated[int, Field(strict=True, ge=1)]
 
 
 class PlanRecord(BaseModel):
-    """A frozen part of a plan that also reads like its JSON object.
+    """A frozen part of a plan, read and written as its JSON object.
 
-    ``record["key"]``, ``record.get("key")``, ``"key" in record`` and
-    ``record.keys()`` see the keys `to_dict` writes (the JSON names, such as
-    ``name`` for `problem_name`), with the typed values, so code written
-    against the plan's JSON (``stage["trials"]``) reads a typed plan as well.
-    Keys named in `_omit_empty` are left out of the JSON while None or empty
-    text (a key the plan does not know, such as a hand-written stage's
-    ``start_s``). `with_changes` is a validated copy: the record itself never
-    changes."""
+    Its JSON (``model_dump()``, JSON names such as ``name`` for
+    `problem_name`) is read back with `thrifty.core.validation.validate_model`
+    (every error names the JSON path). Keys named in `_omit_empty` are left
+    out of the JSON while None or empty text (a key the plan does not know,
+    such as a hand-written stage's ``start_s``). Fields are read as
+    attributes only (``stage.trials``): a record is no mapping. `with_changes`
+    is a validated copy: the record itself never changes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, defer_build=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True, defer_build=True)
 
     _omit_empty: ClassVar[frozenset[str]] = frozenset()  # JSON keys written only when set
 
-    @classmethod
-    def from_dict(cls: type[R], data: Any, source: str | None = None) -> R:
-        """The record from its JSON object; a `ProblemError` names the JSON path of a bad field."""
-        return validate_model(cls, data, source=source)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True)
-
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json.dumps(self.model_dump(), indent=indent)
 
     def with_changes(self: R, **changes: Any) -> R:
         """A copy with `changes` (by field name), validated as a new record is."""
         fields = {name: getattr(self, name) for name in type(self).model_fields}
-        return type(self).from_dict({**fields, **(self.model_extra or {}), **changes})
+        return validate_model(type(self), {**fields, **(self.model_extra or {}), **changes})
 
     @model_serializer(mode="wrap")
     def serialize_json_keys(self, handler: Any) -> dict[str, Any]:
@@ -89,24 +84,6 @@ class PlanRecord(BaseModel):
             if key in self._omit_empty and (value is None or value == ""):
                 out |= {key, name}
         return out
-
-    def _json_items(self) -> dict[str, Any]:
-        """JSON key -> typed value, for the keys `to_dict` writes, in its order."""
-        omitted = self._omitted()
-        items = {info.alias or name: getattr(self, name) for name, info in type(self).model_fields.items()}
-        return {k: v for k, v in items.items() if k not in omitted} | (self.model_extra or {})
-
-    def keys(self) -> list[str]:
-        return list(self._json_items())
-
-    def __getitem__(self, key: str) -> Any:
-        return self._json_items()[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._json_items()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._json_items().get(key, default)
 
 
 class Allocation(PlanRecord):

@@ -14,20 +14,21 @@ plan it admits (`thrifty.solver.explain.explain_tuning_infeasibility`).
 
 `TuningPlan` and its parts (`TuningStage`, `TuningPrediction`,
 `TuningBaseline`, `TuningSolverInfo`, and the training plan's
-`Infeasibility`) are frozen pydantic models, read from JSON with
-`TuningPlan.from_dict` (errors name the JSON path: ``stages[1].trials``) and
-written by `TuningPlan.to_dict`, which gives back the keys it read, in the
-order above. Each part also reads by key like its JSON object
-(``plan.stages[0]["trials"]``, `thrifty.solver.plan.PlanRecord`). Unknown keys
-are refused as in a training plan, except in ``solver``: the exact
-formulation's own figures (``options``, ``objective``, ...) vary with it.
+`Infeasibility`) are frozen pydantic models: the planners build them
+directly (`candidate_answer`, `solve_tuning`), ``model_dump()`` writes the
+keys a plan read, in the order above, and
+``thrifty.core.validation.validate_model(TuningPlan, data)`` reads one
+(errors name the JSON path: ``stages[1].trials``). Fields are read as
+attributes (``plan.stages[0].trials``). Unknown keys are refused as in a
+training plan, except in ``solver``: the exact formulation's own figures
+(``options``, ``objective``, ...) vary with it.
 ``thrifty schema tuning-plan`` prints the schema.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -37,28 +38,7 @@ from thrifty.solver.problem import TuningProblem
 from thrifty.solver.tuning import Candidate, TuningSpace, plan_tuning
 
 __all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo", "solve_tuning",
-           "candidate_json"]
-
-
-def candidate_json(space: TuningSpace, c: Candidate | None) -> dict[str, Any]:
-    """One planner's answer as JSON (``{status, stages, predicted}``): a
-    baseline of a plan, the body of the plan itself, and the plan a
-    relaxation admits."""
-    if c is None:
-        return {"status": "infeasible", "stages": [], "predicted": None}
-    r = c.result
-    stages = []
-    for k, a in enumerate(c.plan):
-        n, iters = space.spec.get_stage(k)
-        assert a.instance_type is not None  # the planners name each stage's type
-        G = space.clouds[a.instance_type].gpus_per_instance
-        stages.append({"trials": n, "iters_per_trial": iters, "gpus": a.instances * G,
-                       "gpus_per_trial": a.gpus_per_trial, "instances": a.instances,
-                       "instance_type": a.instance_type, "start_s": round(r.stage_start_s[k], 3),
-                       "end_s": round(r.stage_end_s[k], 3), "cost_usd": round(r.stage_cost_usd[k], 6)})
-    return {"status": "feasible", "stages": stages,
-            "predicted": {"jct_s": r.jct_s, "cost_usd": r.cost_usd, "jct_s_p95": r.jct_s_p95,
-                          "cost_usd_p95": r.cost_usd_p95, "data_usd": r.data_usd}}
+           "candidate_answer"]
 
 
 class TuningStage(PlanRecord):
@@ -151,25 +131,44 @@ class TuningPlan(PlanRecord):
         return self.status in ("optimal", "feasible")
 
 
+def candidate_answer(space: TuningSpace, c: Candidate | None) -> TuningBaseline:
+    """One planner's answer (``{status, stages, predicted}``): a baseline of
+    a plan, the body of the plan itself, and the plan a relaxation admits."""
+    if c is None:
+        return TuningBaseline(status="infeasible", stages=[], predicted=None)
+    r = c.result
+    stages = []
+    for k, a in enumerate(c.plan):
+        n, iters = space.spec.get_stage(k)
+        assert a.instance_type is not None  # the planners name each stage's type
+        G = space.clouds[a.instance_type].gpus_per_instance
+        stages.append(TuningStage(trials=n, iters_per_trial=iters, gpus=a.instances * G,
+                                  gpus_per_trial=a.gpus_per_trial, instances=a.instances,
+                                  instance_type=a.instance_type, start_s=round(r.stage_start_s[k], 3),
+                                  end_s=round(r.stage_end_s[k], 3), cost_usd=round(r.stage_cost_usd[k], 6)))
+    predicted = TuningPrediction(jct_s=r.jct_s, cost_usd=r.cost_usd, jct_s_p95=r.jct_s_p95,
+                                 cost_usd_p95=r.cost_usd_p95, data_usd=r.data_usd)
+    return TuningBaseline(status="feasible", stages=stages, predicted=predicted)
+
+
 def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
                  space: TuningSpace | None = None) -> TuningPlan:
     start = time.perf_counter()
     space = space or TuningSpace(problem)
     res = plan_tuning(space, time_limit_s or 10.0)
-    baselines = {"static": candidate_json(space, res.static),
-                 "naive_elastic": candidate_json(space, res.naive),
-                 "greedy": candidate_json(space, res.greedy)}
-    solver = {"method": "ilp", "chosen": res.chosen, "note": res.note,
-              "wall_s": time.perf_counter() - start, "planning_s": res.planning_s,
-              "exact_status": res.exact.status, "exact_model_cost_usd": res.exact.model_cost_usd,
-              "exact_model_jct_s": res.exact.model_jct_s, "simulations": space.simulated,
-              "samples": problem.samples, **res.exact.details}
+    baselines = {"static": candidate_answer(space, res.static),
+                 "naive_elastic": candidate_answer(space, res.naive),
+                 "greedy": candidate_answer(space, res.greedy)}
+    solver = TuningSolverInfo(method="ilp", chosen=res.chosen, note=res.note, wall_s=time.perf_counter() - start,
+                              planning_s=res.planning_s, exact_status=res.exact.status,
+                              exact_model_cost_usd=res.exact.model_cost_usd, exact_model_jct_s=res.exact.model_jct_s,
+                              simulations=space.simulated, samples=problem.samples, **res.exact.details)
     common = dict(problem_name=problem.name, experiment=space.spec.description,
                   deadline_s=problem.deadline_s, billing=problem.billing)
     if res.best is not None:
-        body = candidate_json(space, res.best)
+        body = candidate_answer(space, res.best)
         status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"
-        return TuningPlan(kind="tuning", status=status, stages=body["stages"], predicted=body["predicted"],
+        return TuningPlan(kind="tuning", status=status, stages=body.stages, predicted=body.predicted,
                           baselines=baselines, solver=solver, **common)
     if res.exact.status == "unknown":  # no plan found, but none proven impossible: not an infeasibility
         raise SolverError(f"{res.exact.details['reason']} and greedy found none; no infeasibility is proven: "

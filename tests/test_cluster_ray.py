@@ -63,7 +63,7 @@ def provider(nodes):
 @pytest.fixture(scope="module")
 def demo_plan() -> dict:
     """The demo problem's own plan (2 x local-a spot, 32 each)."""
-    return solve(DEMO).to_dict()
+    return solve(DEMO).model_dump()
 
 
 @pytest.fixture(scope="module")

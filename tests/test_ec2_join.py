@@ -28,6 +28,7 @@ import pytest
 from aws_fakes import REGION, free_port, moto_server
 from ec2_harness import FAST_HEALTH_CHECKS, OBJECT_STORE_BYTES, Ec2Harness
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import json_object
 from thrifty.runtime.cli import main
 from thrifty.runtime.cluster.bootstrap import install_command, join_script, ray_start_command
 from thrifty.runtime.cluster.resources import (
@@ -278,7 +279,7 @@ def spot_notice(instance_type: str, market: str, machine_id: str) -> dict | None
     from thrifty.runtime.providers.imds import ImdsPoller
 
     event = ImdsPoller(instance_type, market, machine_id).check()  # the machine's own service, from the environment
-    return None if event is None else event.to_dict()
+    return None if event is None else json_object(event)
 
 
 def on_machine(function, machine_id: str, *args):

@@ -50,7 +50,7 @@ def test_a_market_other_than_the_two_names_its_field(tmp_path):
 def test_the_plan_is_priced_in_the_files_market(tmp_path):
     on_demand = check_startable(parse_experiment(plan_experiment(tmp_path)), "local")
     spot = check_startable(parse_experiment(plan_experiment(tmp_path, market="spot")), "local")
-    assert [s["instances"] for s in spot.plan.stages] == [s["instances"] for s in on_demand.plan.stages]
+    assert [s.instances for s in spot.plan.stages] == [s.instances for s in on_demand.plan.stages]
     # local-a: $1.20 an hour on demand, $0.40 spot (the demo catalog)
     assert spot.predicted_usd == pytest.approx(on_demand.predicted_usd * 0.4 / 1.2, rel=1e-9)
 

@@ -277,7 +277,7 @@ def test_tuning_deadline_relaxation_is_tight() -> None:
     doc = {**doc, "deadline_s": 300, "samples": 50}
     plan = solve(doc)
     assert plan.status == "infeasible"
-    r = next(r for r in plan.infeasibility["relaxations"] if r["field"] == "deadline_s")
+    r = next(r for r in plan.infeasibility.relaxations if r["field"] == "deadline_s")
     assert {"changes", "plan", "total_s", "cost_usd"} <= set(r)
     assert solve({**doc, "deadline_s": r["needed"]}).feasible
     assert solve({**doc, "deadline_s": float(limit_text(r["needed"]).replace(",", ""))}).feasible

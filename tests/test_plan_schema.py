@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import validate_model
 from thrifty.runtime.cli import main
 from thrifty.runtime.training.plans import as_plan
 from thrifty.runtime.tuning.executors.plan import runnable_plan
@@ -48,7 +49,7 @@ def test_a_training_plan_reads_back_to_the_same_json(training_plans, status):
     plan = training_plans[status]
     text = plan.to_json()
     assert plan.feasible == (status == "feasible")
-    back = Plan.from_dict(json.loads(text))
+    back = validate_model(Plan, json.loads(text))
     assert back == plan and back.to_json() == text
     assert as_plan(json.loads(text)).to_json() == text  # as the runtime reads a plan file
     keys = TRAINING_KEYS if plan.feasible else TRAINING_KEYS[:-1] + ["infeasibility", "name"]
@@ -59,32 +60,43 @@ def test_a_training_plan_reads_back_to_the_same_json(training_plans, status):
 def test_a_tuning_plan_reads_back_to_the_same_json(tuning_plans, status):
     plan = tuning_plans[status]
     text = plan.to_json()
-    back = TuningPlan.from_dict(json.loads(text))
+    back = validate_model(TuningPlan, json.loads(text))
     assert back == plan and back.to_json() == text
     keys = TUNING_KEYS if plan.feasible else TUNING_KEYS[:-1] + ["infeasibility", "name"]
     assert list(json.loads(text)) == keys
 
 
-def test_tuning_plan_parts_are_typed_and_read_like_their_json(tuning_plans):
+def test_tuning_plan_parts_are_typed_and_write_their_json(tuning_plans):
     plan = tuning_plans["feasible"]
     stage = plan.stages[0]
     assert isinstance(stage, TuningStage)
-    assert list(stage.keys()) == ["trials", "iters_per_trial", "gpus", "gpus_per_trial", "instances",
-                                  "instance_type", "start_s", "end_s", "cost_usd"]
-    assert stage["trials"] == stage.trials == 32 and "end_s" in stage
-    assert plan.predicted["jct_s"] == plan.predicted.jct_s
+    assert list(stage.model_dump()) == ["trials", "iters_per_trial", "gpus", "gpus_per_trial", "instances",
+                                        "instance_type", "start_s", "end_s", "cost_usd"]
+    assert stage.model_dump()["trials"] == stage.trials == 32 and "end_s" in stage.model_dump()
+    assert plan.model_dump()["predicted"]["jct_s"] == plan.predicted.jct_s
     assert plan.baselines["greedy"].predicted.cost_usd >= plan.predicted.cost_usd - 1e-9
     # the exact formulation's own figures stay, after the known keys
-    assert plan.solver.chosen == plan.solver["chosen"] and "options" in plan.solver.keys()
-    assert plan.infeasibility is None and "infeasibility" not in plan
+    assert plan.solver.chosen == plan.solver.model_dump()["chosen"] and "options" in plan.solver.model_dump()
+    assert plan.infeasibility is None and "infeasibility" not in plan.model_dump()
+
+
+@pytest.mark.parametrize("part", ["plan", "stage", "predicted", "solver"])
+def test_typed_plans_are_read_by_attribute_not_by_key(tuning_plans, training_plans, part):
+    """A plan is no mapping: code reads its fields as attributes (a typo is then
+    an AttributeError, and mypy sees it), and the JSON object is model_dump's."""
+    plan = tuning_plans["feasible"]
+    record = {"plan": training_plans["feasible"], "stage": plan.stages[0], "predicted": plan.predicted,
+              "solver": plan.solver}[part]
+    key = next(iter(record.model_dump()))
+    with pytest.raises(TypeError):
+        record[key]
+    assert not hasattr(record, "get") and not hasattr(record, "keys")
 
 
 def test_a_hand_written_stage_writes_only_what_it_was_given():
-    stage = TuningStage.from_dict({"trials": 4, "iters_per_trial": 1, "gpus_per_trial": 1, "instances": 2})
-    assert stage.to_dict() == {"trials": 4, "iters_per_trial": 1, "gpus_per_trial": 1, "instances": 2}
-    assert stage.get("start_s") is None and "start_s" not in stage
-    with pytest.raises(KeyError):
-        stage["start_s"]
+    stage = validate_model(TuningStage, {"trials": 4, "iters_per_trial": 1, "gpus_per_trial": 1, "instances": 2})
+    assert stage.model_dump() == {"trials": 4, "iters_per_trial": 1, "gpus_per_trial": 1, "instances": 2}
+    assert stage.start_s is None and "start_s" not in stage.model_dump()
 
 
 def test_with_changes_validates_and_leaves_the_plan_as_it_was(training_plans):
@@ -136,7 +148,7 @@ def test_a_bad_tuning_plan_field_is_named(tuning_plans, change, path):
     data = json.loads(tuning_plans["feasible"].to_json())
     change(data)
     with pytest.raises(ProblemError) as e:
-        TuningPlan.from_dict(data)
+        validate_model(TuningPlan, data)
     assert e.value.path == path
     with pytest.raises(ProblemError) as e:
         runnable_plan(data)  # as the plan executor reads it
@@ -169,7 +181,7 @@ def test_schema_command_prints_the_plan_schema(kind, plans, capsys, request):
     assert schema["type"] == "object" and schema["additionalProperties"] is False
     assert set(schema["required"]) == required[kind]
     for plan in request.getfixturevalue(plans).values():
-        assert set(plan.to_dict()) <= set(schema["properties"])  # "name" included, not "problem_name"
+        assert set(plan.model_dump()) <= set(schema["properties"])  # "name" included, not "problem_name"
 
 
 @pytest.mark.parametrize("kind, plans", [("plan", "training_plans"), ("tuning-plan", "tuning_plans")])

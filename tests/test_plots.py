@@ -259,8 +259,8 @@ def planners_named(rec) -> set[str]:
 def test_tuning_plot_names_every_planner(chosen, closing):
     plan = tuning_plan(chosen)
     if chosen == "greedy":  # greedy's plan is the answer: the exact plan is named, with its model's figures
-        plan = plan.with_changes(stages=plan.baselines["greedy"]["stages"],
-                                 predicted=plan.baselines["greedy"]["predicted"])
+        plan = plan.with_changes(stages=plan.baselines["greedy"].stages,
+                                 predicted=plan.baselines["greedy"].predicted)
     fig, rec = tuning_plan_figure(plan)
     closing(fig)
     assert planners_named(rec) == set(TUNING_PLANNERS)
@@ -306,15 +306,15 @@ def test_tuning_cost_ends_at_the_predicted_total(closing):
     plan = tuning_plan()
     # static's total adds $0.20 no stage is charged: its line steps up to it at its end
     static = rec.series["static"]
-    assert static[-1] == (pytest.approx(590 / 60), pytest.approx(plan.baselines["static"]["predicted"]["cost_usd"]))
+    assert static[-1] == (pytest.approx(590 / 60), pytest.approx(plan.baselines["static"].predicted.cost_usd))
     assert static[-2][0] == static[-1][0] and static[-2][1] < static[-1][1]
-    assert rec.series["thrifty"][-1][1] == pytest.approx(plan.predicted["cost_usd"])
+    assert rec.series["thrifty"][-1][1] == pytest.approx(plan.predicted.cost_usd)
 
 
 def test_dollars_in_labels_are_not_mathtext(closing):
     plan = tuning_plan("greedy")
     note = "the exact plan costs $1.7000 under simulation, more than greedy's $1.6500"
-    plan = plan.with_changes(solver={**plan.solver, "note": note})
+    plan = plan.with_changes(solver=plan.solver.with_changes(note=note))
     fig, _ = tuning_plan_figure(plan)
     closing(fig)
     assert all(not t.get_parse_math() for t in fig.findobj(Text) if "$" in t.get_text())

@@ -209,7 +209,7 @@ def _events(folder: Path) -> list[dict]:
 
 def test_a_resumed_run_takes_its_plan_and_problem_from_its_record_unless_given(tmp_path):
     plan, problem = plan_dict(("local-a", "spot", 1, 16)), demo_problem(limits={"time_s": 60})
-    record = RunRecord("r", plan, problem, TINY, {}, {})
+    record = RunRecord(run_id="r", plan=plan, problem=problem, trainer=TINY, trainer_args={}, config={})
     got_plan, got_problem = plan_and_problem(None, None, record, tmp_path)
     assert got_plan.config == "1xlocal-a@16" and got_problem.limits.time_s == 60
     # new limits for the rest of the run: the record's plan with the problem given

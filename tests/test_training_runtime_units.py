@@ -15,6 +15,7 @@ import pytest
 
 from thrifty.datasets.catalog import load_catalog
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, billed_cost_usd
 from thrifty.runtime.providers.local import LocalProvider
@@ -257,7 +258,7 @@ def test_hooks_register_and_reject_unknown_events():
 def test_run_log_is_json_lines(tmp_path):
     with RunLog(tmp_path / "run.jsonl", start=100.0) as log:
         log.write("start", at=100.5, plan={"a": 1})
-        log.write("preemption", **Preemption("local-a", "spot", "injector", "m0", 120.0, at=101.0).to_dict())
+        log.write("preemption", **json_object(Preemption("local-a", "spot", "injector", "m0", 120.0, at=101.0)))
     events = read_run_log(tmp_path / "run.jsonl")
     assert [e["event"] for e in events] == ["start", "preemption"]
     assert events[1]["elapsed_s"] == pytest.approx(1.0) and events[1]["time_left_s"] == 120.0
@@ -450,12 +451,12 @@ def test_a_segment_reports_its_measured_iteration_against_the_prediction():
                            predicted_iteration_s=0.04)
     assert record.actual_iteration_s == pytest.approx(0.05)
     assert record.prediction_ratio == pytest.approx(1.25)
-    line = format_prediction_check([record.to_dict()])
+    line = format_prediction_check([json_object(record)])
     assert "segment 0 2xlocal@32: 50.0 ms measured, 40.0 ms predicted (1.25x)" in line
-    assert "(1.25x)" in _describe({"event": "segment_end", **record.to_dict()})
+    assert "(1.25x)" in _describe({"event": "segment_end", **json_object(record)})
     unmeasured = SegmentRecord(1, "2xlocal@32", (32, 32), 0, 3, 0, "lost", None, (), throughput=None,
                                predicted_iteration_s=0.04)
-    assert unmeasured.prediction_ratio is None and format_prediction_check([unmeasured.to_dict()]) == ""
+    assert unmeasured.prediction_ratio is None and format_prediction_check([json_object(unmeasured)]) == ""
 
 
 def test_a_node_leased_twice_by_one_run_keeps_both_leases_on_the_bill():

@@ -98,7 +98,7 @@ def test_plan_carries_out_the_rubberband_plan_on_the_local_provider(tmp_path):
     out = tmp_path / "plan"
     result = tune(spec, out=out)
     plan = result.preview.plan
-    assert plan is not None and plan.feasible and [s["trials"] for s in plan.stages] == [4, 2, 1]
+    assert plan is not None and plan.feasible and [s.trials for s in plan.stages] == [4, 2, 1]
     assert result.end_reason == "plan" and result.cost_usd > 0
     check_results(out, result)
     events = read_events(out / "events.jsonl")

@@ -298,7 +298,7 @@ def sha_plan():
     from thrifty.solver.tuning_plan import solve_tuning
 
     plan = solve_tuning(plan_problem())
-    assert plan.feasible and [s["trials"] for s in plan.stages] == [8, 4, 2]
+    assert plan.feasible and [s.trials for s in plan.stages] == [8, 4, 2]
     return plan
 
 

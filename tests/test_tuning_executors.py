@@ -232,24 +232,24 @@ def test_sha_plan_runs_stage_by_stage_on_the_simulated_backend():
     assert plan.feasible
     backend = simulated_backend(problem, seed=1)
     result = backend.execute(plan, synthetic_search_space(seed=3))
-    assert [len(s.trial_ids) for s in result.stages] == [s["trials"] for s in plan.stages] == [8, 4, 2]
+    assert [len(s.trial_ids) for s in result.stages] == [s.trials for s in plan.stages] == [8, 4, 2]
     assert len(result.trials) == 8
     done = 0
     for k, (record, stage) in enumerate(zip(result.stages, plan.stages)):
-        assert record.index == k and len(record.machines) == stage["instances"]
-        assert record.gpus_per_trial == stage["gpus_per_trial"]
-        done += stage["iters_per_trial"]
+        assert record.index == k and len(record.machines) == stage.instances
+        assert record.gpus_per_trial == stage.gpus_per_trial
+        done += stage.iters_per_trial
         # every trial of the stage trained exactly to the stage's end, on its GPUs per trial
         for tid in record.trial_ids:
             trial = result.trials[tid]
-            assert trial.iteration >= done and trial.iteration_atoms[done - 1] == stage["gpus_per_trial"]
+            assert trial.iteration >= done and trial.iteration_atoms[done - 1] == stage.gpus_per_trial
         check_placements(record, 4)
         if k:
             before = result.stages[k - 1]
             assert before.ended_at <= record.started_at
             assert set(record.trial_ids) | set(record.dropped) == set(before.trial_ids)
             # SHA keeps the best: every kept trial scored at least as well as every dropped one
-            score = {t: result.trials[t].metrics[done - stage["iters_per_trial"] - 1] for t in before.trial_ids}
+            score = {t: result.trials[t].metrics[done - stage.iters_per_trial - 1] for t in before.trial_ids}
             assert min(score[t] for t in record.trial_ids) >= max(score[t] for t in record.dropped)
     last = result.stages[-1]
     assert [t.state for t in result.trials].count(TrialState.COMPLETED) == len(last.trial_ids)
@@ -257,8 +257,8 @@ def test_sha_plan_runs_stage_by_stage_on_the_simulated_backend():
     assert backend.provider.machines() == []
     check_costs(result)
     # the run agrees with the plan's prediction (same models, other random draws)
-    assert result.jct_s == pytest.approx(plan.predicted["jct_s"], rel=0.1)
-    assert result.cost_usd == pytest.approx(plan.predicted["cost_usd"], rel=0.15)
+    assert result.jct_s == pytest.approx(plan.predicted.jct_s, rel=0.1)
+    assert result.cost_usd == pytest.approx(plan.predicted.cost_usd, rel=0.15)
     for record in result.stages:
         assert record.actual_s == pytest.approx(record.predicted_s, rel=0.2)
     assert "total" in result.table()
@@ -319,7 +319,7 @@ def test_a_plan_runs_with_real_processes_on_local_machines(tmp_path):
                              "model": str(profile), "instance_type": "local-a", "catalog": DEMO_CATALOG,
                              "deadline_s": 2.0, "max_instances": 2, "samples": 20})
     plan = solve_tuning(problem)
-    assert [(s["instances"], s["gpus_per_trial"]) for s in plan.stages] == [(2, 1), (2, 2)]
+    assert [(s.instances, s.gpus_per_trial) for s in plan.stages] == [(2, 1), (2, 2)]
     configs = ConfigList([{"lr": 0.3}, {"lr": 0.003, "hidden": 4}, {"lr": 0.1}])
     with LocalExecutor(EXAMPLE, tmp_path / "run", start_timeout_s=90, iteration_timeout_s=60) as executor, \
             LocalProvider("plan-test", catalog=DEMO_CATALOG) as provider:
@@ -327,7 +327,7 @@ def test_a_plan_runs_with_real_processes_on_local_machines(tmp_path):
         assert provider.machines() == []
     assert_reaped(executor)
     assert [len(s.trial_ids) for s in result.stages] == [3, 1] and not result.failed
-    assert [len(s.machines) for s in result.stages] == [s["instances"] for s in plan.stages]
+    assert [len(s.machines) for s in result.stages] == [s.instances for s in plan.stages]
     winner = result.trials[result.stages[1].trial_ids[0]]
     assert winner.state == TrialState.COMPLETED and winner.iteration == 3 and winner.launches == 2
     assert winner.config["lr"] != 0.003 and winner.last_metric > 0.5

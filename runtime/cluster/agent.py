@@ -79,4 +79,6 @@ class MachineAgent(NodeRanks):
             if wait_s > 0:
                 time.sleep(wait_s)
             return []
-        return [{**e.to_dict(), "machine_id": self.machine_id} for e in self._poller.events(wait_s)]
+        from thrifty.core.validation import json_object
+
+        return [{**json_object(e), "machine_id": self.machine_id} for e in self._poller.events(wait_s)]

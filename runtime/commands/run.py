@@ -306,6 +306,7 @@ def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None
     """The timeline and the plot (``--plot``, or the one the run was started
     with) of what the run log holds, however the run ended; with a result,
     the prediction check and where the files are (``--json``: the result)."""
+    from thrifty.core.validation import json_object
     from thrifty.runtime.training.report import format_prediction_check, format_timeline, plot_run, timeline
     from thrifty.runtime.training.runlog import read_run_log
 
@@ -319,11 +320,11 @@ def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None
         plot_run(events, plot, title=f"{problem.name or problem.model}: run {prepared.run_id}")
     if args.json:
         if result is not None:
-            print(json.dumps(result.to_dict(), indent=1))
+            print(json.dumps(json_object(result), indent=1))
         return
     print(format_timeline(timeline(events)))
     if result is not None:
-        check = format_prediction_check([s.to_dict() for s in result.segments])
+        check = format_prediction_check([json_object(s) for s in result.segments])
         if check:
             print(check)
         print(f"run log: {result.log_path}; checkpoint: {result.checkpoint_path}"

@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import TYPE_CHECKING
 
 from thrifty.runtime.cli import EXIT_INFEASIBLE, EXIT_OK
 from thrifty.runtime.commands._args import output_file, positive_float, with_exit_codes
+
+if TYPE_CHECKING:
+    from thrifty.solver.plan import Infeasibility
 
 HELP = ("choose machines and batches for a training job, or per-stage allocations for a tuning job "
         "(problem file: JSON or YAML), under time, cost and quota limits")
@@ -102,32 +106,29 @@ def _print_human(problem, plan) -> None:
                   f"{plan.solver.candidates_simulated} candidates simulated, {gap}[/dim]")
 
 
-def infeasibility_lines(why) -> list[str]:
-    """An infeasible answer in plain words (an `Infeasibility`, of a training
-    or a tuning plan, or its JSON object): every minimal conflict set with its
-    reason, and every relaxation with the plan it admits."""
-    if not isinstance(why, dict):
-        why = why.to_dict()
-    sets = why.get("conflict_sets") or [why["conflicts"]]
-    reasons = why.get("conflict_reasons") or []
+def infeasibility_lines(why: Infeasibility) -> list[str]:
+    """An infeasible answer in plain words (the `Infeasibility` of a training
+    or a tuning plan): every minimal conflict set with its reason, and every
+    relaxation with the plan it admits."""
+    sets = why.conflict_sets or [why.conflicts]
+    reasons = why.conflict_reasons
     if len(reasons) != len(sets):
-        reasons = [why["reason"]] * len(sets)
+        reasons = [why.reason] * len(sets)
     if not any(sets):
-        lines = [f"[bold red]infeasible[/bold red]: {why['reason']}"]
-        if not why.get("conflict_sets_complete", True) and not why["relaxations"]:
+        lines = [f"[bold red]infeasible[/bold red]: {why.reason}"]
+        if not why.conflict_sets_complete and not why.relaxations:
             return lines  # nothing was analysed (a search stopped by its time limit): the reason says so
     elif len(sets) == 1:  # "relax one" holds when the enumeration was complete: then it is the only conflict
-        complete = why.get("conflict_sets_complete", True)
         lines = [f"[bold red]infeasible[/bold red]: {reasons[0]}",
-                 "conflict: " + ", ".join(sets[0]) + (" (relax one of them)" if complete else "")]
+                 "conflict: " + ", ".join(sets[0]) + (" (relax one of them)" if why.conflict_sets_complete else "")]
     else:
         lines = [f"[bold red]infeasible[/bold red]: {len(sets)} separate conflicts (relax one member of each)"]
         lines += [f"  {k}. " + ", ".join(s) + f": {r}" for k, (s, r) in enumerate(zip(sets, reasons), 1)]
-    if not why.get("conflict_sets_complete", True):
+    if not why.conflict_sets_complete:
         lines.append("  (the search for conflict sets stopped early: there may be others)")
-    if why["relaxations"]:
+    if why.relaxations:
         lines.append("each of these admits a plan:")
-        lines += ["  - " + relaxation_text(r) for r in why["relaxations"]]
+        lines += ["  - " + relaxation_text(r) for r in why.relaxations]
     else:
         lines.append("no relaxation that admits a plan was found")
     return lines

@@ -85,8 +85,8 @@ def _preview_text(shown: Any, e: Any) -> str:
     if shown.plan is not None:
         lines.append("plan (RubberBand stages, the least cost that meets the deadline):")
         for k, s in enumerate(shown.plan.stages):
-            lines.append(f"  stage {k}: {s['trials']} trials x {s['iters_per_trial']} iterations on "
-                         f"{s['instances']} x {s['instance_type']}, {s['gpus_per_trial']} per trial")
+            lines.append(f"  stage {k}: {s.trials} trials x {s.iters_per_trial} iterations on "
+                         f"{s.instances} x {s.instance_type}, {s.gpus_per_trial} per trial")
     if shown.predicted_s is not None:
         what = "predicted" if shown.plan is not None else "at most (the time limit)"
         cost = f", ${shown.predicted_usd:.4f}" if shown.predicted_usd is not None else ""

@@ -286,6 +286,7 @@ def _parts(truth: Any, p: Any) -> list[dict[str, Any]]:
 
 def _document(args: argparse.Namespace, device: str, model: Any, profile: dict[str, Any], sources: dict[str, str],
               configs: list[_Config], predictions: list[Any], truths: list[Any]) -> dict[str, Any]:
+    from thrifty.core.validation import json_object
     from thrifty.perfmodels.cluster import format_cluster
 
     results = []
@@ -294,7 +295,7 @@ def _document(args: argparse.Namespace, device: str, model: Any, profile: dict[s
             "config": format_cluster(config.groups),
             "batches": list(config.batches),
             "world_size": len(config.batches),
-            "measured": truth.to_json(),
+            "measured": json_object(truth),
             "predicted": p.to_json(),
             "error": p.mean_s / truth.mean_s - 1.0,
             "parts": _parts(truth, p),

@@ -45,11 +45,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import numpy as np
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import RECORD_CONFIG
 from thrifty.runtime.worlds import RankChannel, World, WorldFailed
 
 __all__ = ["TruthRun", "Truth", "measure_once", "measure", "measure_rounds", "summarize", "check_ranks",
@@ -88,7 +90,7 @@ class TruthRun:
         return np.max(getattr(self, phase), axis=0)
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
 class Truth:
     """What the rounds of one configuration measured, in seconds.
 
@@ -114,12 +116,6 @@ class Truth:
     step_s: float
     rank_mean_s: tuple[float, ...]
     timed_iterations: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"batches": list(self.batches), "mean_s": self.mean_s, "p95_s": self.p95_s, "spread": self.spread,
-                "round_means_s": list(self.round_means_s), "forward_s": self.forward_s,
-                "backward_s": self.backward_s, "step_s": self.step_s, "rank_mean_s": list(self.rank_mean_s),
-                "timed_iterations": self.timed_iterations}
 
 
 def check_ranks(batches: Sequence[int], device: str, what: str = "the configuration") -> None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from thrifty.core.errors import ProviderError
+from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
 
 __all__ = ["ImdsClient", "ImdsPoller", "InstanceAction", "InstanceIdentity", "parse_instance_action",
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     while deadline is None or time.monotonic() < deadline:
         event = poller.check()
         if event is not None:
-            print(json.dumps(event.to_dict()), flush=True)
+            print(json.dumps(json_object(event)), flush=True)
             return 0
         time.sleep(args.interval)
     return 1

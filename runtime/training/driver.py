@@ -40,6 +40,7 @@ from typing import Any
 
 from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
 from thrifty.runtime.training.config import RunConfig
@@ -219,9 +220,9 @@ def train(plan: PlanArgument = None, trainer: str | Callable[..., Any] | None = 
     spec = trainer_spec(inputs.trainer)
     folder.mkdir(parents=True, exist_ok=True)
     resumed = prepared.record
-    record = RunRecord(run_id, plan.to_dict(), absolute_paths(problem.model_dump(mode="json")), spec,
-                       dict(inputs.trainer_args), dataclasses.asdict(config),
-                       first_plan=resumed.first_plan if resumed is not None else plan.to_dict(),
+    record = RunRecord(run_id=run_id, plan=plan, problem=absolute_paths(problem.model_dump(mode="json")),
+                       trainer=spec, trainer_args=dict(inputs.trainer_args), config=dataclasses.asdict(config),
+                       first_plan=resumed.first_plan if resumed is not None else plan,
                        cluster=None if cluster is None else str(cluster), options=prepared.options)
     write_run_record(folder, record)
     if provider.local_workers:
@@ -353,7 +354,7 @@ class _Driver:
                 self.plan, self.problem.iterations - self.done, self.problem.overheads.launch_s, self.carried_s,
                 self.carried_usd)
         self.log.write("start", run_id=self.run_id, trainer=self.spec, trainer_args=self.trainer_args,
-                       plan=self.plan.to_dict(), iterations=self.problem.iterations, start_iteration=self.done,
+                       plan=self.plan.model_dump(), iterations=self.problem.iterations, start_iteration=self.done,
                        global_batch=self.problem.global_batch, limits=self.problem.limits.model_dump(),
                        config=self.config.__dict__, window_s=self.window_s, resumed=resume,
                        carried_s=self.carried_s, carried_usd=self.carried_usd,
@@ -425,7 +426,7 @@ class _Driver:
         """Record an interruption: deplete its market, log it, tell the hooks."""
         self.preemptions.append(event)
         self.replanner.deplete(event.key)
-        self.log.write("preemption", **event.to_dict(), **extra)
+        self.log.write("preemption", **json_object(event), **extra)
         self.hooks.emit("preemption", event)
 
     def solve(self, reason: str, plan: Plan, remaining: int, event: Preemption | None = None,
@@ -449,8 +450,8 @@ class _Driver:
         assert predicted is not None  # Replanner.replan returns feasible plans, which predict
         self.predicted_total_s = now - self.start + predicted.total_s
         self.predicted_cost_usd = self._spent(now) + predicted.cost_usd
-        self.log.write("replan", **replan.to_dict())
-        self.record = dataclasses.replace(self.record, plan=replan.new_plan.to_dict())
+        self.log.write("replan", **json_object(replan))
+        self.record = self.record.model_copy(update={"plan": replan.new_plan})
         write_run_record(self.folder, self.record)  # a resume goes on with the plan in force
         self.hooks.emit("replanned", replan)
         return replan.new_plan
@@ -477,7 +478,7 @@ class _Driver:
         local = len(slots) if self.provider.local_workers else 1
         said = PredictionOff(segment, plan.config, predicted.iteration_s * ratio, predicted.iteration_s,
                              cause, profile_command(self.spec, self.trainer_args, device, self.config.threads, local))
-        self.log.write("prediction_off", **said.to_dict())
+        self.log.write("prediction_off", **json_object(said))
         self.hooks.emit("prediction_off", said)
 
     def _run_segment(self, plan: Plan, groups: list[list[Machine]], acquire_at: float) -> Plan:

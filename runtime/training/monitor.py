@@ -35,11 +35,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from pydantic.dataclasses import dataclass
 
+from thrifty.core.validation import RECORD_CONFIG
 from thrifty.runtime.providers.base import Machine
 
 __all__ = ["ThroughputWindow", "Verdict", "ProgressMonitor", "window_throughput", "spent_cost", "projected_cost",
@@ -49,7 +50,7 @@ WINDOW_MAX_S = 300.0  # Srifty's K
 WINDOW_MIN_S = 2.0  # shorter windows measure the polling more than the job
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class ThroughputWindow:
     """Iterations per second over the last `span_s` seconds."""
 
@@ -60,9 +61,10 @@ class ThroughputWindow:
     span_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Verdict:
-    """One check of the progress against the limits."""
+    """One check of the progress against the limits: the ``throughput`` and
+    ``slowdown`` events of the run log (`thrifty.core.validation.json_object`)."""
 
     elapsed_s: float
     iterations: int
@@ -75,14 +77,6 @@ class Verdict:
     optimistic_cost_usd: float | None
     violation: tuple[str, ...] = ()  # limits that even the optimistic projection breaks: "time", "cost"
     replan: bool = False  # violation certain for long enough: call for a re-plan
-
-    def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in ("elapsed_s", "iterations", "total_iterations", "spent_usd",
-                                              "projected_total_s", "optimistic_total_s", "projected_cost_usd",
-                                              "optimistic_cost_usd", "replan")}
-        out["violation"] = list(self.violation)
-        out["window"] = None if self.window is None else self.window.__dict__.copy()
-        return out
 
 
 @lru_cache(maxsize=64)

@@ -23,7 +23,7 @@ from typing import Any
 from thrifty.datasets.catalog import Catalog
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document, read_json
-from thrifty.core.validation import short_value
+from thrifty.core.validation import short_value, validate_model
 from thrifty.runtime.training.rundir import RECORD_NAME, RunRecord
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
@@ -35,7 +35,7 @@ __all__ = ["as_plan", "check_plan", "plan_problems", "run_plan", "RunPlan", "Pla
 def as_plan(plan: Plan | dict[str, Any] | str | Path, source: str | None = None) -> Plan:
     """A training `Plan` from a `Plan`, its JSON object or a plan file (`source`
     names where the object came from): validated with the plan's model
-    (`Plan.from_dict`), so every error names the JSON path of the bad field."""
+    (`thrifty.core.validation.validate_model`), so every error names the JSON path of the bad field."""
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, (str, Path)):
@@ -46,7 +46,7 @@ def as_plan(plan: Plan | dict[str, Any] | str | Path, source: str | None = None)
     if plan.get("kind") != "training":
         raise ProblemError(f"is {short_value(plan.get('kind'))}, but the training runtime runs 'training' plans",
                            path="kind", source=source)
-    return Plan.from_dict(plan, source=source)
+    return validate_model(Plan, plan, source=source)
 
 
 def _is_problem(data: Any) -> bool:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from pydantic import computed_field
+from pydantic.dataclasses import dataclass as record_dataclass
+
+from thrifty.core.validation import RECORD_CONFIG
 from thrifty.runtime.training.faults import Fault, describe_fault
 
 __all__ = ["PredictionOff", "profile_command", "prediction_off_cause", "ZOO_TRAINER"]
 
 
-@dataclass(frozen=True)
+@record_dataclass(frozen=True, config=RECORD_CONFIG)
 class PredictionOff:
     """Measured and predicted iteration time differ by more than
     `monitor.PREDICTION_OFF_FACTOR` over a steady window: the likely cause,
@@ -27,18 +30,15 @@ class PredictionOff:
     cause: str
     command: str
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ratio(self) -> float:
         return self.measured_iteration_s / self.predicted_iteration_s
-
-    def to_dict(self) -> dict:
-        return {**self.__dict__, "ratio": self.ratio}
 
     def __str__(self) -> str:
         return (f"iteration time {self.measured_iteration_s * 1e3:.1f} ms measured, "
                 f"{self.predicted_iteration_s * 1e3:.1f} ms predicted ({self.ratio:.2f}x, segment {self.segment} "
                 f"{self.config}): likely {self.cause}; profile the trainer's model with: {self.command}")
-
 
 ZOO_TRAINER = "thrifty.runtime.training.examples:zoo"  # runs the zoo model its `model` argument names
 

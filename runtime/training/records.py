@@ -7,6 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field, computed_field, field_serializer
+from pydantic.dataclasses import dataclass as record_dataclass
+
+from thrifty.core.validation import RECORD_CONFIG
 from pathlib import Path
 
 from thrifty.runtime.events import Preemption
@@ -17,9 +23,11 @@ from thrifty.solver.plan import Plan
 __all__ = ["SegmentRecord", "RunResult", "ProgressSnapshot", "checkpoint_location"]
 
 
-@dataclass(frozen=True)
+@record_dataclass(frozen=True, config=RECORD_CONFIG)
 class SegmentRecord:
-    """One world of workers: from which iteration, to where, and how it ended."""
+    """One world of workers: from which iteration, to where, and how it ended;
+    the ``segment_end`` event of the run log, with the figures derived below
+    (`thrifty.core.validation.json_object`)."""
 
     index: int
     config: str
@@ -33,15 +41,18 @@ class SegmentRecord:
     throughput: float | None  # iterations per second in steady state, from the workers' clock
     predicted_iteration_s: float | None = None  # what the segment's plan predicted for one iteration
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def lost_iterations(self) -> int:
         return self.reached_iteration - self.committed_iteration
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def actual_iteration_s(self) -> float | None:
         """The steady-state iteration time the workers measured."""
         return 1.0 / self.throughput if self.throughput else None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def prediction_ratio(self) -> float | None:
         """Measured over predicted iteration time (1.0: the prediction held)."""
@@ -49,14 +60,12 @@ class SegmentRecord:
             return None
         return self.actual_iteration_s / self.predicted_iteration_s
 
-    def to_dict(self) -> dict:
-        return {**self.__dict__, "batches": list(self.batches), "checkpoint_s": list(self.checkpoint_s),
-                "lost_iterations": self.lost_iterations, "actual_iteration_s": self.actual_iteration_s,
-                "prediction_ratio": self.prediction_ratio}
-
-
-@dataclass(frozen=True)
+@record_dataclass(frozen=True, config=RECORD_CONFIG)
 class RunResult:
+    """How a run ended. Its JSON (``thrifty run --json``,
+    `thrifty.core.validation.json_object`) gives the configurations of its
+    plans (``configs``), not the plans, and leaves the checkpoint out."""
+
     run_id: str
     run_dir: Path
     iterations: int
@@ -65,11 +74,16 @@ class RunResult:
     cost_usd: float
     time_limit_s: float | None
     cost_limit_usd: float | None
-    plans: tuple[Plan, ...]
+    plans: Annotated[tuple[Plan, ...], Field(exclude=True)]
     replans: tuple[Replan, ...]
     preemptions: tuple[Preemption, ...]
     segments: tuple[SegmentRecord, ...]
-    checkpoint: str = ""  # where the checkpoint is: a path, or s3://bucket/key; "" = run_dir/checkpoint.pt
+    # where the checkpoint is: a path, or s3://bucket/key; "" = run_dir/checkpoint.pt
+    checkpoint: Annotated[str, Field(exclude=True)] = ""
+
+    @field_serializer("run_dir")
+    def _run_dir_text(self, run_dir: Path) -> str:
+        return str(run_dir)
 
     @property
     def checkpoint_path(self) -> Path | str:
@@ -83,11 +97,13 @@ class RunResult:
     def log_path(self) -> Path:
         return self.run_dir / "run.jsonl"
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def within_limits(self) -> bool:
         return ((self.time_limit_s is None or self.elapsed_s <= self.time_limit_s)
                 and (self.cost_limit_usd is None or self.cost_usd <= self.cost_limit_usd))
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def exceeded(self) -> list[str]:
         """What the run went past, in words (empty within its limits)."""
@@ -100,16 +116,11 @@ class RunResult:
                        f"(+${self.cost_usd - self.cost_limit_usd:,.4f})")
         return out
 
-    def to_dict(self) -> dict:
-        return {
-            "run_id": self.run_id, "run_dir": str(self.run_dir), "iterations": self.iterations,
-            "total_iterations": self.total_iterations, "elapsed_s": self.elapsed_s, "cost_usd": self.cost_usd,
-            "time_limit_s": self.time_limit_s, "cost_limit_usd": self.cost_limit_usd,
-            "within_limits": self.within_limits, "exceeded": self.exceeded, "configs": [p.config for p in self.plans],
-            "replans": [r.to_dict() for r in self.replans], "preemptions": [p.to_dict() for p in self.preemptions],
-            "segments": [s.to_dict() for s in self.segments],
-        }
-
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def configs(self) -> list[str]:
+        """Each plan's configuration, in the order they ran."""
+        return [p.config for p in self.plans]
 
 @dataclass(frozen=True)
 class ProgressSnapshot:

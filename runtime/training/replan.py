@@ -58,8 +58,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
+from typing import Annotated, Any
 
+from pydantic import Field, computed_field, field_serializer
+from pydantic.dataclasses import dataclass
+
+from thrifty.core.validation import RECORD_CONFIG
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.interruptions import Interruption, Notice
 from thrifty.runtime.training.errors import ReplanInfeasible
@@ -83,39 +88,40 @@ def slowdown_hold_off_s(window_s: float, fruitless_replans: int) -> float:
     return window_s * min(2 ** max(0, fruitless_replans - 1), MAX_HOLD_OFF_WINDOWS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Replan:
-    """One re-plan: why, what ran before, what runs now, how long it took."""
+    """One re-plan: why, what ran before, what runs now, how long it took.
+
+    Its JSON is the ``replan`` event of the run log
+    (`thrifty.core.validation.json_object`): the old plan by its
+    configuration (``old_config``), the new one whole (``plan``) and by its
+    configuration, the event as ``trigger``, and of the re-plan problem what
+    changed (``iterations``, ``limits``, ``launch_s``, ``instances``)."""
 
     reason: str  # "preemption", "capacity" or "slowdown"
-    old_plan: Plan | None
-    new_plan: Plan
+    old_plan: Annotated[Plan | None, Field(exclude=True)]
+    new_plan: Annotated[Plan, Field(serialization_alias="plan")]
     problem: TrainingProblem
     latency_s: float  # from the event to the new plan
     solve_s: float
-    event: Preemption | None = None
+    event: Annotated[Preemption | None, Field(serialization_alias="trigger")] = None
     depleted: tuple[Key, ...] = field(default_factory=tuple)
     best_effort: str | None = None  # why no plan met the time limit: this one finishes soonest within the budget
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def old_config(self) -> str:
         return self.old_plan.config if self.old_plan is not None else ""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def new_config(self) -> str:
         return self.new_plan.config
 
-    def to_dict(self) -> dict:
-        return {
-            "reason": self.reason, "old_config": self.old_config, "new_config": self.new_config,
-            "latency_s": self.latency_s, "solve_s": self.solve_s,
-            "trigger": self.event.to_dict() if self.event else None,
-            "depleted": [list(k) for k in self.depleted],
-            "problem": {"iterations": self.problem.iterations, "limits": self.problem.limits.model_dump(),
-                        "launch_s": self.problem.overheads.launch_s,
-                        "instances": [c.model_dump() for c in self.problem.instances]},
-            "plan": self.new_plan.to_dict(), "best_effort": self.best_effort,
-        }
+    @field_serializer("problem")
+    def _what_changed(self, problem: TrainingProblem) -> dict[str, Any]:
+        return problem.model_dump(include={"iterations", "limits", "instances"}) | \
+            {"launch_s": problem.overheads.launch_s}
 
 
 def replan_changes(problem: TrainingProblem, *, remaining_iterations: int, elapsed_s: float, spent_usd: float,

@@ -24,18 +24,22 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_json, write_json
+from thrifty.core.validation import validate_model
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run
+from thrifty.solver.plan import Plan
 
 __all__ = ["RUN_RECORD_FORMAT", "RUNS_FOLDER", "RunRecord", "new_run_id", "default_run_dir", "write_run_record",
            "read_run_record", "CarriedOver", "carried_over", "absolute_paths", "finished_run", "newest_run_dir"]
 
-RUN_RECORD_FORMAT = "thrifty.run/1"
+RUN_RECORD_FORMAT: Final = "thrifty.run/1"
 RECORD_NAME = "run.json"
 
 
@@ -48,22 +52,25 @@ def default_run_dir(run_id: str) -> Path:
     return Path.cwd() / RUNS_FOLDER / run_id
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """What `train` was asked to run, as JSON values."""
+class RunRecord(BaseModel):
+    """What `train` was asked to run: ``run.json``, whose keys are this
+    model's fields in order (``format`` first), the plans with the plan
+    file's keys (`thrifty.solver.plan.Plan`). Keys it does not know are
+    passed over (``extra="ignore"``), as they were before it was a model, so
+    a record another version wrote still resumes."""
 
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
+
+    format: Literal["thrifty.run/1"] = RUN_RECORD_FORMAT
     run_id: str
-    plan: dict[str, Any]  # the current plan (the last re-plan's), docs/architecture.md's plan keys
+    plan: Plan  # the current plan (the last re-plan's), docs/architecture.md's plan keys
     problem: dict[str, Any]  # with absolute file paths, so a resume works from any folder
     trainer: str
     trainer_args: dict[str, Any]
     config: dict[str, Any]  # RunConfig fields as given (window_s None: automatic)
-    first_plan: dict[str, Any] | None = None
+    first_plan: Plan | None = None
     cluster: str | None = None  # where the machines come from (train's `cluster`; None: local)
-    options: dict[str, Any] = field(default_factory=dict)  # what the command was given besides (e.g. plot)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": RUN_RECORD_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
+    options: dict[str, Any] = Field(default_factory=dict)  # what the command was given besides (e.g. plot)
 
 
 def absolute_paths(problem: dict[str, Any]) -> dict[str, Any]:
@@ -78,22 +85,20 @@ def absolute_paths(problem: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_run_record(folder: str | Path, record: RunRecord) -> None:
-    write_json(Path(folder) / RECORD_NAME, record.to_dict())
+    write_json(Path(folder) / RECORD_NAME, record.model_dump())
 
 
 def read_run_record(folder: str | Path) -> RunRecord | None:
     """The record in `folder`; None when there is none (a run directory
-    written before records existed, or not a run directory)."""
+    written before records existed, or not a run directory). A bad field is
+    a `ProblemError` naming its JSON path in the file (``plan.allocation[0].count``)."""
     path = Path(folder) / RECORD_NAME
     if not path.exists():
         return None
     data = read_json(path)
     if not isinstance(data, dict) or data.get("format") != RUN_RECORD_FORMAT:
         raise ProblemError(f"is not a thrifty run record (format must be {RUN_RECORD_FORMAT!r})", source=str(path))
-    try:
-        return RunRecord(**{f.name: data[f.name] for f in fields(RunRecord) if f.name in data})
-    except TypeError as e:
-        raise ProblemError(f"is not a valid run record: {e}", source=str(path)) from None
+    return validate_model(RunRecord, data, source=str(path))
 
 
 @dataclass(frozen=True)

@@ -12,22 +12,25 @@ are written, so a crashed run's log is complete up to the crash and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from thrifty.core.errors import ProblemError
+from thrifty.core.validation import json_object
 
 __all__ = ["RunLog", "read_run_log"]
 
 
 def _plain(value: Any) -> Any:
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, tuple):
-        return list(value)
+    """A value `json` cannot write itself: a record (a pydantic dataclass or model) as its JSON object."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) or isinstance(value, BaseModel):
+        return json_object(value)
     raise TypeError(f"cannot write {type(value).__name__} to the run log")
 
 

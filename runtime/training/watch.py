@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import Machine
 from thrifty.runtime.providers.interruptions import CapacityChange, FeedReader, Interruption, Notice
@@ -284,11 +285,11 @@ class SegmentWatch:
         d.check_prediction(self.index, self.plan, self.slots, self.reached, self.start, verdict.window)
         if now - self.last_throughput_log >= d.throughput_log_s:
             self.last_throughput_log = now
-            d.log.write("throughput", at=now, segment=self.index, **verdict.to_dict())
+            d.log.write("throughput", at=now, segment=self.index, **json_object(verdict))
         if not d.policy.on_slowdown_verdict(verdict.replan):
             return
         d.monitor.hold_off(now, d.policy.window_s)  # judge again only on a fresh window
-        d.log.write("slowdown", at=now, segment=self.index, **verdict.to_dict())
+        d.log.write("slowdown", at=now, segment=self.index, **json_object(verdict))
         d.hooks.emit("slowdown", verdict)
         try:
             replan: Replan | None = d.solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
@@ -319,7 +320,7 @@ class SegmentWatch:
                                tuple(c["save_s"] for c in seg.checkpoints), throughput,
                                self.plan.predicted.iteration_s if self.plan.predicted else None)
         d.segments.append(record)
-        d.log.write("segment_end", **record.to_dict())
+        d.log.write("segment_end", **json_object(record))
         d.injector.reached(self.reached)
         d.done = committed
         d.give_back([d.machines[m] for m in self.handled if d.machines[m].terminated_at is None])

@@ -52,6 +52,7 @@ from typing import Any
 
 from thrifty.core.errors import ProblemError, ThriftyError
 from thrifty.core.io import atomic_write_text
+from thrifty.core.validation import validate_model
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     load_experiment, parse_experiment, resolve_trainer)
@@ -248,8 +249,8 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
         except ProblemError as err:
             problems.append(err)
     if shown is not None and shown.plan is not None and on_cluster:
-        stage = max(shown.plan.stages, key=lambda st: st["instances"])
-        wanted = (stage["instance_type"], r.market, stage["instances"])
+        stage = max(shown.plan.stages, key=lambda st: st.instances)
+        wanted = (stage.instance_type, r.market, stage.instances)
     if nodes is not None and wanted is not None:
         from thrifty.runtime.cluster.provider import lacking, lacking_message
 
@@ -449,8 +450,8 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     if resume is not None and (folder / PLAN).is_file():  # a plan run goes on with the plan it ran
         from thrifty.solver.tuning_plan import TuningPlan
 
-        shown.plan = TuningPlan.from_dict(json.loads((folder / PLAN).read_text(encoding="utf-8")),
-                                          source=str(folder / PLAN))
+        shown.plan = validate_model(TuningPlan, json.loads((folder / PLAN).read_text(encoding="utf-8")),
+                                    source=str(folder / PLAN))
     result = TuneResult(folder, e, shown)
     if dry_run:
         return result

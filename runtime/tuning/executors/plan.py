@@ -94,6 +94,7 @@ import numpy as np
 
 from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.core.errors import ProblemError, ProviderError
+from thrifty.core.validation import validate_model
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.placement import place
 from thrifty.runtime.providers.base import Machine, Market, Provider
@@ -127,7 +128,7 @@ def runnable_plan(plan: TuningPlan | Mapping[str, Any], instance_type: str | Non
     if not isinstance(plan, TuningPlan):
         if not isinstance(plan, Mapping):
             raise ProblemError(f"the plan is a {type(plan).__name__}, but must be a TuningPlan or its JSON object")
-        plan = TuningPlan.from_dict({"kind": "tuning", "status": "feasible", **plan})
+        plan = validate_model(TuningPlan, {"kind": "tuning", "status": "feasible", **plan})
     if not plan.feasible:
         raise ProblemError(f"is '{plan.status}': an infeasible plan has nothing to run", path="status")
     if not plan.stages:
