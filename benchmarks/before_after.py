@@ -11,7 +11,7 @@ is a regression of more than 5%.
   at paper scale (``benchmarks/runtime_overheads.py``'s setting), the first
   re-plan of a re-planner whose search space was built at run start, median
   of 5 per process;
-- tuning relaunch: `LocalExecutor`, one trial suspended after each iteration
+- tuning relaunch: `WorldExecutor`, one trial suspended after each iteration
   and relaunched from its checkpoint, alternately on 1 and 2 ranks; the time
   from a launch to the start of its first iteration (processes, process
   group, restore), median of 6 relaunches per process (the first launch,
@@ -64,11 +64,11 @@ def measure_replan() -> float:
 
 
 def measure_relaunch() -> float:
-    from thrifty.runtime.tuning.executors.local import LocalExecutor
+    from thrifty.runtime.tuning.executors.worlds import WorldExecutor
     from thrifty.runtime.tuning.trial import Report, Trial
 
     with tempfile.TemporaryDirectory() as folder, \
-            LocalExecutor("thrifty.runtime.tuning.executors.local:example_trainer", folder,
+            WorldExecutor("thrifty.runtime.tuning.executors.worlds:example_trainer", folder,
                           start_timeout_s=120, iteration_timeout_s=120) as executor:
         trial = Trial(0, {"lr": 0.1, "samples": 256})
         for launch in range(7):

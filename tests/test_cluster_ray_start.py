@@ -134,7 +134,7 @@ def test_thrifty_run_on_the_cluster_succeeds_and_ray_stays_off_the_terminal(clus
 
 
 def experiment(**resources) -> dict:
-    return {"name": "on-ray", "trainer": "thrifty.runtime.tuning.executors.local:example_trainer",
+    return {"name": "on-ray", "trainer": "thrifty.runtime.tuning.executors.worlds:example_trainer",
             "search_space": {"lr": {"loguniform": [0.003, 0.5]}}, "samples": 2, "seed": 1, "max_iterations": 2,
             "scheduler": "fifo", "iteration_timeout_s": 120,
             "resources": {"atoms": 2, "instance_type": "local-a", "machines": 2, "catalog": str(CATALOG),
