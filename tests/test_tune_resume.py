@@ -295,7 +295,7 @@ def plan_session(log_path: Path, plan, *, resume=None, stop_after: int | None = 
 
 @pytest.fixture(scope="module")
 def sha_plan():
-    from thrifty.solver.tuning_plan import solve_tuning
+    from thrifty.solver.solve import solve_tuning
 
     plan = solve_tuning(plan_problem())
     assert plan.feasible and [s["trials"] for s in plan.stages] == [8, 4, 2]

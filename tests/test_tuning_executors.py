@@ -20,7 +20,7 @@ from thrifty.runtime.tuning import (ASHA, FIFO, ConfigList, Decision, HyperSched
 from thrifty.runtime.tuning.executors.worlds import WorldExecutor, TunableTrainer, example_trainer
 from thrifty.runtime.tuning.executors.plan import execute_plan, simulated_backend
 from thrifty.solver.problem import parse_problem
-from thrifty.solver.tuning_plan import solve_tuning
+from thrifty.solver.solve import solve_tuning
 
 torch = pytest.importorskip("torch")
 

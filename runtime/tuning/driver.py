@@ -315,7 +315,7 @@ def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
     settings = e.scheduler.model_dump(exclude={"name"})
     if isinstance(e.scheduler, PlanSpec):
         from thrifty.solver.problem import parse_problem
-        from thrifty.solver.tuning_plan import solve_tuning
+        from thrifty.solver.solve import solve_tuning
 
         from thrifty.solver.problem import TuningProblem
 
