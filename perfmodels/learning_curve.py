@@ -121,6 +121,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
 
+from thrifty.core.optional import try_import
+
 __all__ = ["CurveForecast", "CurvePrior", "TrialPrior", "forecast", "FAMILIES", "WARPS"]
 
 TIME_SCALES = ("hyperbolic", "log", "sqrt", "linear")
@@ -850,11 +852,8 @@ def _forecast(x: np.ndarray, y_raw: np.ndarray, horizon: float, rng: np.random.G
 
 @lru_cache(maxsize=1)
 def _blas_controller():
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return None
-    return ThreadpoolController()
+    threadpoolctl = try_import("threadpoolctl")  # without it, forecasts run on as many BLAS threads as they get
+    return None if threadpoolctl is None else threadpoolctl.ThreadpoolController()
 
 
 @contextmanager

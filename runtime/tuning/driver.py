@@ -52,6 +52,7 @@ from typing import Any
 
 from thrifty.core.errors import ProblemError, ThriftyError
 from thrifty.core.io import atomic_write_text
+from thrifty.core.optional import try_import
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     load_experiment, parse_experiment, resolve_trainer)
@@ -705,14 +706,13 @@ def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> N
             target.with_suffix(".tmp").replace(target)
             result.best_checkpoint = str(target)
     path = Path(plot) if plot is not None else folder / "tuning.png"
-    try:
-        if draw:
-            from thrifty.runtime.tuning.run_plot import plot_tuning_run
-
-            plot_tuning_run(read_events(folder / EVENTS), e, path)
-            result.plot = str(path)
-    except ImportError:  # matplotlib is part of the install; a stripped environment still gets its results
+    if draw and try_import("matplotlib") is None:  # part of the install; a stripped one still gets its results
         result.plot = None
+    elif draw:
+        from thrifty.runtime.tuning.run_plot import plot_tuning_run
+
+        plot_tuning_run(read_events(folder / EVENTS), e, path)
+        result.plot = str(path)
     atomic_write_text(folder / SUMMARY, json.dumps(json_safe(result.summary()), indent=1, allow_nan=False,
                                                    default=str) + "\n")
 
