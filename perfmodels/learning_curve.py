@@ -860,7 +860,7 @@ def _blas_controller():
 def _one_blas_thread() -> Iterator[None]:
     """Run the small matrix algebra of a forecast on one BLAS thread: several
     threads gain nothing at these sizes and, on busy cores (a tuning job runs
-    next to its trials), their spin-waiting made a forecast 20x slower."""
+    next to its trials), their spin-waiting made a forecast many times slower."""
     controller = _blas_controller()
     if controller is None:
         yield

@@ -130,8 +130,8 @@ class RayLauncher:
     def hurry(self) -> None:
         """The world is ending and its exits are awaited: ask the agents often
         from now on. While it trains, each round of calls costs the agents CPU
-        that the ranks beside them need (on this 2-core host, 8% of the
-        iteration time at 30 rounds a second), so rounds are rarer then."""
+        that the ranks beside them need (a measurable share of the iteration
+        time on a host with few cores), so rounds are rarer then."""
         self._refresh_s = HURRY_REFRESH_S
 
     def refresh(self, force: bool = False) -> None:
