@@ -71,14 +71,15 @@ def exported(package: str, tree: ast.Module, modules: dict[str, Path]) -> dict[s
 
 
 def module_imports(name: str, path: Path, modules: dict[str, Path], exports: dict[str, dict[str, str]],
-                   through_packages: bool = False) -> list[tuple[str, int]]:
+                   through_packages: bool = False, tree: ast.Module | None = None) -> list[tuple[str, int]]:
     """(imported name, line) of every import in module `name`: a module of
     the package when it names one, else the dotted name as written
     (``subprocess``, ``torch.distributed.init_process_group``). A name a
     package re-exports (`exports`) is imported from its defining module too,
-    and with `through_packages` from that module only, not the package."""
+    and with `through_packages` from that module only, not the package.
+    `tree`: the module's source, parsed already."""
     out: list[tuple[str, int]] = []
-    for node in import_nodes(ast.parse(path.read_text(), str(path))):
+    for node in import_nodes(tree or ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
             continue

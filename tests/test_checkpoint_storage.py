@@ -248,7 +248,6 @@ def test_a_checkpoint_round_trips_exactly(location):
 
 
 @S3
-@pytest.mark.process
 def test_a_world_checkpoints_to_s3_and_resumes_from_it_bit_for_bit(bucket, tmp_path):
     torch = pytest.importorskip("torch")
     from thrifty.runtime.ddp.checkpoint import load_checkpoint

@@ -33,7 +33,7 @@ from thrifty.runtime.cluster.connect import connect  # noqa: E402
 
 from ray_cluster import RayStartCluster, free_port  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"

@@ -22,7 +22,7 @@ from thrifty.runtime.tuning.executors.worlds import RANK_PRELOAD, WorldExecutor 
 from test_cluster_ray import CATALOG, nodes  # noqa: E402, F401 -- the module's three-node cluster
 from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
