@@ -1,6 +1,6 @@
 """Markers in one place: ``-m "not process"`` runs the tests that start no
-processes, ``-m "not moto"`` those that start no moto server. ``process`` is
-derived from what each test's code (its function and its fixtures) uses
+processes, ``-m "not moto"`` those that use no moto server. Both are derived
+from what each test's code (its function and its fixtures) uses
 (tests/markers.py): no list of modules to keep up to date.
 The shared helpers of the tests (``aws_fakes``, ``helpers``) import as
 top-level modules through ``pythonpath`` in pyproject.toml.
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from markers import starts_processes
+from markers import starts_processes, uses_moto
 
-MOTO_SUITES = {"test_ec2_provider", "test_catalog", "test_imds", "test_ec2_join", "test_cluster_ec2",
-               "test_cluster_head"}
 SHARED_SCOPES = {"module", "class", "package"}
 
 
@@ -52,7 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         suite = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
         if item.get_closest_marker("process") is None and starts_processes(code_of(item)):
             item.add_marker(pytest.mark.process)
-        if suite in MOTO_SUITES:
+        if item.get_closest_marker("moto") is None and uses_moto(code_of(item)):
             item.add_marker(pytest.mark.moto)
         if shares_a_setup(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(suite))

@@ -1,5 +1,7 @@
 """What a test does, read from its code: whether it starts processes (the
-``process`` marker, tests/conftest.py), with no list of test modules to keep.
+``process`` marker, tests/conftest.py) or uses moto (``moto``: the same
+reading, with moto the only module sought), with no list of test modules to
+keep.
 
 A test starts processes when the code it runs, read with ast, uses something
 that starts one:
@@ -27,10 +29,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import inspect
 import os
+import sys
 import textwrap
 import types
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -43,12 +48,31 @@ PRIMITIVES = ("subprocess", "multiprocessing", "ray", "torch.distributed", "torc
 OS_SPAWNS = frozenset({"fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "spawnvp",
                        "spawnl", "spawnlp", "system", "popen", "execv", "execve", "execvp", "execvpe"})
 CLI_MAIN = "thrifty.runtime.cli.main"
+IMPORTORSKIP = "_pytest.outcomes.importorskip"
 
-__all__ = ["starts_processes", "why_processes", "launching_modules", "command_launches"]
+__all__ = ["starts_processes", "why_processes", "uses_moto", "launching_modules", "command_launches"]
+
+
+@dataclass(frozen=True)
+class Sought:
+    """What a marker looks for in a test's code: modules that do it by
+    themselves (`primitives`), and whether thrifty's launching modules, the
+    CLI's launching commands and ``os``'s spawning functions count too."""
+
+    name: str
+    primitives: tuple[str, ...]
+    library: bool = False
+
+    def primitive(self, name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in self.primitives)
+
+
+PROCESS = Sought("process", PRIMITIVES, library=True)
+MOTO = Sought("moto", ("moto",))  # a moto server (the tests' aws_fakes.MotoServer) or moto's in-process fakes
 
 
 def _is_primitive(name: str) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in PRIMITIVES)
+    return PROCESS.primitive(name)
 
 
 @lru_cache(maxsize=1)
@@ -93,8 +117,10 @@ def command_launches(command: str) -> bool:
     return module is not None and f"thrifty.runtime.commands.{module}" in launching_modules()
 
 
-def _module_launches(module: str) -> bool:
-    return _is_primitive(module) or (module.startswith("thrifty.") and module in launching_modules())
+def _module_launches(module: str, sought: Sought = PROCESS) -> bool:
+    if sought.primitive(module):
+        return True
+    return sought.library and module.startswith("thrifty.") and module in launching_modules()
 
 
 def _imported_module(module: str, name: str | None) -> str:
@@ -117,21 +143,25 @@ def _defined_in_tests(obj: Any) -> bool:
     return source is not None and Path(source).resolve().parent == TESTS
 
 
-def _object_launches(obj: Any, seen: set[int]) -> str | None:
+def _object_launches(obj: Any, seen: set[int], sought: Sought) -> str | None:
     """What in using `obj` (a module, a function or class, a method) may start processes, or None."""
     if isinstance(obj, types.ModuleType):
-        return f"module {obj.__name__}" if _module_launches(obj.__name__) else None
+        return f"module {obj.__name__}" if _module_launches(obj.__name__, sought) else None
     obj = getattr(obj, "__func__", obj)  # a bound or class method: its function
+    try:
+        obj = inspect.unwrap(obj)  # a decorated function (a context manager...): its own code
+    except ValueError:  # a chain of __wrapped__ that loops
+        return None
     module = getattr(obj, "__module__", None)
     if not callable(obj) or not isinstance(module, str) or module == __name__:  # this module reads code, runs none
         return None
     if _defined_in_tests(obj):
-        why = _code_launches(obj, seen)
+        why = _code_launches(obj, seen, sought)
         return f"{obj.__qualname__}: {why}" if why else None
     name = f"{module}.{getattr(obj, '__qualname__', '')}"
     if name == CLI_MAIN:
         return None  # decided where it is called, by the command
-    return name if _module_launches(module) else None
+    return name if _module_launches(module, sought) else None
 
 
 def _cli_call_launches(call: ast.Call) -> str | None:
@@ -160,30 +190,46 @@ def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
     return None
 
 
-_FOUND: dict[int, str | None] = {}  # id of a function or class of the tests -> what launches in it, once known
+def _loaded(module: str) -> types.ModuleType | None:
+    """`module` if it is imported already, or is one of the tests' own
+    helpers (imported now: they are light); None otherwise (reading a test
+    imports nothing heavy)."""
+    if module in sys.modules:
+        return sys.modules[module]
+    if (TESTS / f"{module}.py").is_file():
+        return importlib.import_module(module)
+    return None
 
 
-def _code_launches(obj: Any, seen: set[int]) -> str | None:
-    """What in the code of `obj` (a function or a class of the tests) may start processes, or None."""
-    key = id(obj)
+_FOUND: dict[tuple[str, int], str | None] = {}  # (sought, id of a test's function or class) -> what, once known
+
+
+def _code_launches(obj: Any, seen: set[int], sought: Sought) -> str | None:
+    """What in the code of `obj` (a function or a class of the tests) does what `sought` seeks, or None."""
+    key = (sought.name, id(obj))
     if key in _FOUND:
         return _FOUND[key]
-    if key in seen:
+    if id(obj) in seen:
         return None  # being read (recursion): what it does is counted where it was entered
-    seen.add(key)
-    found = _reads_launching(obj, seen)
+    seen.add(id(obj))
+    found = _reads_launching(obj, seen, sought)
     if found or len(seen) == 1:  # a "no" inside a recursion may be partial: kept only for where it began
         _FOUND[key] = found
     return found
 
 
-def _reads_launching(obj: Any, seen: set[int]) -> str | None:
+def _reads_launching(obj: Any, seen: set[int], sought: Sought) -> str | None:
     try:
         source = textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError):
         return None
     scope = dict(vars(inspect.getmodule(obj) or builtins))
     tree = ast.parse(source)
+    for node in ast.walk(tree):  # what the code imports where it runs: the tests' own helpers, followed like globals
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            module = _loaded(node.module)
+            for alias in node.names if module is not None else ():
+                scope[alias.asname or alias.name] = getattr(module, alias.name, None)
     for node in ast.walk(tree):  # annotations name types, decorators run at import: they start nothing
         if isinstance(node, ast.arg | ast.AnnAssign):
             node.annotation = ast.Constant(None)
@@ -193,17 +239,25 @@ def _reads_launching(obj: Any, seen: set[int]) -> str | None:
                 node.returns = None
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found = [alias.name for alias in node.names if _module_launches(alias.name)]
+            found = [alias.name for alias in node.names if _module_launches(alias.name, sought)]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found = [f"{node.module}.{alias.name}" for alias in node.names
-                     if _module_launches(_imported_module(node.module, alias.name))]
+                     if _module_launches(_imported_module(node.module, alias.name), sought)]
         elif isinstance(node, ast.Call):
             target = _resolve(node.func, scope)
-            is_cli = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}" == CLI_MAIN
-            found = [why for why in [_cli_call_launches(node) if is_cli else None] if why]
+            called = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
+            first = node.args[0] if node.args else None
+            if called == IMPORTORSKIP and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found = [first.value] if _module_launches(first.value, sought) else []  # an import, by name
+            else:
+                found = [why for why in [_cli_call_launches(node) if called == CLI_MAIN and sought.library else None]
+                         if why]
         elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
             target = _resolve(node, scope)
-            why = "os.fork" if target is os.fork else None if target is None else _object_launches(target, seen)
+            if target is os.fork:
+                why = "os.fork" if sought.library else None
+            else:
+                why = None if target is None else _object_launches(target, seen, sought)
             found = [why] if why else []
         else:
             continue
@@ -212,12 +266,12 @@ def _reads_launching(obj: Any, seen: set[int]) -> str | None:
     return None
 
 
-def why_processes(code: list[Any]) -> str | None:
+def why_processes(code: list[Any], sought: Sought = PROCESS) -> str | None:
     """What in these functions (a test and its fixtures) may start
-    processes (``helper: thrifty run``), or None."""
+    processes (``helper: thrifty run``), or with `sought` do what it seeks; None if nothing."""
     for obj in code:
         obj = inspect.unwrap(obj)
-        why = _code_launches(obj, set())
+        why = _code_launches(obj, set(), sought)
         if why:
             return f"{getattr(obj, '__qualname__', obj)}: {why}"
     return None
@@ -226,3 +280,8 @@ def why_processes(code: list[Any]) -> str | None:
 def starts_processes(code: list[Any]) -> bool:
     """Whether running these functions (a test and its fixtures) may start processes."""
     return why_processes(code) is not None
+
+
+def uses_moto(code: list[Any]) -> bool:
+    """Whether these functions (a test and its fixtures) use moto: its server or its fakes."""
+    return why_processes(code, MOTO) is not None

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from markers import command_launches, launching_modules, starts_processes, why_processes
+from markers import command_launches, launching_modules, starts_processes, uses_moto, why_processes
 from thrifty.runtime.cli import main
 from thrifty.runtime.worlds import World
 
@@ -93,3 +93,24 @@ def test_the_worker_world_tests_are_process_tests():
     tests = [getattr(test_worlds, name) for name in dir(test_worlds) if name.startswith("test_")]
     assert len(tests) >= 5
     assert [t.__name__ for t in tests if not starts_processes([t])] == []
+
+
+def _moto_server():
+    from aws_fakes import moto_server
+
+    with moto_server() as server:
+        yield server
+
+
+def _needs_moto():
+    pytest.importorskip("moto")  # an import by name: what datasets/scripts/build_catalog.py fakes AWS with
+
+
+@pytest.mark.parametrize("code, moto, process", [
+    ([_pure, _moto_server], True, False),  # through aws_fakes.MotoServer; moto's server is a thread, not a process
+    ([_needs_moto], True, False),
+    ([_forks], False, True),
+    ([_trains], False, True),
+])
+def test_moto_is_sought_in_the_same_reading(code, moto, process):
+    assert uses_moto(code) is moto and starts_processes(code) is process
