@@ -5,9 +5,9 @@ worker on another machine would reach S3). Failures are injected mid-write
 (a local fsync that fails, an S3 upload cut off halfway, an AWS error from a
 botocore event hook) and the previous checkpoint must survive each.
 
-The suites' markers are per test here (the file mixes them): `moto` on those
-that talk to the moto server, `process` on the one that starts a world of
-worker processes."""
+`moto` is marked per test here, down to a fixture's parameter (the file
+mixes local and S3 cases); `process` is derived from what a test does, as
+everywhere (tests/markers.py)."""
 
 from __future__ import annotations
 
