@@ -12,8 +12,8 @@ is a regression of more than 5%.
   at paper scale (``benchmarks/runtime_overheads.py``'s setting), the first
   re-plan of a re-planner whose search space was built at run start, median
   of 5 per process;
-- tuning relaunch: the executor of trials in worker worlds (`LocalExecutor`
-  before issue 34), one trial suspended after each iteration
+- tuning relaunch: the executor of trials in worker worlds (`WorldExecutor`;
+  `LocalExecutor` before issue 34), one trial suspended after each iteration
   and relaunched from its checkpoint, alternately on 1 and 2 ranks; the time
   from a launch to the start of its first iteration (processes, process
   group, restore), median of 6 relaunches per process (the first launch,
@@ -84,12 +84,14 @@ def measure_replan() -> float:
 
 
 # the executor of tuning trials in worker worlds, at its homes new to old (issue 34 renames LocalExecutor)
-TRIAL_EXECUTORS = ("thrifty.runtime.tuning.executors.world:WorldExecutor",
+TRIAL_EXECUTORS = ("thrifty.runtime.tuning.executors.worlds:WorldExecutor",
+                   "thrifty.runtime.tuning.executors.world:WorldExecutor",
                    "thrifty.runtime.tuning.executors.local:WorldExecutor",
                    "thrifty.runtime.tuning.executors:WorldExecutor",
                    "thrifty.runtime.tuning.executors.local:LocalExecutor",
                    "thrifty.runtime.tuning.executor_local:LocalExecutor")
-EXAMPLE_TRAINERS = ("thrifty.runtime.tuning.executors.world:example_trainer",
+EXAMPLE_TRAINERS = ("thrifty.runtime.tuning.executors.worlds:example_trainer",
+                    "thrifty.runtime.tuning.executors.world:example_trainer",
                     "thrifty.runtime.tuning.executors.local:example_trainer",
                     "thrifty.runtime.tuning.examples:example_trainer",
                     "thrifty.runtime.tuning.executor_local:example_trainer")

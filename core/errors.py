@@ -69,13 +69,18 @@ class ProviderError(ThriftyError, RuntimeError):
 
 
 class MissingDependencyError(ThriftyError, ImportError):
-    """An optional heavy dependency is not installed."""
+    """A dependency is not installed: an optional heavy one (`extra` names the
+    extra that provides it), or, with `extra` None, one of every install."""
 
-    def __init__(self, package: str, extra: str):
-        super().__init__(
-            f"this needs the optional package '{package}', which is not installed; "
-            f"install it with: pip install 'thrifty[{extra}]'"
-        )
+    def __init__(self, package: str, extra: str | None):
+        if extra is None:  # a dependency of every install
+            super().__init__(f"this needs the package '{package}', which thrifty depends on but cannot import; "
+                             "reinstall thrifty")
+        else:
+            super().__init__(
+                f"this needs the optional package '{package}', which is not installed; "
+                f"install it with: pip install 'thrifty[{extra}]'"
+            )
         self.package = package
         self.extra = extra
 

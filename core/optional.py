@@ -1,8 +1,19 @@
-"""The one way thrifty imports an optional heavy dependency (torch, boto3,
-ray, xgboost): `require` imports it, or raises `MissingDependencyError` with
-the install command of the extra that provides it. Call it where the
-dependency is used, never at the top of a module on the path of
-``thrifty solve``, so that the planner loads none of them."""
+"""The one way thrifty imports a module it may not find: an optional heavy
+dependency (torch, boto3, ray, xgboost), a dependency whose absence only loses
+an extra, or a module a user names. Library code catches no ImportError
+anywhere else (tests/test_optional_imports.py checks it).
+
+- `require`: a dependency the caller needs: imported, or a
+  `MissingDependencyError` with the install command of the extra that
+  provides it (or, for a dependency of every install, "reinstall thrifty").
+  Call it where the dependency is used, never at the top of a module on the
+  path of ``thrifty solve``, so that the planner loads none of them.
+- `try_import`: a dependency the caller can do without (a plot, a thread
+  limit): the module, or None.
+- `import_named`: a module a user names (a trainer, a workload): imported, or
+  a `ProblemError` that says whether it, or a module it needs, is missing.
+- `lazy_exports`: a package's public names imported on first use (PEP 562).
+"""
 
 from __future__ import annotations
 
@@ -11,30 +22,66 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from thrifty.core.errors import MissingDependencyError
+from thrifty.core.errors import MissingDependencyError, ProblemError
 
-__all__ = ["require", "lazy_exports"]
+__all__ = ["require", "try_import", "import_named", "lazy_exports"]
 
 
-def require(module: str, extra: str, package: str | None = None) -> ModuleType:
+def require(module: str, extra: str | None, package: str | None = None) -> ModuleType:
     """``importlib.import_module(module)``; when it is not installed, a
     `MissingDependencyError` naming `package` (default: the top-level name of
-    `module`) and ``pip install 'thrifty[extra]'``."""
+    `module`) and ``pip install 'thrifty[extra]'``, or, with `extra` None (a
+    dependency of every install, such as OR-Tools), saying that the install
+    is broken."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingDependencyError(package or module.partition(".")[0], extra) from e
 
 
+def try_import(module: str) -> ModuleType | None:
+    """``importlib.import_module(module)``, or None when it (or a module it
+    imports) is not installed: for a dependency whose absence costs only an
+    extra the caller can skip. A dependency the caller needs is `require`'s."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def import_named(module: str, what: str) -> ModuleType:
+    """The module a user named, for `what` (``factory 'pkg.mod:f'``), or a
+    `ProblemError` starting with `what`: no such module (not installed, or not
+    on PYTHONPATH), a module it imports is not installed, or what its import
+    raised (any error in the user's code while it is imported)."""
+    try:
+        return importlib.import_module(module)
+    except MissingDependencyError:
+        raise
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing and (module == missing or module.startswith(missing + ".")):
+            raise ProblemError(f"{what}: there is no module named '{missing}' "
+                               "(is it installed, or on PYTHONPATH?)") from e
+        raise ProblemError(f"{what}: importing '{module}' failed: it needs the module "
+                           f"'{missing}', which is not installed") from e
+    except Exception as e:  # any error in the user's module while it is imported
+        raise ProblemError(f"{what}: importing '{module}' raised {type(e).__name__}: {e}") from e
+
+
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) that import
-    ``package.<module>`` only when one of its names (``exports``: name ->
-    module) is first used: the package's public names cost nothing to import."""
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) that import a
+    name's module only when the name (``exports``: name -> module) is first
+    used: the package's public names cost nothing to import. A module is
+    ``package.<module>`` (``allreduce.derived`` is a subpackage's), or, when
+    it starts with ``thrifty.``, that module itself. The only way a package
+    of thrifty exports names lazily."""
     def getattr_(name: str) -> Any:
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module '{package}' has no attribute '{name}'")
-        return getattr(importlib.import_module(f"{package}.{module}"), name)
+        path = module if module.startswith("thrifty.") else f"{package}.{module}"
+        return getattr(importlib.import_module(path), name)
 
     def dir_() -> list[str]:
         return sorted(exports)

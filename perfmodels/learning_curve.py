@@ -121,6 +121,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
 
+from thrifty.core.optional import try_import
+
 __all__ = ["CurveForecast", "CurvePrior", "TrialPrior", "forecast", "FAMILIES", "WARPS"]
 
 TIME_SCALES = ("hyperbolic", "log", "sqrt", "linear")
@@ -850,18 +852,15 @@ def _forecast(x: np.ndarray, y_raw: np.ndarray, horizon: float, rng: np.random.G
 
 @lru_cache(maxsize=1)
 def _blas_controller():
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return None
-    return ThreadpoolController()
+    threadpoolctl = try_import("threadpoolctl")  # without it, forecasts run on as many BLAS threads as they get
+    return None if threadpoolctl is None else threadpoolctl.ThreadpoolController()
 
 
 @contextmanager
 def _one_blas_thread() -> Iterator[None]:
     """Run the small matrix algebra of a forecast on one BLAS thread: several
     threads gain nothing at these sizes and, on busy cores (a tuning job runs
-    next to its trials), their spin-waiting made a forecast 20x slower."""
+    next to its trials), their spin-waiting made a forecast many times slower."""
     controller = _blas_controller()
     if controller is None:
         yield

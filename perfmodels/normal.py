@@ -1,7 +1,7 @@
 """The standard normal quantile function in numpy, for the simulators on the
-path of ``thrifty solve``: importing ``scipy.special`` for its ``ndtri`` costs
-about 0.2 s (it loads scipy's array-API layer and numpy.f2py), longer than a
-whole plan search of the main job.
+path of ``thrifty solve``: importing ``scipy.special`` for its ``ndtri`` loads
+scipy's array-API layer and numpy.f2py, which takes longer than a whole plan
+search of the main job.
 
 `normal_quantile` is Wichura's algorithm AS 241 (PPND16, Applied Statistics
 37(3), 1988), the one CPython's ``statistics.NormalDist.inv_cdf`` uses,

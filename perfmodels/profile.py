@@ -27,8 +27,8 @@ Optional, for devices that share a host's cores (CPU worker processes):
   sweep measured while ``k`` identical training processes run at once on the
   host, each at the same batch (``thrifty profile --colocated k``). The
   simulator uses it when ``k`` or more such workers share the host: two
-  processes on two cores contend for caches and memory bandwidth (measured
-  here: 2-27% slower per pass than alone). ``host_cores`` (the host's
+  processes on two cores contend for caches and memory bandwidth (each pass
+  slower than alone, by how much depends on the model and the host). ``host_cores`` (the host's
   logical CPUs): beyond that many workers the cores are time-shared.
 - ``ddp_overhead_s``: what PyTorch DDP adds to an iteration besides the
   allreduce itself: copying each gradient into its bucket and back

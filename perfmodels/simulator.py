@@ -390,9 +390,8 @@ class IterationSimulator:
         per link), so half of both the latency and (up to n / (n-1)) the
         bandwidth term. For the small buffers models have (BatchNorm
         statistics) the latency is all of it. (Until 2026-11-25 this was a
-        whole allreduce: small-cnn's 1.7 kB came to 3.1 ms on this host, where
-        DDP's forward pass at 16+16 measured 1.6-2.0 ms over a buffer-less
-        model's.)"""
+        whole allreduce, which overpredicted what DDP's forward pass measured
+        over a buffer-less model's for small-cnn's few kB of buffers.)"""
         key = (tuple(t.name for t in types), world, instances, cm.buffer_bytes)
         cached = self._broadcast_cache.get(key)
         if cached is None:

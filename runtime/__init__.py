@@ -7,18 +7,8 @@
 importing the command line (``thrifty solve``) loads no torch.
 """
 
-from typing import Any
+from thrifty.core.optional import lazy_exports
 
 __all__ = ["train", "tune"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "train":
-        from thrifty.runtime.training.driver import train
-
-        return train
-    if name == "tune":
-        from thrifty.runtime.tuning.driver import tune
-
-        return tune
-    raise AttributeError(f"module 'thrifty.runtime' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports("thrifty.runtime", {"train": "training.driver", "tune": "tuning.driver"})

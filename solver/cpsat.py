@@ -55,6 +55,7 @@ import math
 import time
 
 from thrifty.core.errors import SolverError
+from thrifty.core.optional import require
 from thrifty.solver.formulation import PRICE_SCALE, US, Coefficients, coefficients
 from thrifty.solver.search import SearchResult, better
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace
@@ -222,10 +223,7 @@ def build_model(space: TrainingSpace) -> _Model:
 def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: int = 2) -> SearchResult:
     start = time.perf_counter()
     simulated0 = space.simulated
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError as e:  # a core dependency: a broken install
-        raise SolverError("OR-Tools is not importable; reinstall thrifty") from e
+    cp_model = require("ortools.sat.python.cp_model", None, package="ortools")  # a dependency of every install
     model = build_model(space)
     best: Evaluation | None = None
     bound: float | None = None

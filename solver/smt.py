@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from fractions import Fraction
 
-from thrifty.core.errors import SolverError
+from thrifty.core.optional import require
 from thrifty.solver.formulation import exchange_bound_table, world_grid
 from thrifty.solver.search import SearchResult, better
 from thrifty.solver.training import Candidate, Evaluation, TrainingSpace
@@ -39,11 +39,7 @@ __all__ = ["search_smt", "unsat_core"]
 
 
 def _z3():
-    try:
-        import z3
-    except ImportError as e:  # a core dependency: a broken install
-        raise SolverError("z3 is not importable; reinstall thrifty") from e
-    return z3
+    return require("z3", None, package="z3-solver")  # a dependency of every install
 
 
 class _SmtModel:

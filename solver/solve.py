@@ -14,7 +14,7 @@
   with CP-SAT that `benchmarks/solver_speed.py` measures).
 
 Every method returns the same `Plan`. Tuning problems (``kind: "tuning"``)
-go to `thrifty.solver.tuning_plan.solve_tuning` and return a `TuningPlan`
+go to `solve_tuning` and return a `TuningPlan`
 (``method`` is ignored: the exact CP-SAT planner is verified against
 RubberBand's greedy planner). An infeasible problem is a plan with
 status ``infeasible`` and an `Infeasibility`: every minimal set of
@@ -28,16 +28,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from thrifty.core.errors import ProblemError
+from thrifty.core.errors import ProblemError, SolverError
 from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Evaluation, TrainingSpace
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the tuning planner takes longer to import: it is imported when a tuning problem is solved
+    from thrifty.solver.tuning import TuningSpace
     from thrifty.solver.tuning_plan import TuningPlan
 
-__all__ = ["solve", "as_problem", "METHODS", "DEFAULT_EXHAUSTIVE_LIMIT"]
+__all__ = ["solve", "solve_tuning", "as_problem", "METHODS", "DEFAULT_EXHAUSTIVE_LIMIT"]
 
 METHODS = ("auto", "exhaustive", "ilp", "smt")
 DEFAULT_EXHAUSTIVE_LIMIT = 50_000
@@ -90,8 +91,6 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
         raise ProblemError(f"time_limit_s is {time_limit_s}, but must be positive")
     problem = as_problem(problem)
     if isinstance(problem, TuningProblem):  # RubberBand plans: solver/tuning.py
-        from thrifty.solver.tuning_plan import solve_tuning
-
         return solve_tuning(problem, time_limit_s=time_limit_s)
     space = space or TrainingSpace(problem)
     chosen = method
@@ -136,3 +135,38 @@ def _plan(space: TrainingSpace, result: SearchResult, ev: Evaluation, method: st
                           details={**result.details, "space_size": space.size}),
         problem_name=space.problem.name,
     )
+
+
+def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
+                 space: TuningSpace | None = None) -> TuningPlan:
+    """The tuning plan of `problem` (RubberBand): the exact CP-SAT planner
+    verified against the greedy one, the baselines' answers beside it, and for
+    an infeasible problem the `Infeasibility` (`thrifty.solver.explain`)."""
+    from thrifty.solver.tuning import TuningSpace, plan_tuning
+    from thrifty.solver.tuning_plan import TuningPlan, TuningSolverInfo, candidate_answer
+
+    start = time.perf_counter()
+    space = space or TuningSpace(problem)
+    res = plan_tuning(space, time_limit_s or 10.0)
+    baselines = {"static": candidate_answer(space, res.static),
+                 "naive_elastic": candidate_answer(space, res.naive),
+                 "greedy": candidate_answer(space, res.greedy)}
+    solver = TuningSolverInfo(method="ilp", chosen=res.chosen, note=res.note, wall_s=time.perf_counter() - start,
+                              planning_s=res.planning_s, exact_status=res.exact.status,
+                              exact_model_cost_usd=res.exact.model_cost_usd, exact_model_jct_s=res.exact.model_jct_s,
+                              simulations=space.simulated, samples=problem.samples, **res.exact.details)
+    common = dict(problem_name=problem.name, experiment=space.spec.description,
+                  deadline_s=problem.deadline_s, billing=problem.billing)
+    if res.best is not None:
+        body = candidate_answer(space, res.best)
+        status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"
+        return TuningPlan(kind="tuning", status=status, stages=body.stages, predicted=body.predicted,
+                          baselines=baselines, solver=solver, **common)
+    if res.exact.status == "unknown":  # no plan found, but none proven impossible: not an infeasibility
+        raise SolverError(f"{res.exact.details['reason']} and greedy found none; no infeasibility is proven: "
+                          f"give the planner more time (thrifty solve --time-limit, or time_limit_s)")
+    from thrifty.solver.explain import explain_tuning_infeasibility
+
+    why = explain_tuning_infeasibility(space, res.fastest, time_limit_s or 10.0)
+    return TuningPlan(kind="tuning", status="infeasible", stages=[], predicted=None, baselines=baselines,
+                      solver=solver, infeasibility=why, **common)

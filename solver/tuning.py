@@ -92,7 +92,7 @@ from thrifty.solver.problem import TuningProblem
 __all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elastic", "plan_greedy",
            "plan_exact", "plan_tuning", "brute_force", "model_value", "TuningResult", "gpu_choices"]
 
-MAX_STATIC_WORK = 2 * 10**9  # trial-samples of the static sweep: about 5-10 s of simulation
+MAX_STATIC_WORK = 2 * 10**9  # trial-samples of the static sweep: seconds of simulation, not minutes
 TIME_SCALE = 1000.0       # ms
 COST_SCALE = 1_000_000.0  # micro-USD
 

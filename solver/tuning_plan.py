@@ -27,17 +27,14 @@ training plan, except in ``solver``: the exact formulation's own figures
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from thrifty.core.errors import SolverError
 from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus
-from thrifty.solver.problem import TuningProblem
-from thrifty.solver.tuning import Candidate, TuningSpace, plan_tuning
+from thrifty.solver.tuning import Candidate, TuningSpace
 
-__all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo", "solve_tuning",
+__all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo",
            "candidate_answer"]
 
 
@@ -150,31 +147,3 @@ def candidate_answer(space: TuningSpace, c: Candidate | None) -> TuningBaseline:
                                  cost_usd_p95=r.cost_usd_p95, data_usd=r.data_usd)
     return TuningBaseline(status="feasible", stages=stages, predicted=predicted)
 
-
-def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
-                 space: TuningSpace | None = None) -> TuningPlan:
-    start = time.perf_counter()
-    space = space or TuningSpace(problem)
-    res = plan_tuning(space, time_limit_s or 10.0)
-    baselines = {"static": candidate_answer(space, res.static),
-                 "naive_elastic": candidate_answer(space, res.naive),
-                 "greedy": candidate_answer(space, res.greedy)}
-    solver = TuningSolverInfo(method="ilp", chosen=res.chosen, note=res.note, wall_s=time.perf_counter() - start,
-                              planning_s=res.planning_s, exact_status=res.exact.status,
-                              exact_model_cost_usd=res.exact.model_cost_usd, exact_model_jct_s=res.exact.model_jct_s,
-                              simulations=space.simulated, samples=problem.samples, **res.exact.details)
-    common = dict(problem_name=problem.name, experiment=space.spec.description,
-                  deadline_s=problem.deadline_s, billing=problem.billing)
-    if res.best is not None:
-        body = candidate_answer(space, res.best)
-        status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"
-        return TuningPlan(kind="tuning", status=status, stages=body.stages, predicted=body.predicted,
-                          baselines=baselines, solver=solver, **common)
-    if res.exact.status == "unknown":  # no plan found, but none proven impossible: not an infeasibility
-        raise SolverError(f"{res.exact.details['reason']} and greedy found none; no infeasibility is proven: "
-                          f"give the planner more time (thrifty solve --time-limit, or time_limit_s)")
-    from thrifty.solver.explain import explain_tuning_infeasibility
-
-    why = explain_tuning_infeasibility(space, res.fastest, time_limit_s or 10.0)
-    return TuningPlan(kind="tuning", status="infeasible", stages=[], predicted=None, baselines=baselines,
-                      solver=solver, infeasibility=why, **common)

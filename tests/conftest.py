@@ -1,5 +1,7 @@
-"""Markers by suite, in one place: ``-m "not process"`` runs the tests that
-start no worker processes, ``-m "not moto"`` those that start a moto server.
+"""Markers in one place: ``-m "not process"`` runs the tests that start no
+processes, ``-m "not moto"`` those that use no moto server. Both are derived
+from what each test's code (its function and its fixtures) uses
+(tests/markers.py): no list of modules to keep up to date.
 The shared helpers of the tests (``aws_fakes``, ``helpers``) import as
 top-level modules through ``pythonpath`` in pyproject.toml.
 
@@ -16,12 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-PROCESS_SUITES = {"test_training_runtime_processes", "test_run_behaviour", "test_tuning_executors",
-                  "test_profiler", "test_scaling_profiler", "test_probe", "test_ray_schedulers",
-                  "test_cli_hygiene", "test_ec2_join", "test_cluster_ec2", "test_cluster_head", "test_cluster_tuning",
-                  "test_cluster_netns", "test_tune_command"}
-MOTO_SUITES = {"test_ec2_provider", "test_catalog", "test_imds", "test_ec2_join", "test_cluster_ec2",
-               "test_cluster_head"}
+from markers import starts_processes, uses_moto
+
 SHARED_SCOPES = {"module", "class", "package"}
 
 
@@ -36,14 +34,23 @@ def shares_a_setup(item: pytest.Item) -> bool:
                for definitions in info.name2fixturedefs.values() for definition in definitions)
 
 
+def code_of(item: pytest.Item) -> list:
+    """The functions `item` runs: the test's own and those of every fixture it uses."""
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = [] if info is None else [definition.func for definitions in info.name2fixturedefs.values()
+                                        for definition in definitions]
+    own = getattr(item, "obj", None)
+    return ([own] if own is not None else []) + fixtures
+
+
 # first: xdist's worker reads the xdist_group marks in its own hook of the same name (no order given)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         suite = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
-        if suite in PROCESS_SUITES:
+        if item.get_closest_marker("process") is None and starts_processes(code_of(item)):
             item.add_marker(pytest.mark.process)
-        if suite in MOTO_SUITES:
+        if item.get_closest_marker("moto") is None and uses_moto(code_of(item)):
             item.add_marker(pytest.mark.moto)
         if shares_a_setup(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(suite))

@@ -17,6 +17,7 @@ from thrifty.perfmodels.allreduce import (
     PROBE_COLUMNS,
     Hyperparams,
     LearnedAllreduce,
+    fit_allreduce,
     decay_weights,
     group_folds,
     load_probes,
@@ -91,7 +92,7 @@ def alpha_beta_rows(noise: float = 0.03, repeats: int = 3, seed: int = 0) -> lis
 
 @pytest.fixture(scope="module")
 def alpha_beta_model() -> LearnedAllreduce:
-    return LearnedAllreduce.fit(alpha_beta_rows(), seed=0)
+    return fit_allreduce(alpha_beta_rows(), seed=0)
 
 
 # -- bus bandwidth conversion --------------------------------------------------------
@@ -136,7 +137,7 @@ def _two_regime_rows() -> tuple[list[dict], float, float]:
 
 def test_mtu_split_routes_rows_and_queries_by_buffer_size():
     rows, small_bw, large_bw = _two_regime_rows()
-    model = LearnedAllreduce.fit(rows, seed=1, grid=QUICK_GRID)
+    model = fit_allreduce(rows, seed=1, grid=QUICK_GRID)
     cells, _ = pool_repeats(parse_probe_rows(rows))  # the fit pools repeats
     n_small = int((cells.buffer_bytes <= MTU_BYTES).sum())
     assert model.fit_report["small"].rows == n_small
@@ -152,7 +153,7 @@ def test_mtu_split_routes_rows_and_queries_by_buffer_size():
 def test_fit_needs_rows_on_both_sides_of_the_mtu():
     rows = [r for r in alpha_beta_rows(repeats=1) if r["buffer_bytes"] > MTU_BYTES]
     with pytest.raises(ProblemError, match="buffer_bytes <= 9001"):
-        LearnedAllreduce.fit(rows)
+        fit_allreduce(rows)
 
 
 # -- fitting a known law ---------------------------------------------------------------
@@ -232,7 +233,7 @@ def test_half_life_lets_new_probes_outweigh_stale_ones():
         for n in (2, 3, 4):
             for s in [4 * 4**i for i in range(12)]:
                 rows.append({**_row(n, s, 1, 0, 2 * s * (n - 1) / (n * bw)), "timestamp": stamp})
-    model = LearnedAllreduce.fit(rows, half_life_days=2.0, grid=QUICK_GRID)
+    model = fit_allreduce(rows, half_life_days=2.0, grid=QUICK_GRID)
     predicted = model.bus_bandwidth(_itype("synth"), np.array([2.0**20]), 3, 3)[0]
     assert predicted == pytest.approx(0.25e9, rel=0.10)
 
@@ -265,7 +266,7 @@ def test_folds_partition_the_eligible_groups():
 def test_too_few_groups_to_hold_out_is_a_problem_error():
     rows = [_row(2, s, 1, 0, 1e-3) for s in (4, 8, 16, 32, 100_000, 200_000, 400_000, 800_000)]
     with pytest.raises(ProblemError, match="small submodel.*probe more buffer sizes"):
-        LearnedAllreduce.fit(rows)
+        fit_allreduce(rows)
 
 
 # -- save / load -----------------------------------------------------------------------
@@ -449,7 +450,7 @@ def test_mape_weights_lean_towards_the_slow_repeats():
             t = float(alpha_beta_time(s, n, 1))
             rows += [_row(n, s, 1, r, t * (10.0 if r == 4 else 1.0)) for r in range(5)]
     plain, leaning = (
-        LearnedAllreduce.fit(
+        fit_allreduce(
             rows, grid=[Hyperparams(3, 100, 0.2, "reg:absoluteerror", "log_time", relative)], pool=False
         )
         for relative in (False, True)
@@ -463,7 +464,7 @@ def test_mape_weights_lean_towards_the_slow_repeats():
 
 def test_a_small_grid_can_be_given():
     grid = [Hyperparams(3, 50, 0.3, "reg:pseudohubererror", "log_busbw")]
-    model = LearnedAllreduce.fit(alpha_beta_rows(repeats=1), grid=grid)
+    model = fit_allreduce(alpha_beta_rows(repeats=1), grid=grid)
     assert all(r.candidates == 1 and r.hyperparams == grid[0] for r in model.fit_report.values())
 
 
@@ -488,7 +489,7 @@ def test_pooled_fit_predicts_the_mean_time_of_bimodal_repeats():
             t = float(alpha_beta_time(s, n, 1))
             rows += [_row(n, s, 1, r, t * (10.0 if r % 2 else 1.0)) for r in range(6)]
     grid = [Hyperparams(3, 100, 0.2, "reg:absoluteerror", "log_time")]
-    pooled = LearnedAllreduce.fit(rows, grid=grid)
+    pooled = fit_allreduce(rows, grid=grid)
     sizes = np.array([4.0 * 4**i for i in range(1, 11)])
     mean_time = 5.5 * alpha_beta_time(sizes, 3, 1)
     predicted = allreduce_time(sizes, 3, pooled.bus_bandwidth(_itype("synth"), sizes, 3, 3))

@@ -29,6 +29,7 @@ from thrifty.perfmodels.allreduce import (
     AllreduceModelFile,
     Hyperparams,
     LearnedAllreduce,
+    fit_allreduce,
     ProbeRow,
     load_allreduce_model,
     load_probes,
@@ -104,7 +105,7 @@ def _rows() -> list[dict[str, Any]]:
 def fitted() -> LearnedAllreduce:
     provenance = {"kind": "derived", "script": "thrifty fit-allreduce p.csv --out m.json",
                   "inputs": [{"path": "p.csv", "digest": "sha256:" + "ab" * 32}], "date": "2026-11-24"}
-    return LearnedAllreduce.fit(_rows(), grid=ONE_POINT_GRID, half_life_days=3.5, provenance=provenance)
+    return fit_allreduce(_rows(), grid=ONE_POINT_GRID, half_life_days=3.5, provenance=provenance)
 
 
 def test_a_fitted_model_round_trips_through_its_schema(fitted, tmp_path):
@@ -210,7 +211,7 @@ def test_a_model_that_would_not_load_is_not_saved(fitted, tmp_path):
 
 def test_fit_checks_the_provenance_before_fitting():
     with pytest.raises(ProblemError) as e:
-        LearnedAllreduce.fit(_rows(), grid=ONE_POINT_GRID, provenance={"kind": "derived", "script": "x",
+        fit_allreduce(_rows(), grid=ONE_POINT_GRID, provenance={"kind": "derived", "script": "x",
                                                                       "inputs": ["p.csv"]})
     assert e.value.path == "provenance.inputs[0]"
 

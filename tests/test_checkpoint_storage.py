@@ -5,9 +5,9 @@ worker on another machine would reach S3). Failures are injected mid-write
 (a local fsync that fails, an S3 upload cut off halfway, an AWS error from a
 botocore event hook) and the previous checkpoint must survive each.
 
-The suites' markers are per test here (the file mixes them): `moto` on those
-that talk to the moto server, `process` on the one that starts a world of
-worker processes."""
+`moto` is marked per test here, down to a fixture's parameter (the file
+mixes local and S3 cases); `process` is derived from what a test does, as
+everywhere (tests/markers.py)."""
 
 from __future__ import annotations
 
@@ -248,7 +248,6 @@ def test_a_checkpoint_round_trips_exactly(location):
 
 
 @S3
-@pytest.mark.process
 def test_a_world_checkpoints_to_s3_and_resumes_from_it_bit_for_bit(bucket, tmp_path):
     torch = pytest.importorskip("torch")
     from thrifty.runtime.ddp.checkpoint import load_checkpoint

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed; `pip install 'thrifty[ray]'` runs these tests")
 pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = textwrap.dedent('''
     import logging, os, subprocess, sys, warnings

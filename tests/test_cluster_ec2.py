@@ -31,7 +31,7 @@ from ec2_harness import Ec2Harness  # noqa: E402
 from test_training_runtime_processes import max_difference  # noqa: E402
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(420)]
+pytestmark = pytest.mark.timeout(420)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"

@@ -17,7 +17,7 @@ from aws_fakes import free_port  # noqa: E402
 from thrifty.core.errors import ProviderError  # noqa: E402
 from thrifty.runtime.cluster.head import RayHead  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 def listening(port: int) -> bool:

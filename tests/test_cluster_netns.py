@@ -43,7 +43,7 @@ from test_training_runtime_processes import max_difference, model_state  # noqa:
 from test_training_runtime_units import plan_dict  # noqa: E402
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 SIZE = 3
 # the machines the nodes are (by their marks), in member order: a plan of 2 x local-a and 1 x local-b,

@@ -29,7 +29,7 @@ from ray_cluster import ThreeNodes  # noqa: E402
 from test_training_runtime_processes import max_difference, model_state  # noqa: E402
 from test_training_runtime_units import plan_dict  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"

@@ -33,7 +33,7 @@ from thrifty.runtime.cluster.connect import connect  # noqa: E402
 
 from ray_cluster import RayStartCluster, free_port  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "datasets" / "examples" / "local-demo-srifty54.json"
@@ -134,7 +134,7 @@ def test_thrifty_run_on_the_cluster_succeeds_and_ray_stays_off_the_terminal(clus
 
 
 def experiment(**resources) -> dict:
-    return {"name": "on-ray", "trainer": "thrifty.runtime.tuning.executors.local:example_trainer",
+    return {"name": "on-ray", "trainer": "thrifty.runtime.tuning.executors.worlds:example_trainer",
             "search_space": {"lr": {"loguniform": [0.003, 0.5]}}, "samples": 2, "seed": 1, "max_iterations": 2,
             "scheduler": "fifo", "iteration_timeout_s": 120,
             "resources": {"atoms": 2, "instance_type": "local-a", "machines": 2, "catalog": str(CATALOG),

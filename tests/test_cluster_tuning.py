@@ -1,5 +1,5 @@
 """Tuning on a Ray cluster: the tuning loop's executor with its trials' ranks
-on the machines of a `RayProvider` (`thrifty.runtime.cluster.tuning`), on
+on the machines of a `RayProvider` (`thrifty.runtime.tuning.executors.worlds` given the provider), on
 the three-node cluster of the cluster tests (every node on 127.0.0.1; two
 local-a spot machines, one slot each). HyperSched runs two trials side by
 side, one on each machine, and grows the survivor to a world that spans
@@ -15,15 +15,14 @@ pytest.importorskip("torch")
 
 from thrifty.datasets.catalog import load_catalog  # noqa: E402
 from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
-from thrifty.runtime.cluster.tuning import RayExecutor  # noqa: E402
 from thrifty.runtime.tuning import ConfigList, HyperSched, TrialState, run_experiment  # noqa: E402
 from thrifty.runtime.tuning.executors.plan import execute_plan  # noqa: E402
-from thrifty.runtime.tuning.executors.local import RANK_PRELOAD  # noqa: E402
+from thrifty.runtime.tuning.executors.worlds import RANK_PRELOAD, WorldExecutor  # noqa: E402
 
 from test_cluster_ray import CATALOG, nodes  # noqa: E402, F401 -- the module's three-node cluster
 from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
@@ -45,7 +44,7 @@ def test_hypersched_runs_trials_on_both_machines_and_grows_one_across_them(provi
     configs = ConfigList([{"lr": 0.3, "samples": 2048}, {"lr": 0.002, "hidden": 4, "samples": 2048}])
     scheduler = HyperSched(min_iterations=1, eta=2, max_iterations=8, scaling="LINEAR", cooldown=1,
                            use_idle_atoms=False)
-    with RayExecutor(EXAMPLE, tmp_path, provider, start_timeout_s=90, iteration_timeout_s=60) as executor:
+    with WorldExecutor(EXAMPLE, tmp_path, provider=provider, start_timeout_s=90, iteration_timeout_s=60) as executor:
         result = run_experiment(scheduler, executor, configs, total_atoms=2, max_iterations=8, deadline=150)
     assert_reaped(executor)
     best, worse = result.trials
@@ -66,7 +65,7 @@ def test_a_plan_runs_stage_by_stage_and_gives_back_a_machine(provider, tmp_path)
         {"trials": 2, "iters_per_trial": 1, "instances": 2, "gpus_per_trial": 1, "instance_type": "local-a"},
         {"trials": 1, "iters_per_trial": 2, "instances": 1, "gpus_per_trial": 1, "instance_type": "local-a"}]}
     configs = ConfigList([{"lr": 0.3}, {"lr": 0.003, "hidden": 4}])
-    with RayExecutor(EXAMPLE, tmp_path, provider, start_timeout_s=90, iteration_timeout_s=60) as executor:
+    with WorldExecutor(EXAMPLE, tmp_path, provider=provider, start_timeout_s=90, iteration_timeout_s=60) as executor:
         result = execute_plan(plan, executor, provider, configs, market="spot")
     assert_reaped(executor)
     first, second = result.stages

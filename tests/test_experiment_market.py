@@ -19,7 +19,7 @@ from thrifty.runtime.tuning.experiment_file import parse_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = str(ROOT / "datasets" / "examples" / "local-demo-catalog.json")
-EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.worlds:example_trainer"
 
 
 def plan_experiment(tmp_path: Path, **resources) -> dict:

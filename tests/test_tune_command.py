@@ -27,7 +27,7 @@ from thrifty.runtime.tuning.record import read_events, read_history
 from thrifty.runtime.tuning.trial import TrialState
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.worlds:example_trainer"
 CATALOG = str(ROOT / "datasets" / "examples" / "local-demo-catalog.json")
 SPACE = {"lr": {"loguniform": [0.003, 0.5]}, "hidden": {"choice": [4, 16]}}
 

@@ -97,7 +97,7 @@ def record(log_path: Path, name: str, *, resume=None, stop_after: int | None = N
            crash_after: int | None = None, durable: bool = False, checkpoint_every: int | None = None):
     """One session of a recorded run (as `thrifty tune` records it), resumed from `resume` if given: asked to
     stop after `stop_after` results of this session, or crashing after `crash_after`; `durable`: every
-    result checkpointed (as the local executor does), else only suspends checkpoint (or every
+    result checkpointed (as the world executor does), else only suspends checkpoint (or every
     `checkpoint_every` results)."""
     log = EventLog(log_path)
     executor = SimulatedExecutor(SyntheticWorkload(step_s=1.0), startup_s=0.5,
@@ -295,7 +295,7 @@ def plan_session(log_path: Path, plan, *, resume=None, stop_after: int | None = 
 
 @pytest.fixture(scope="module")
 def sha_plan():
-    from thrifty.solver.tuning_plan import solve_tuning
+    from thrifty.solver.solve import solve_tuning
 
     plan = solve_tuning(plan_problem())
     assert plan.feasible and [s.trials for s in plan.stages] == [8, 4, 2]
@@ -392,7 +392,7 @@ def test_bandit_without_a_lower_bound_measures_from_the_lowest_score_seen():
 def test_a_bandit_experiment_with_mode_min_keeps_its_best_trial():
     from thrifty.runtime.tuning.experiment_file import build_scheduler, parse_experiment
 
-    e = parse_experiment({"trainer": "thrifty.runtime.tuning.executors.local:example_trainer",
+    e = parse_experiment({"trainer": "thrifty.runtime.tuning.executors.worlds:example_trainer",
                           "search_space": {"lr": {"choice": [0.1]}}, "samples": 1, "metric": "loss", "mode": "min",
                           "max_iterations": 4, "scheduler": {"name": "bandit", "boundary": 2},
                           "resources": {"atoms": 1}})
@@ -407,7 +407,7 @@ def test_a_bandit_experiment_with_mode_min_keeps_its_best_trial():
 
 # --- with real processes: `thrifty tune`, interrupted five ways, then resumed --------------------
 
-EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.worlds:example_trainer"
 
 
 def experiment_file(tmp_path: Path, scheduler: dict) -> Path:
@@ -573,7 +573,7 @@ def test_a_result_checkpointed_but_not_recorded_is_recovered_from_the_checkpoint
     # the ranks checkpoint an iteration, with its result, before posting the result: a driver killed in between
     # leaves the trial's checkpoint one iteration ahead of its log; the resume reads the result back from it
     from thrifty.runtime.ddp.checkpoint import save_checkpoint
-    from thrifty.runtime.tuning.executors.local import checkpointed_result, trial_checkpoint
+    from thrifty.runtime.tuning.executors.worlds import checkpointed_result, trial_checkpoint
     from thrifty.runtime.tuning.record import unheard_results
 
     workdir = tmp_path / "trials"

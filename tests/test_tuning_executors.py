@@ -1,4 +1,4 @@
-"""Executors of the tuning runtime: the local executor with real torch worker
+"""Executors of the tuning runtime: the world executor with real torch worker
 processes (gloo on 127.0.0.1, real checkpoints, pause/resume and resize), and
 the plan executor on the simulated backend and on real processes."""
 
@@ -17,14 +17,14 @@ from thrifty.runtime.providers.local import LocalProvider
 from thrifty.runtime.ddp.trainer import Trainer
 from thrifty.runtime.tuning import (ASHA, FIFO, ConfigList, Decision, HyperSched, Scheduler, Start, TrialState,
                                     run_experiment, synthetic_search_space)
-from thrifty.runtime.tuning.executors.local import LocalExecutor, TunableTrainer, example_trainer
+from thrifty.runtime.tuning.executors.worlds import WorldExecutor, TunableTrainer, example_trainer
 from thrifty.runtime.tuning.executors.plan import execute_plan, simulated_backend
 from thrifty.solver.problem import parse_problem
-from thrifty.solver.tuning_plan import solve_tuning
+from thrifty.solver.solve import solve_tuning
 
 torch = pytest.importorskip("torch")
 
-EXAMPLE = "thrifty.runtime.tuning.executors.local:example_trainer"
+EXAMPLE = "thrifty.runtime.tuning.executors.worlds:example_trainer"
 
 
 def alive(pid: int) -> bool:
@@ -35,7 +35,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def assert_reaped(executor: LocalExecutor) -> None:
+def assert_reaped(executor: WorldExecutor) -> None:
     pids = [pid for record in executor.launches for pid in record.pids]
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
@@ -104,7 +104,7 @@ class Scripted(Scheduler):
 
 def test_pause_resume_and_resize_continue_the_same_training(tmp_path):
     a, b = {"lr": 0.3, "hidden": 16}, {"lr": 0.05, "hidden": 8}
-    with LocalExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
+    with WorldExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
         result = run_experiment(Scripted(), executor, ConfigList([a, b, a]), total_atoms=2, max_iterations=4)
     assert_reaped(executor)
     t0, t1, t2 = result.trials
@@ -133,7 +133,7 @@ def test_hypersched_grows_the_surviving_trial_on_two_atoms(tmp_path):
     configs = ConfigList([{"lr": 0.3, "samples": 2048}, {"lr": 0.002, "hidden": 4, "samples": 2048}])
     scheduler = HyperSched(min_iterations=1, eta=2, max_iterations=12, scaling="LINEAR", cooldown=1,
                            use_idle_atoms=False)
-    with LocalExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
+    with WorldExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
         result = run_experiment(scheduler, executor, configs, total_atoms=2, max_iterations=12, deadline=120)
     assert_reaped(executor)
     best, worse = result.trials
@@ -152,7 +152,7 @@ def test_hypersched_grows_the_surviving_trial_on_two_atoms(tmp_path):
 def test_asha_pauses_and_promotes_with_real_processes(tmp_path):
     # one atom: one trial at a time, so the order of results is fixed
     configs = ConfigList([{"lr": 0.3}, {"lr": 0.01, "hidden": 4}, {"lr": 0.003, "hidden": 4}])
-    with LocalExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
+    with WorldExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
         result = run_experiment(ASHA(min_iterations=1, eta=2, max_iterations=4), executor, configs,
                                 total_atoms=1, max_iterations=4)
     assert_reaped(executor)
@@ -167,7 +167,7 @@ def test_asha_pauses_and_promotes_with_real_processes(tmp_path):
 
 def test_crashing_trials_fail_and_the_experiment_goes_on(tmp_path):
     configs = ConfigList([{"mode": "raise"}, {"mode": "nan"}, {"mode": "plain"}, {"mode": "hang"}, {"mode": "ok"}])
-    with LocalExecutor("test_tuning_executors:faulty_trainer", tmp_path, start_timeout_s=90,
+    with WorldExecutor("test_tuning_executors:faulty_trainer", tmp_path, start_timeout_s=90,
                        iteration_timeout_s=3, stop_grace_s=1) as executor:
         result = run_experiment(FIFO(), executor, configs, total_atoms=2, max_iterations=3)
     assert_reaped(executor)
@@ -183,11 +183,11 @@ def test_crashing_trials_fail_and_the_experiment_goes_on(tmp_path):
 
 def test_bad_executor_settings_name_the_field(tmp_path):
     with pytest.raises(ProblemError, match="iteration_timeout_s"):
-        LocalExecutor(EXAMPLE, tmp_path, iteration_timeout_s=0)
+        WorldExecutor(EXAMPLE, tmp_path, iteration_timeout_s=0)
     with pytest.raises(ProblemError, match="threads"):
-        LocalExecutor(EXAMPLE, tmp_path, threads=0)
+        WorldExecutor(EXAMPLE, tmp_path, threads=0)
     with pytest.raises(ProblemError, match="module-level function"):
-        LocalExecutor(lambda **c: None, tmp_path)
+        WorldExecutor(lambda **c: None, tmp_path)
 
 
 # --- the plan executor -------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def test_a_plan_runs_with_real_processes_on_local_machines(tmp_path):
     plan = solve_tuning(problem)
     assert [(s.instances, s.gpus_per_trial) for s in plan.stages] == [(2, 1), (2, 2)]
     configs = ConfigList([{"lr": 0.3}, {"lr": 0.003, "hidden": 4}, {"lr": 0.1}])
-    with LocalExecutor(EXAMPLE, tmp_path / "run", start_timeout_s=90, iteration_timeout_s=60) as executor, \
+    with WorldExecutor(EXAMPLE, tmp_path / "run", start_timeout_s=90, iteration_timeout_s=60) as executor, \
             LocalProvider("plan-test", catalog=DEMO_CATALOG) as provider:
         result = execute_plan(plan, executor, provider, configs)
         assert provider.machines() == []
@@ -433,7 +433,7 @@ def test_a_machine_lost_on_the_local_provider_fails_its_trial_and_is_replaced(tm
 def test_the_local_executor_fails_the_trials_of_a_lost_machine_and_the_loop_goes_on(tmp_path):
     configs = ConfigList([{"lr": 0.3}, {"lr": 0.1}, {"lr": 0.2}])
     with LocalProvider("lost", catalog=DEMO_CATALOG) as provider, \
-            LocalExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60, provider=provider) as inner:
+            WorldExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60, provider=provider) as inner:
         provider.provision("local-a", 3, "spot")  # one to spare: the loop's two atoms fit on what is left
         executor = Interrupting(inner, provider, time_left_s=0.0)
         result = run_experiment(FIFO(), executor, configs, total_atoms=2, max_iterations=2)

@@ -16,7 +16,6 @@ import pytest
 from thrifty.perfmodels.profile import load_profile
 from thrifty.runtime.cli import EXIT_BAD_INPUT, main
 
-pytestmark = pytest.mark.process  # starts real gloo worlds
 
 MLP = "thrifty.runtime.measure.zoo:mlp"
 QUICK = ["--iterations", "3", "--warmup", "1", "--rounds", "1", "--device", "cpu"]

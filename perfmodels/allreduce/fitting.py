@@ -359,7 +359,6 @@ def fit_allreduce(
     provenance: Mapping[str, Any] | None = None,
     mtu_bytes: int = MTU_BYTES,
     pool: bool = True,
-    model_class: type[LearnedAllreduce] = LearnedAllreduce,
 ) -> LearnedAllreduce:
     """Fit both submodels on probe rows (a `ProbeTable` from `load_probes`,
     or row mappings as `probe_allreduce` returns them).
@@ -413,7 +412,7 @@ def fit_allreduce(
         "grid_size": len(grid),
         "xgboost": _import_xgboost().__version__,
     }
-    model = model_class(
+    model = LearnedAllreduce(
         submodels,
         encoding,
         _coverage(table),

@@ -288,7 +288,8 @@ class TypeCoverage:
 class LearnedAllreduce:
     """Bus-bandwidth model learned from probes (a `BandwidthModel`).
 
-    Build one with `LearnedAllreduce.fit(rows)` or `LearnedAllreduce.load(path)`.
+    Build one with `thrifty.perfmodels.allreduce.fitting.fit_allreduce(rows)`
+    (fitting imports this module, never the other way) or `LearnedAllreduce.load(path)`.
     `fit_report` holds a `SubmodelReport` per submodel and `heldout_mape`
     the held-out MAPE of each.
     """
@@ -469,16 +470,6 @@ class LearnedAllreduce:
     def _predicted_cap(self, name: str, n: int, inst: int) -> float:
         sizes, levels = self._cap_grid(name)
         return float(np.max(levels * self._predict_raw(name, sizes, n, inst, levels)))
-
-    # -- fitting ----------------------------------------------------------------
-
-    @classmethod
-    def fit(cls, rows: Any, **options: Any) -> "LearnedAllreduce":
-        """Fit both submodels on probe rows; see `thrifty.perfmodels.allreduce.fitting.fit_allreduce`
-        for the options."""
-        from thrifty.perfmodels.allreduce.fitting import fit_allreduce
-
-        return fit_allreduce(rows, model_class=cls, **options)
 
     # -- save / load ------------------------------------------------------------
 

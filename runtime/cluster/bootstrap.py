@@ -19,7 +19,6 @@ the machine itself.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -36,16 +35,16 @@ from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.core.optional import require
 from thrifty.runtime.cluster.connect import is_loopback
 from thrifty.runtime.cluster.resources import node_resources
+from thrifty.runtime.providers.addresses import check_ip, parse_address
 
 if TYPE_CHECKING:
     from thrifty.runtime.providers.config import ClusterConfig
 
-__all__ = ["EXTRAS", "join_script", "install_command", "installed_version", "parse_address", "check_name",
-           "check_ip", "ray_cli_code", "ray_start_command", "RayDaemons", "start_ray_daemons", "join_cluster"]
+__all__ = ["EXTRAS", "join_script", "install_command", "installed_version", "check_name", "ray_cli_code",
+           "ray_start_command", "RayDaemons", "start_ray_daemons", "join_cluster"]
 
 # What a machine needs of thrifty: the Ray engine and the training worker.
 EXTRAS = "ray,torch"
-_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 # Instance ids, instance types and markets become parts of Ray resource names: no ':', no spaces.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # `ray start` as Ray's own console script runs it (argv[0] is the program name Ray prints).
@@ -104,31 +103,12 @@ def installed_version() -> str:
 
 
 # -- input ------------------------------------------------------------------------------------------------------
-def parse_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` of a ``host:port`` address (a hostname or an IPv4
-    address, a port in 1..65535); `ProblemError` otherwise."""
-    host, colon, port = address.rpartition(":")
-    if not colon or not _HOST.match(host) or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ProblemError(f"address '{address}' must be HOST:PORT, a hostname or IPv4 address and a port in "
-                           "1..65535 (e.g. 10.0.0.5:6379)")
-    return host, int(port)
-
-
 def check_name(what: str, value: str) -> str:
     """`value` if it can be part of a Ray resource name (letters, digits,
     ``.``, ``_``, ``-``; 1 to 128 characters), else `ProblemError` naming `what`."""
     if not _NAME.match(value):
         raise ProblemError(f"{what} is '{value}', but must be 1 to 128 letters, digits, '.', '_' or '-', "
                            "starting with a letter or digit")
-    return value
-
-
-def check_ip(value: str) -> str:
-    """`value` if it is an IPv4 or IPv6 address, else `ProblemError`."""
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        raise ProblemError(f"node IP '{value}' is not an IP address") from None
     return value
 
 

@@ -66,8 +66,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from thrifty.perfmodels.allreduce import (DEFAULT_GRID, MAPE_WEIGHTED_GRID, LearnedAllreduce, file_digest,
-                                              load_probes)
+    from thrifty.perfmodels.allreduce import DEFAULT_GRID, MAPE_WEIGHTED_GRID, file_digest, fit_allreduce, load_probes
 
     table = load_probes(args.probes)
     provenance = {
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         "inputs": [{"path": p, "digest": file_digest(p)} for p in args.probes],
         "date": datetime.now(timezone.utc).date().isoformat(),
     }
-    model = LearnedAllreduce.fit(
+    model = fit_allreduce(
         table,
         half_life_days=args.half_life_days,
         seed=args.seed,

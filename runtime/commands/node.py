@@ -37,13 +37,14 @@ def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "", 1: "the node could not join the cluster"})
     from thrifty.runtime.cluster import bootstrap
+    from thrifty.runtime.providers.addresses import check_ip, parse_address
 
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     join = actions.add_parser("join", help="start this machine's Ray worker node and join the cluster at --address",
                               description=JOIN_DESCRIPTION)
-    join.add_argument("--address", required=True, metavar="HOST:PORT", type=_checked(bootstrap.parse_address),
+    join.add_argument("--address", required=True, metavar="HOST:PORT", type=_checked(parse_address),
                       help="the Ray head's GCS address, e.g. 10.0.0.5:6379")
-    join.add_argument("--node-ip", type=_checked(bootstrap.check_ip),
+    join.add_argument("--node-ip", type=_checked(check_ip),
                       help="this node's IP address (default: the metadata service's local-ipv4)")
     join.add_argument("--machine-id", type=_checked(lambda v: bootstrap.check_name("machine id", v)),
                       help="this machine's id (default: the metadata service's instance-id)")

@@ -197,7 +197,7 @@ def _fmt(value) -> str:
 
 def _run_tuning(args: argparse.Namespace, problem) -> int:
     from thrifty.solver.tuning import TuningSpace
-    from thrifty.solver.tuning_plan import solve_tuning
+    from thrifty.solver.solve import solve_tuning
 
     space = TuningSpace(problem)
     plan = solve_tuning(problem, time_limit_s=args.time_limit, space=space)

@@ -78,7 +78,7 @@ class JobSpec(pydantic.BaseModel):
     A training job (`thrifty.runtime.training`) gives every number: one step
     per iteration, a fixed end, periodic checkpoints, and the starter's
     ``stop`` command read without waiting. A tuning trial
-    (`thrifty.runtime.tuning.executors.local`) leaves the batch to the
+    (`thrifty.runtime.tuning.executors.worlds`) leaves the batch to the
     trainer (`global_batch` None: its ``batch_size``, split evenly), the
     iteration to the trainer (`steps_per_iteration` None: its own, else one
     pass over the dataset), the end to the scheduler (`iterations` None),

@@ -10,16 +10,15 @@ The co-located processes exchange their gradients for real in every
 iteration, between backward and the optimizer step where DDP does (an
 allreduce of DDP's bucket sizes over the world's gloo group, untimed;
 `gradient_exchange`), because a run's compute is not the compute of a
-process that only computes. Measured on this 2-vCPU host (2026-11-25, two
-processes, batch 16, median of 3 rounds of 30 iterations): after an
-exchange the step of embedding-bag took 1.45 ms against 0.97 ms back to back
-and its forward 0.65 against 0.49; mlp's step 2.50 against 2.32; a sleep of
-the same length in place of the exchange slowed them alike (1.42 ms), so it
-is the wait (a core that idled, caches that others used meanwhile) more than
-the traffic. A profile that times back-to-back iterations is therefore
-faster than any training loop that communicates, most for memory-bound
-models. Srifty 4.1 profiles compute alone; this is thrifty's addition for
-workers that share a host."""
+process that only computes. Measured with two processes: after an exchange
+a model's step and forward pass are slower than back to back (most for the
+memory-bound embedding-bag, least for the MLP), and a sleep of the same
+length in place of the exchange slows them alike, so it is the wait (a core
+that idled, caches that others used meanwhile) more than the traffic. A
+profile that times back-to-back iterations is therefore faster than any
+training loop that communicates, most for memory-bound models. Srifty 4.1
+profiles compute alone; this is thrifty's addition for workers that share a
+host."""
 
 from __future__ import annotations
 

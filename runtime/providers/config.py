@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document
 from thrifty.core.validation import validate_model
+from thrifty.runtime.providers.addresses import check_ip, parse_address
 
 __all__ = ["ClusterConfig", "RetryConfig", "load_cluster_config", "parse_cluster_config", "user_data"]
 
@@ -122,8 +123,6 @@ class ClusterConfig(_Frozen):
     @classmethod
     def _head_address_is_host_port(cls, address: str | None) -> str | None:
         if address is not None:
-            from thrifty.runtime.cluster.bootstrap import parse_address
-
             parse_address(address)  # ValueError (a ProblemError) naming the rule
         return address
 
@@ -131,8 +130,6 @@ class ClusterConfig(_Frozen):
     @classmethod
     def _head_ip_is_an_address(cls, ip: str | None) -> str | None:
         if ip is not None:
-            from thrifty.runtime.cluster.bootstrap import check_ip
-
             check_ip(ip)
         return ip
 

@@ -14,8 +14,7 @@ not pay for the solver, and nothing here imports torch until a run starts.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from thrifty.core.optional import lazy_exports
 
 _EXPORTS = {
     "train": "driver", "RunConfig": "config", "RunResult": "records", "SegmentRecord": "records",
@@ -33,12 +32,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'thrifty.runtime.training' has no attribute '{name}'")
-    module = _EXPORTS[name]
-    return getattr(importlib.import_module(module if "." in module else f"thrifty.runtime.training.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports("thrifty.runtime.training", _EXPORTS)

@@ -242,7 +242,7 @@ def _start_fork_server() -> None:
     Ray cluster have theirs running before a run, and a local machine's boot
     is what `LocalProvider.launch_delay_s` stands for. (Started in the
     background as machines were asked for, its import counted against the
-    time limit, 3 to 8 s of the demo's 30 s on a busy 2-core host.) A fork
+    time limit, a large share of a short job's on a busy host.) A fork
     server that does not start is reported by the launch that needs it."""
     try:
         zygote(WORKER_PRELOAD)

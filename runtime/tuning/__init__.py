@@ -4,8 +4,9 @@ One loop (`run_experiment`) drives a `Scheduler` and an executor under a
 real or virtual `Clock`; schedulers cannot tell which. Schedulers: `FIFO`
 (HyperDrive's Default), `ASHA`, `HyperSched`, `POP`, `Bandit`, `EarlyTerm`.
 `SimulatedExecutor` runs HyperSched's synthetic workload or replays recorded
-learning curves (HyperDrive 7.1) on the virtual clock; `LocalExecutor` runs
-trials as torch worker processes on this host; `execute_plan` carries out a
+learning curves (HyperDrive 7.1) on the virtual clock; `WorldExecutor` runs
+trials as worlds of torch worker processes, on this host or (given a
+`RayProvider`) on a cluster's nodes; `execute_plan` carries out a
 tuning plan from the planner stage by stage (RubberBand). Ray Tune versions of
 the schedulers: `thrifty.runtime.tuning.schedulers.ray_tune` (the `ray` extra).
 
@@ -23,9 +24,9 @@ from thrifty.runtime.tuning.schedulers.base import (SCALINGS, Decision, Experime
                                                     rung_milestones, scaling_function)
 from thrifty.runtime.tuning.clock import Clock, RealClock, VirtualClock
 from thrifty.runtime.tuning.schedulers.early_term import EarlyTerm
-from thrifty.runtime.tuning.executors.local import LocalExecutor, TunableTrainer
+from thrifty.runtime.tuning.executors.worlds import WorldExecutor, TunableTrainer
 from thrifty.runtime.tuning.executors.plan import (PlanExecutor, PlanResult, ProfileWorkload, StageRecord,
-                                                   VirtualProvider, execute_plan, simulated_backend)
+                                                   execute_plan, simulated_backend)
 from thrifty.runtime.tuning.executors.sim import (SimulatedExecutor, SyntheticWorkload, TraceWorkload, Workload,
                                                   configuration_orders, record_traces, synthetic_score,
                                                   synthetic_search_space)
@@ -47,8 +48,8 @@ __all__ = [
     "Executor", "Experiment", "ExperimentResult", "run_experiment", "SchedulerError", "TrialFailedError",
     "SimulatedExecutor", "Workload", "SyntheticWorkload", "TraceWorkload", "synthetic_score",
     "synthetic_search_space", "configuration_orders", "record_traces",
-    "LocalExecutor", "TunableTrainer",
-    "PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "simulated_backend", "VirtualProvider",
+    "WorldExecutor", "TunableTrainer",
+    "PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "simulated_backend",
     "ProfileWorkload",
     "SearchSpace", "RandomSearch", "GridSearch", "ConfigList", "CallableSearch",
     "Uniform", "LogUniform", "IntUniform", "Choice", "Exponential",

@@ -8,7 +8,7 @@ cost; the loop schedulers: their settings and the time and cost limit),
 then runs it:
 
 - the loop schedulers (HyperSched, ASHA, POP, Bandit, EarlyTerm, FIFO)
-  through `run_experiment`, on the local executor (worker processes on this
+  through `run_experiment`, on the world executor (worker processes on this
   host) or, with a cluster, the Ray executor on provisioned machines;
 - ``plan`` through `execute_plan`, which scales the provider's machines per
   stage.
@@ -53,6 +53,7 @@ from typing import Any
 from thrifty.core.errors import ProblemError, ThriftyError
 from thrifty.core.io import atomic_write_text
 from thrifty.core.validation import validate_model
+from thrifty.core.optional import try_import
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     load_experiment, parse_experiment, resolve_trainer)
@@ -316,7 +317,7 @@ def preview(e: ExperimentFile, cluster: str | None = None) -> Preview:
     settings = e.scheduler.model_dump(exclude={"name"})
     if isinstance(e.scheduler, PlanSpec):
         from thrifty.solver.problem import parse_problem
-        from thrifty.solver.tuning_plan import solve_tuning
+        from thrifty.solver.solve import solve_tuning
 
         from thrifty.solver.problem import TuningProblem
 
@@ -494,7 +495,7 @@ def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -
     """The recorded run in `folder` to go on from: first the results its trials checkpointed but the killed
     driver never heard (appended to the log, `unheard_results`), then `read_history`; `notes` say what was
     recovered, and which results are trained again (newer than their trial's last checkpoint)."""
-    from thrifty.runtime.tuning.executors.local import checkpointed_result
+    from thrifty.runtime.tuning.executors.worlds import checkpointed_result
 
     events = read_events(folder / EVENTS)
     trials = folder / "trials"
@@ -599,7 +600,7 @@ class _backend:
         self.provider: Any = None
 
     def __enter__(self) -> tuple[Any, Any]:
-        from thrifty.runtime.tuning.executors.local import RANK_PRELOAD, LocalExecutor
+        from thrifty.runtime.tuning.executors.worlds import RANK_PRELOAD, WorldExecutor
 
         e = self.e
         options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed,
@@ -609,16 +610,15 @@ class _backend:
                 from thrifty.runtime.providers.local import LocalProvider
 
                 self.provider = LocalProvider(f"tune-{self.folder.name}", catalog=e.resources.catalog)
-            self.executor = LocalExecutor(e.trainer, self.folder / "trials", **options)
+            self.executor = WorldExecutor(e.trainer, self.folder / "trials", **options)
             return self.executor, self.provider
         from thrifty.datasets.catalog import load_catalog
         from thrifty.runtime.cluster.spec import cluster_provider
-        from thrifty.runtime.cluster.tuning import RayExecutor
 
         catalog = load_catalog(e.resources.catalog) if e.resources.catalog else load_catalog()
         self.provider = cluster_provider(self.cluster, f"tune-{self.folder.name}", catalog, RANK_PRELOAD,
                                          run_folder=self.folder)
-        self.executor = RayExecutor(e.trainer, self.folder / "trials", self.provider, **options)
+        self.executor = WorldExecutor(e.trainer, self.folder / "trials", provider=self.provider, **options)
         if not isinstance(e.scheduler, PlanSpec):
             if e.resources.instance_type is None:
                 raise ProblemError("is required on a cluster: the machine type to run trials on",
@@ -707,14 +707,13 @@ def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> N
             target.with_suffix(".tmp").replace(target)
             result.best_checkpoint = str(target)
     path = Path(plot) if plot is not None else folder / "tuning.png"
-    try:
-        if draw:
-            from thrifty.runtime.tuning.run_plot import plot_tuning_run
-
-            plot_tuning_run(read_events(folder / EVENTS), e, path)
-            result.plot = str(path)
-    except ImportError:  # matplotlib is part of the install; a stripped environment still gets its results
+    if draw and try_import("matplotlib") is None:  # part of the install; a stripped one still gets its results
         result.plot = None
+    elif draw:
+        from thrifty.runtime.tuning.run_plot import plot_tuning_run
+
+        plot_tuning_run(read_events(folder / EVENTS), e, path)
+        result.plot = str(path)
     atomic_write_text(folder / SUMMARY, json.dumps(json_safe(result.summary()), indent=1, allow_nan=False,
                                                    default=str) + "\n")
 

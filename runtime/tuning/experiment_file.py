@@ -40,7 +40,6 @@ Every error names the JSON path of the bad field (`ProblemError`).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from pathlib import Path
@@ -50,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document
+from thrifty.core.optional import import_named
 from thrifty.core.validation import FieldPathError, json_path, validate_model
 from thrifty.runtime.tuning.schedulers.forecasting import (MetricRange, in_range, range_or_default, score_range,
                                                           shown_range)
@@ -404,10 +404,9 @@ def resolve_trainer(experiment: ExperimentFile) -> None:
     """Import the trainer factory now, so a typo fails before anything starts."""
     module_name, _, attr = experiment.trainer.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # an ImportError, or the module's own error at import
-        raise ProblemError(f"'{experiment.trainer}': module '{module_name}' does not import "
-                           f"({type(e).__name__}: {e})", path="trainer") from None
+        module = import_named(module_name, f"'{experiment.trainer}'")
+    except ProblemError as e:
+        raise ProblemError(e.message, path="trainer") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ProblemError(f"'{experiment.trainer}': module '{module_name}' has no function '{attr}'",

@@ -2,13 +2,12 @@
 training: the profiler and every worker thrifty starts (issue "Predictions
 that hold on models thrifty has not seen").
 
-What was measured (``benchmarks/profile_vs_loop.py``, one torch thread, each
-variant in a fresh process, median of 3 rounds, this 2-vCPU host): a plain
-training loop of the 2-layer LSTM at batch 16 took 19.8 ms an iteration,
-while `thrifty profile` measured 15.8 ms (-20%). Changing the loop one thing
-at a time toward the profiler, only one change closed the gap: first running
-two iterations at 8x the batch (15.8 ms), which is what the profiler does
-before its sweep. The cause is glibc's malloc: its mmap and trim thresholds
+Why (``benchmarks/profile_vs_loop.py`` measures it, one torch thread, each
+variant in a fresh process; its output has the figures): a plain training
+loop of the 2-layer LSTM at batch 16 ran markedly slower an iteration than
+`thrifty profile` measured. Changing the loop one thing at a time toward the
+profiler, only one change closed the gap: first running two iterations at 8x
+the batch, which is what the profiler does before its sweep. The cause is glibc's malloc: its mmap and trim thresholds
 start at 128 KiB and grow with the largest block freed so far. In a fresh
 process the LSTM's activations (1.5 MB at batch 16) are mapped and unmapped,
 and the heap's top trimmed, every iteration, each time paying page faults for
@@ -25,8 +24,8 @@ are reused from the first iterations on, as PyTorch's caching allocator does
 on a GPU. The profiler calls it before it measures, and the fork server calls
 it before it forks any worker, so workers, co-located profiling workers,
 scaling worlds and benchmark truth loops all run under it. With it the LSTM
-loop took 14.3 ms, within 7% of the profile, where it was 20% off. Memory a
-process has freed stays with it until it exits (as on a GPU).
+loop runs as fast as its profile says, give or take the noise of timing.
+Memory a process has freed stays with it until it exits (as on a GPU).
 ``THRIFTY_MALLOC=default`` leaves glibc's own behaviour. Elsewhere (musl,
 macOS) nothing changes.
 """

@@ -4,12 +4,12 @@ runtime and the measurement tools; importing this module imports no torch."""
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from typing import Any
 
-from thrifty.core.errors import MissingDependencyError, ProblemError, closest_names
+from thrifty.core.errors import ProblemError, closest_names
+from thrifty.core.optional import import_named
 
 __all__ = ["resolve_factory"]
 
@@ -33,7 +33,7 @@ def resolve_factory(spec: str, returns: str = "a value") -> Callable[..., Any]:
             "(an importable module, a colon, then the name of a function in it)"
         )
     module_name, attribute_path = match.groups()
-    module = _import_module(spec, module_name)
+    module = import_named(module_name, f"factory '{spec}'")
     function: Any = module
     for depth, part in enumerate(attribute_path.split(".")):
         if not hasattr(function, part):
@@ -49,25 +49,3 @@ def resolve_factory(spec: str, returns: str = "a value") -> Callable[..., Any]:
             "but must be a callable that returns " + returns
         )
     return function
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except MissingDependencyError:
-        raise
-    except ModuleNotFoundError as e:
-        missing = e.name or ""
-        if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise ProblemError(
-                f"factory '{spec}': there is no module named '{missing}' "
-                "(is it installed, or on PYTHONPATH?)"
-            ) from e
-        raise ProblemError(
-            f"factory '{spec}': importing '{module_name}' failed: it needs the module "
-            f"'{missing}', which is not installed"
-        ) from e
-    except Exception as e:  # any error in the user's module while it is imported
-        raise ProblemError(
-            f"factory '{spec}': importing '{module_name}' raised {type(e).__name__}: {e}"
-        ) from e

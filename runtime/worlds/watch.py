@@ -38,12 +38,33 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from thrifty.runtime.worlds.world import World
+from thrifty.runtime.worlds.launcher import RankProcess
 
-__all__ = ["Watch", "Look", "Outcome", "Finished", "Failed", "Lost", "Killed", "ServerGone", "Stalled"]
+__all__ = ["Watch", "Watched", "Look", "Outcome", "Finished", "Failed", "Lost", "Killed", "ServerGone", "Stalled"]
+
+
+class Watched(Protocol):
+    """What the watcher reads of a world (`thrifty.runtime.worlds.World` is
+    one): its ranks' processes and exit codes, the events and progress they
+    posted to the store, whether the store still answers, and which machines
+    are known lost. A Protocol, so that the world (which watches itself with
+    a `Watch`) and the watcher do not import each other."""
+
+    procs: list[RankProcess]
+    store_failed: str | None
+
+    def kill(self, ranks: Sequence[int] | None = None) -> None: ...
+    def exit_codes(self) -> list[int | None]: ...
+    def events(self) -> list[dict[str, Any]]: ...
+    def progress(self, rank: int = 0) -> tuple[int, float] | None: ...
+    def hurry(self) -> None: ...
+    def machines_lost(self) -> list[int]: ...
+    def settled(self, since: float) -> bool: ...
+
+    @property
+    def server_alive(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -116,7 +137,7 @@ class Watch:
         life, or change the stall clock, in the look that reads it).
     """
 
-    def __init__(self, world: World, *, error_grace_s: float = 1.0, settle_timeout_s: float = 600.0,
+    def __init__(self, world: Watched, *, error_grace_s: float = 1.0, settle_timeout_s: float = 600.0,
                  stall_timeout_s: float | None = None, progress_ranks: Sequence[int] = (),
                  ending_events: Sequence[str] = ("error",),
                  on_event: Callable[[dict[str, Any]], None] | None = None):

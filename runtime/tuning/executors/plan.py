@@ -4,7 +4,7 @@ A tuning plan (`thrifty.solver.tuning_plan.TuningPlan`, or its JSON) gives
 each stage of a successive-halving / Hyperband job its trials, iterations per
 trial, instance type, instances and GPUs per trial. `PlanExecutor` carries it
 out on any executor of the loop's interface (simulated, or real processes with
-`LocalExecutor`) and any `Provider`:
+`WorldExecutor`) and any `Provider`:
 
 1. *Trials.* A stage with more trials than the one before starts a new
    bracket: new configurations from the search space (the first stage too).
@@ -35,7 +35,8 @@ out on any executor of the loop's interface (simulated, or real processes with
    of every machine with the minimum billed duration (`Machine.cost_usd`)
    against the plan's predicted cost and JCT.
 
-`VirtualProvider` and `simulated_backend` give the simulated side: machines on
+`simulated_backend` gives the simulated side (with
+`thrifty.runtime.providers.virtual.VirtualProvider`): machines on
 the experiment's virtual clock whose SCALE and INIT latencies are drawn from
 the problem's cloud variables, and trials whose iteration times are drawn
 from the problem's scaling profile (`ProfileWorkload`), so a realistic plan
@@ -95,11 +96,11 @@ import numpy as np
 from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.core.validation import validate_model
-from thrifty.runtime.events import Preemption
 from thrifty.runtime.placement import place
 from thrifty.runtime.providers.base import Machine, Market, Provider
 from thrifty.runtime.providers.interruptions import CapacityChange, Notice
 from thrifty.runtime.tuning.clock import Clock, VirtualClock
+from thrifty.runtime.providers.virtual import VirtualProvider
 from thrifty.runtime.tuning.executors.sim import SimulatedExecutor, SyntheticWorkload, Workload
 from thrifty.runtime.tuning.loop import STOP_POLL_S, Executor, Resumed
 from thrifty.runtime.tuning.search_space import SearchSpace
@@ -108,7 +109,7 @@ from thrifty.runtime.tuning.trial import Crash, Report, Trial, TrialState
 if TYPE_CHECKING:  # the solver takes longer to import than this package: it is imported when a plan is read
     from thrifty.solver.tuning_plan import TuningPlan, TuningStage
 
-__all__ = ["PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "VirtualProvider", "ProfileWorkload",
+__all__ = ["PlanExecutor", "PlanResult", "StageRecord", "execute_plan", "ProfileWorkload",
            "SimulatedBackend", "simulated_backend", "runnable_plan", "stage_trials", "record_result",
            "recorded_cost_usd"]
 
@@ -596,61 +597,6 @@ def execute_plan(plan: TuningPlan | Mapping[str, Any], executor: Executor, provi
 
 
 # --- the simulated backend ---------------------------------------------------------------------
-
-class VirtualProvider(Provider):
-    """Machines on a `Clock` (virtual under simulation): provisioning takes a
-    SCALE latency plus the slowest of the new machines' INIT latencies, each
-    drawn from N(mean, sd) (truncated at 0) as the planner's simulator draws
-    them; billing starts when SCALE ends (RubberBand 4.2). Prices and GPUs
-    come from a catalog. Times (`launched_at`, `terminated_at`, `now()`) are
-    clock times."""
-
-    name = "virtual"
-    catalog: Catalog
-
-    def __init__(self, run_id: str, clock: Clock, catalog: Catalog | str | None = None, *,
-                 scale_latency_s: float = 0.0, scale_latency_sd_s: float = 0.0, init_latency_s: float = 0.0,
-                 init_latency_sd_s: float = 0.0, seed: int = 0):
-        super().__init__(run_id)
-        for name, value in (("scale_latency_s", scale_latency_s), ("scale_latency_sd_s", scale_latency_sd_s),
-                            ("init_latency_s", init_latency_s), ("init_latency_sd_s", init_latency_sd_s)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ProblemError(f"`{name}` is {value!r}, but must be >= 0", path=name)
-        self.clock = clock
-        self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
-        self.scale = (float(scale_latency_s), float(scale_latency_sd_s))
-        self.init = (float(init_latency_s), float(init_latency_sd_s))
-        self._rng = np.random.default_rng(seed)
-        self._ids = itertools.count()
-        self._notices: list[Preemption] = []
-
-    def now(self) -> float:
-        return self.clock.now()
-
-    def provision(self, instance_type: str, count: int, market: Market = "on_demand",
-                  timeout_s: float = 600.0) -> list[Machine]:
-        if count < 1:
-            raise ProblemError(f"count is {count}, but must be at least 1")
-        price = self.price(instance_type, market)
-        scale = max(0.0, self.scale[0] + self.scale[1] * self._rng.standard_normal())
-        init = max(0.0, float((self.init[0] + self.init[1] * self._rng.standard_normal(count)).max()))
-        if scale + init > timeout_s:
-            raise ProviderError(f"{count} x {instance_type} would take {scale + init:.1f} s to start, longer than "
-                                f"the timeout {timeout_s:g} s")
-        start = self.clock.now()
-        made = [Machine(f"virtual-{self.run_id}-{next(self._ids)}", instance_type, market, "127.0.0.1",
-                        start + scale, price, tags={"thrifty-run": self.run_id}) for _ in range(count)]
-        self.clock.sleep_until(start + scale + init)
-        self._own(made)
-        return made
-
-    def price(self, instance_type: str, market: str = "on_demand") -> float:
-        return self.catalog.get(instance_type).price(market)
-
-    def poll_interruptions(self) -> Sequence[Preemption]:
-        out, self._notices = self._notices, []
-        return out
-
 
 class ProfileWorkload:
     """Iteration times drawn from scaling profiles (`perfmodels.scaling`), as

@@ -1,4 +1,5 @@
-"""Local executor: tuning trials as real torch training processes on this host.
+"""World executor: tuning trials as worker worlds of real torch training processes,
+started through a launcher (this host's fork server, or the agents of Ray nodes).
 
 Implements the loop's executor interface (`thrifty.runtime.tuning.loop`) with
 one *world* of worker processes per launched trial: ``atoms`` ranks of
@@ -53,8 +54,9 @@ trial failed and goes on); every process is reaped when its world ends and in
 `close()`.
 
 *Where the ranks run.* With no provider, on this host (the fork server).
-With a `provider` (a `thrifty.runtime.cluster.provider.RayProvider`: see
-`thrifty.runtime.cluster.tuning.RayExecutor`), on its live machines:
+With a `provider` (a `thrifty.runtime.cluster.provider.RayProvider`, each
+machine a Ray node; provision its machines first for `run_experiment`,
+`execute_plan` provisions each stage's itself), on its live machines:
 `MachineSlots` gives each machine as many slots as its instance type has
 devices (GPUs; one per CPU pseudo machine) or `slots_per_machine`, places a
 launch's ranks where the caller says (``where``: machine id -> ranks, what
@@ -107,13 +109,13 @@ from thrifty.runtime.tuning.trial import Crash, Report, Trial
 if TYPE_CHECKING:
     from thrifty.runtime.providers.base import Provider
 
-__all__ = ["TunableTrainer", "LocalExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer",
+__all__ = ["TunableTrainer", "WorldExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer",
            "trial_checkpoint", "checkpointed_result"]
 
 log = logging.getLogger(__name__)
 # the fork server imports these before forking a trial's ranks: the one worker entry, and this module (its
 # example trainer)
-RANK_PRELOAD = (*PRELOAD, "thrifty.runtime.tuning.executors.local")
+RANK_PRELOAD = (*PRELOAD, "thrifty.runtime.tuning.executors.worlds")
 POLL_S = 0.01        # how often worlds are looked at while no result is due
 FAST_POLL_S = 0.0005  # and once one is: a result is taken within half a millisecond
 DUE_FRACTION = 0.8    # a result is due after this fraction of the last iteration's time
@@ -132,7 +134,7 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
     relabelled at random), `samples` for training and as many for validation;
     the metric is validation accuracy. Its hyperparameters (lr, hidden,
     momentum, batch size) change the learning curve, which is what a tuning
-    test needs. ``thrifty.runtime.tuning.executors.local:example_trainer``."""
+    test needs. ``thrifty.runtime.tuning.executors.worlds:example_trainer``."""
 
     def data(split: int) -> tuple[Any, Any]:
         import torch
@@ -322,7 +324,7 @@ class _World:
         return self.waiting_since + DUE_FRACTION * self.expected_s - now
 
 
-class LocalExecutor:
+class WorldExecutor:
     """Trials as worker processes on this host (see the module docstring).
 
     `trainer` is ``MODULE:FACTORY`` (or a module-level function) returning a
@@ -492,7 +494,7 @@ class LocalExecutor:
         self._worlds.clear()
         self._ready.clear()
 
-    def __enter__(self) -> "LocalExecutor":
+    def __enter__(self) -> "WorldExecutor":
         return self
 
     def __exit__(self, *exc: object) -> None:
