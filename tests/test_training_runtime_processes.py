@@ -243,6 +243,18 @@ def test_preemption_without_notice_replans_and_finishes_like_an_uninterrupted_ru
         assert name in events
 
 
+def assert_stopped_on_notice_without_loss(result, provider, noticed_from: int, iterations: int = 50) -> None:
+    """The run stopped its first world on a notice at or after iteration
+    `noticed_from` without losing an iteration, then finished exactly as one
+    process would, and gave every machine back."""
+    noticed, _last = result.segments
+    assert noticed.ended == "stopped" and noticed.lost_iterations == 0
+    assert noticed.committed_iteration >= noticed_from
+    check_accounting(result, iterations, every=10)
+    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, B, iterations)) < 1e-6
+    assert provider.machines() == []
+
+
 def test_capacity_error_and_spot_notice_replan_without_losing_work(tmp_path):
     provider = LocalProvider("capacity", DEMO_CATALOG, capacity={("local-b", "spot"): 0})
     plan = plan_dict(("local-a", "spot", 1, 8), ("local-b", "spot", 1, 8))
@@ -254,11 +266,7 @@ def test_capacity_error_and_spot_notice_replan_without_losing_work(tmp_path):
     assert [r.reason for r in result.replans] == ["capacity", "preemption"]
     assert all((a.instance_type, a.market) != ("local-b", "spot")
                for r in result.replans for a in r.new_plan.allocation)
-    noticed, last = result.segments
-    assert noticed.ended == "stopped" and noticed.lost_iterations == 0 and noticed.committed_iteration >= 20
-    check_accounting(result, 50, every=10)
-    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, B, 50)) < 1e-6
-    assert provider.machines() == []
+    assert_stopped_on_notice_without_loss(result, provider, noticed_from=20)
 
 
 def test_a_spot_notice_from_the_provider_replans_without_losing_work(tmp_path):
@@ -280,11 +288,7 @@ def test_a_spot_notice_from_the_provider_replans_without_losing_work(tmp_path):
     [replan] = result.replans
     assert replan.reason == "preemption" and replan.event == told[0]
     assert all((a.instance_type, a.market) != ("local-a", "spot") for a in replan.new_plan.allocation)
-    noticed, last = result.segments
-    assert noticed.ended == "stopped" and noticed.lost_iterations == 0 and noticed.committed_iteration >= 15
-    check_accounting(result, 50, every=10)
-    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, B, 50)) < 1e-6
-    assert provider.machines() == []
+    assert_stopped_on_notice_without_loss(result, provider, noticed_from=15)
 
 
 class Enough(Exception):
