@@ -20,7 +20,10 @@ the published throughputs on those GPUs measured):
    figures where they exist.
 2. Per-layer roofline: a layer's GPU time at batch B is
    ``max(B * 2 * MACs / (eta_c * peak), (B * bytes + weight_bytes) / (eta_m * bw)) / k``
-   forward, and twice the work backward (input and weight gradients). ``peak``
+   forward, and twice the work backward (input and weight gradients). In FP32
+   math (GPUs before Ampere) a dense 3x3 stride-1 convolution counts the
+   MACs of Winograd's F(2x2,3x3), 16/36 of the direct ones (cuDNN's choice
+   there); TF32 tensor cores run the direct MACs. ``peak``
    and ``bw`` are the GPU's published peak FP32 (TF32 tensor on Ampere+) FLOP/s
    and memory bandwidth; ``eta_m`` is a fixed achievable fraction of the
    bandwidth; ``eta_c`` (achieved fraction of peak) is calibrated per GPU and
@@ -70,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPT = "datasets/scripts/derive_profiles.py"
-DERIVED_DATE = "2026-11-21"
+DERIVED_DATE = "2026-11-26"
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "profiles" / "derived"
 
 MODELS = [
@@ -82,6 +85,11 @@ DEVICES_OUT = ["V100", "M60", "T4", "A10G", "L4", "A100", "H100"]
 GIB = 1024 ** 3
 ETA_M = 0.8  # achievable fraction of peak DRAM bandwidth (assumption, typical of STREAM-like kernels)
 CV = 0.025  # coefficient of variation of forward/backward latency (see SOURCES["srifty-var"])
+# cuDNN runs dense 3x3 stride-1 convolutions (forward, data and filter gradients) with Winograd's minimal
+# filtering in FP32 math: F(2x2,3x3) does 16 multiplications where the direct convolution does 36
+# (SOURCES["winograd"]). TF32 tensor cores run implicit GEMM: the direct MACs. Without this, eta_c came out
+# above 1 on V100 and a 3x3-heavy model's factor k carried the FP32 GPU's Winograd saving to TF32 GPUs.
+WINOGRAD_MAC_REDUCTION = 36 / 16
 MEM_RESERVE_GIB = 0.75  # CUDA context, cuDNN/cuBLAS workspaces, allocator slack (assumption)
 
 # ---------------------------------------------------------------------------
@@ -129,6 +137,10 @@ SOURCES: dict[str, str] = {
     "thrifty-h100": "thrifty's own measurement (benchmarks/gpu_check.sh, 2026-11-26; "
                     "datasets/profiles/measured/resnet50__H100.json): ResNet-50 SGD-momentum (foreach) "
                     "optimizer.step() + zero_grad() 0.881 ms on one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130",
+    "winograd": "Lavin and Gray, 'Fast Algorithms for Convolutional Neural Networks' (CVPR 2016): Winograd's "
+                "minimal filtering F(2x2,3x3) computes a 2x2 output tile of a 3x3 convolution with 16 "
+                "multiplications instead of 36 (2.25x fewer); NVIDIA cuDNN (5 and later) offers Winograd algorithms "
+                "for 3x3 stride-1 convolutions forward and for both gradients (CUDNN_CONVOLUTION_*_ALGO_WINOGRAD*)",
     "spec-v100": "NVIDIA Tesla V100 datasheet (SXM2, p3): 15.7 TFLOPS FP32, 900 GB/s HBM2, 16 GB",
     "spec-m60": "NVIDIA Tesla M60 datasheet: 2 GPUs per board, 9.64 TFLOPS FP32 per board (4.82 per GPU), "
                 "8 GB GDDR5 and 160 GB/s per GPU",
@@ -392,6 +404,7 @@ class Op:
     out_elems: float = 0.0  # output elements per sample (activation size)
     grad_params: int | None = None  # gradient size if it differs from params (tied weights)
     bias: bool = False  # a conv/linear with a bias: its backward also reduces the bias gradient
+    winograd: bool = False  # a dense 3x3 stride-1 convolution: cuDNN runs it with Winograd in FP32 math
 
     @property
     def bwd_launches(self) -> int:
@@ -427,7 +440,7 @@ class Net:
         macs = cout * ho * wo * (c // groups) * kh * kw
         out = cout * ho * wo
         self.add(Op(name, "conv", params, 2 if bias else 1, macs, 4 * (c * h * w + out), 4 * params,
-                    8 * params, dgrad, out, bias=bias))
+                    8 * params, dgrad, out, bias=bias, winograd=(kh, kw, s, groups) == (3, 3, 1, 1)))
         return (cout, ho, wo)
 
     def bn(self, name, x):
@@ -956,10 +969,11 @@ class Timing:
         pm = ETA_M * dev.bw_gbs * 1e9
         cf, mf, wf, cb, mb, wb = [], [], [], [], [], []
         for op in net.ops:
-            cf.append(2 * op.macs / pc)
+            macs = op.macs / (WINOGRAD_MAC_REDUCTION if op.winograd and dev.math == "FP32" else 1.0)
+            cf.append(2 * macs / pc)
             mf.append(op.bytes / pm)
             wf.append(op.wbytes_f / pm)
-            cb.append((4 if op.dgrad else 2) * op.macs / pc)
+            cb.append((4 if op.dgrad else 2) * macs / pc)
             mb.append(2 * op.bytes / pm)
             wb.append(op.wbytes_b / pm)
         floor_f = len(net.ops) * k_host
@@ -1236,7 +1250,7 @@ def derive(cal: Calibration, model: str, device: str) -> dict[str, Any]:
         if g > 0:
             layers.append({"name": op.name, "grad_bytes": 4 * g, "ready_frac": round(min(1.0, done / total), 6)})
     # published sources used
-    keys = [dev.spec, ctx.source, "gpu-memory", "dle-rn50", "thrifty-h100", "srifty-var", "srifty-fig5"]
+    keys = [dev.spec, ctx.source, "gpu-memory", "dle-rn50", "thrifty-h100", "winograd", "srifty-var", "srifty-fig5"]
     keys += [a.source for a in anchors]
     keys += [reference_params(model)[1]]
     if table3_per_gpu(model, device) is not None or model in TABLE3_PER_INSTANCE or model in MEMORY_DONOR:
@@ -1370,9 +1384,11 @@ def readme(cal: Calibration, rows: list[dict[str, Any]]) -> str:
         "  presets) and forward MACs within 3% of torchvision's figures. `xlm` and `dlrm` have no published",
         "  total: their reference is the closed form of the published configuration.",
         "- **Latency**: per-layer roofline (FLOPs against peak FP32, or TF32 tensor on Ampere/Hopper/Ada, and",
-        "  bytes against memory bandwidth). Each GPU's achieved fraction of peak (`eta_c`) is calibrated so",
-        "  ResNet-50 reproduces its published training throughput (it is an effective fraction: above 1 on V100,",
-        "  where cuDNN's Winograd/FFT convolutions do fewer multiplications than the direct MACs counted here);",
+        "  bytes against memory bandwidth). In FP32 math a dense 3x3 stride-1 convolution counts the",
+        "  multiplications of Winograd's F(2x2,3x3), 16 of the direct 36 (cuDNN runs it so; Lavin and Gray",
+        "  2016); on TF32 tensor cores the direct ones. Each GPU's achieved fraction of peak (`eta_c`) is",
+        "  calibrated so ResNet-50 reproduces its published training throughput (an effective fraction: still",
+        "  above 1 for TensorFlow on V100, whose other algorithms, FFT and larger Winograd tiles, save more);",
         "  each model's factor `k` so that it reproduces",
         "  its own published throughput(s). Where a model has no published figure on a GPU, it keeps the `k` of",
         "  its anchors on other GPUs: the anchor is scaled by the ratio of achieved FLOP/s (and bytes/s).",
