@@ -10,8 +10,9 @@ below with its source (`SOURCES`), and each profile lists the ones it used in
     python datasets/scripts/derive_profiles.py [--out DIR]
 
 Method (FP32 training, PyTorch data-parallel, as in Srifty; on Ampere and newer
-GPUs "FP32" means the framework default of TF32 tensor-core math, which is what
-the published throughputs on those GPUs measured):
+GPUs "FP32" means TF32 tensor-core math for convolutions and matmuls, which is
+what the published throughputs on those GPUs measured: NGC containers and
+TensorFlow allow TF32 for both, stock PyTorch >= 1.12 for convolutions only):
 
 1. Architectures are enumerated analytically (`build_model`): every layer with
    its parameter tensors, forward multiply-adds (MACs) per sample, memory
@@ -141,6 +142,10 @@ SOURCES: dict[str, str] = {
                 "minimal filtering F(2x2,3x3) computes a 2x2 output tile of a 3x3 convolution with 16 "
                 "multiplications instead of 36 (2.25x fewer); NVIDIA cuDNN (5 and later) offers Winograd algorithms "
                 "for 3x3 stride-1 convolutions forward and for both gradients (CUDNN_CONVOLUTION_*_ALGO_WINOGRAD*)",
+    "tf32-defaults": "PyTorch CUDA semantics notes (TensorFloat-32 on Ampere and later) and MONAI 'Precision and "
+                     "Accelerating': torch.backends.cuda.matmul.allow_tf32 defaults to False since PyTorch 1.12, "
+                     "torch.backends.cudnn.allow_tf32 to True; NGC PyTorch containers set "
+                     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which turns TF32 matmuls on",
     "spec-v100": "NVIDIA Tesla V100 datasheet (SXM2, p3): 15.7 TFLOPS FP32, 900 GB/s HBM2, 16 GB",
     "spec-m60": "NVIDIA Tesla M60 datasheet: 2 GPUs per board, 9.64 TFLOPS FP32 per board (4.82 per GPU), "
                 "8 GB GDDR5 and 160 GB/s per GPU",
@@ -1261,6 +1266,8 @@ def derive(cal: Calibration, model: str, device: str) -> dict[str, Any]:
         keys.append({"bert-base": "bert-params", "xlm": "xlm-config", "dlrm": "dlrm-config"}[model])
     if device == "A10G":
         keys.append("spec-a10")
+    if dev.math == "TF32":
+        keys.append("tf32-defaults")
     seen: list[str] = []
     for key in keys:
         if key not in seen:
@@ -1278,7 +1285,9 @@ def derive(cal: Calibration, model: str, device: str) -> dict[str, Any]:
     anchor_rows = [{"variant": a.variant, "context": a.context, "device": CONTEXTS[a.context].device,
                     "samples_s": _r(a.samples_s), "batch": a.batch, "source": a.source} for a in anchors]
     extra = {
-        "precision": f"FP32 storage, {dev.math} math",
+        "precision": (f"FP32 storage, {dev.math} math" if dev.math == "FP32" else
+                      "FP32 storage, TF32 math for convolutions and matmuls (stock PyTorch >= 1.12 keeps matmuls "
+                      "in FP32 unless torch.set_float32_matmul_precision('high'))"),
         "input": net.input_desc,
         "parameters": net.params,
         "forward_gmacs_per_sample": _r(net.macs / 1e9),
@@ -1412,8 +1421,14 @@ def readme(cal: Calibration, rows: list[dict[str, Any]]) -> str:
         "  a power of two. Profiled batches are 1, 2, 4, ... up to max_batch.",
         "- **ready_frac**: cumulative backward time from the output side up to the layer, over the total.",
         "",
-        "Precision is FP32 as in Srifty (PyTorch 1.5): on A10G, L4, A100 and H100 this means the default TF32",
-        "tensor-core math, which is what the published throughputs on those GPUs measured. Model inputs:",
+        "Precision is FP32 as in Srifty (PyTorch 1.5): on A10G, L4, A100 and H100 this means TF32 tensor-core",
+        "math for convolutions and matmuls alike, which is what the published throughputs on those GPUs",
+        "measured (NGC containers and TensorFlow allow TF32 for both). Stock PyTorch >= 1.12 allows it for",
+        "convolutions only (`torch.backends.cudnn.allow_tf32` True, `torch.backends.cuda.matmul.allow_tf32`",
+        "False): there, matmul-bound models (BERT, XLM, DLRM, VGG's and AlexNet's classifiers) run slower than",
+        "these profiles unless TF32 matmuls are enabled (`torch.set_float32_matmul_precision('high')`; source",
+        "`tf32-defaults`); no published figure calibrates FP32 CUDA-core matmuls on these GPUs, so that case",
+        "is not derived. Model inputs:",
         f"224x224 images (Inception v3: 299x299); BERT-Base-Cased sequence classification at {BERT_SEQ} tokens and",
         f"XLM CLM En-De 1024 (Hugging Face `XLMWithLMHeadModel`) at {XLM_SEQ} tokens: Srifty does not state its",
         "sequence lengths, and with NVIDIA's published T4/V100 BERT efficiency its Case 5 iteration times (which",
