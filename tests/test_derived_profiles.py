@@ -113,11 +113,14 @@ def test_profile_is_valid_and_sensible(model, device):
     assert all(b <= a * (1 + 1e-5) for a, b in zip(per_sample, per_sample[1:]))  # 6-digit rounding
     assert profile.step_s > 0
 
-    # forward/backward about 1:2; DLRM's backward also writes 1.8 GB of dense embedding gradients, which
-    # dominates at small batches on low-bandwidth GPUs. sd a few percent of the mean
+    # forward/backward about 1:2 where the GPU bounds the passes; where the host does (small batches) the
+    # backward costs its own kernel launches, fewer than twice the forward's (measured on an H100: backward
+    # over forward 0.93-1.6 at batch 1 across nine models, datasets/profiles/measured/*__H100.json).
+    # DLRM's backward also writes 1.8 GB of dense embedding gradients, which dominates at small batches on
+    # low-bandwidth GPUs. sd a few percent of the mean
     top = 12.0 if model == "dlrm" else 2.5
     for p in profile.points:
-        assert 1.5 <= p.backward_s / p.forward_s <= top
+        assert 1.0 <= p.backward_s / p.forward_s <= top
         assert 0.02 <= p.forward_sd_s / p.forward_s <= 0.04
         assert 0.02 <= p.backward_sd_s / p.backward_s <= 0.04
 
@@ -186,7 +189,7 @@ def test_a_published_throughput_left_out_of_the_calibration_is_predicted_within_
         k, _, used = script.model_factor(calibration, held_out.model, output_device.get(hardware, hardware))
         assert held_out not in used
         timing = script.Timing.of(script.build_model(held_out.variant), script.DEVICES[context.device],
-                                  calibration.eta_c[held_out.context], calibration.k_host)
+                                  calibration.eta_c[held_out.context], calibration.k_host, calibration.k_opt)
         predicted = held_out.batch / timing.iteration(held_out.batch, k, held_out.include_step)
         ratios[f"{held_out.model}@{held_out.context}"] = predicted / held_out.samples_s
     off = {name: round(r, 3) for name, r in ratios.items() if not 0.5 <= r <= 2.0}
