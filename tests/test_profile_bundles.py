@@ -90,12 +90,13 @@ def test_a_tuning_problem_names_a_scaling_bundle_and_a_type_it_lacks_is_named(tm
 
 @pytest.mark.parametrize("command", [["profile", MLP], ["profile-scaling", MLP, "--world-sizes", "1", "--batch", "2"]])
 @pytest.mark.parametrize("options, words", [
-    (["--market", "spot"], "--market need --cluster"),
-    (["--instance-types", "local-a"], "--instance-types need --cluster"),
+    (["--market", "spot"], "--market needs --cluster"),
+    (["--instance-types", "local-a"], "--instance-types needs --cluster"),
     (["--cluster", "127.0.0.1:1"], "--cluster needs --instance-types"),
     (["--cluster", "127.0.0.1:1", "--instance-types", "local-z", "--catalog", str(CATALOG)],
      "unknown instance type 'local-z'"),
     (["--cluster", "127.0.0.1:1", "--instance-types", "local-a", "--device", "cpu"], "leave them out"),
+    (["--market", "spot", "--catalog", str(CATALOG)], "--market and --catalog need --cluster"),
 ])
 def test_bad_cluster_options_are_a_one_line_error_before_any_cluster_is_reached(command, options, words, tmp_path,
                                                                               capsys):

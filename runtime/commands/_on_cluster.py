@@ -81,7 +81,8 @@ def check_cluster_arguments(args: argparse.Namespace) -> None:
         given = [flag for flag, value in (("--instance-types", args.instance_types), ("--market", args.market),
                                           ("--catalog", args.catalog)) if value is not None]
         if given:
-            raise ProblemError(f"{' and '.join(given)} need --cluster (the cluster whose machines are measured)")
+            verb = "need" if len(given) > 1 else "needs"
+            raise ProblemError(f"{' and '.join(given)} {verb} --cluster (the cluster whose machines are measured)")
     elif not args.instance_types:
         raise ProblemError("--cluster needs --instance-types: the catalog types to measure on (e.g. A,B,C)")
 
