@@ -13,7 +13,7 @@ that what the simulators keep per compute model stays apart for two types of
 one device. A device that one type of the bundle has also answers for the
 other types of that device (a V100 measured on p3.2xlarge prices a
 p3.8xlarge's V100s); a device that several have answers for none of the
-others.
+others (an error, not a shipped profile of that device).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class ModelLibrary:
         self._paths: dict[tuple[str, str], Path] = {}
         self._models: dict[tuple[str, str], ComputeModel] = {}
         self._typed: dict[tuple[str, str], ComputeModel] = {}  # (model, instance type) -> from a bundle
+        self._shared: dict[tuple[str, str], list[str]] = {}  # (model, device) -> the bundle's types of that device
         for p in paths if paths is not None else profile_files():
             key = _key_of(p)
             if key is not None and key not in self._paths:
@@ -75,9 +76,11 @@ class ModelLibrary:
         for name, model in typed.items():
             devices.setdefault(model.device, []).append(model)
             self._typed[(model.model, name)] = replace(model, device=f"{model.device}@{name}")
-        for models in devices.values():
+        for device, models in devices.items():
             if len(models) == 1:
                 self.add(models[0])
+            else:
+                self._shared[(models[0].model, device)] = [n for n, m in typed.items() if m.device == device]
         return next(iter(typed.values()))
 
     def keys(self) -> list[tuple[str, str]]:
@@ -97,6 +100,11 @@ class ModelLibrary:
         if typed is not None:
             return typed
         key = (model, device)
+        if key in self._shared:
+            raise ProblemError(
+                f"the profile bundle of '{model}' holds profiles of {', '.join(self._shared[key])} on device "
+                f"'{device}', which differ, and none of {instance_type or 'this type'}: measure it there too "
+                "(thrifty profile --cluster) or name a profile of it")
         if key in self._models:
             return self._models[key]
         if key not in self._paths:

@@ -63,10 +63,12 @@ def test_a_device_one_type_of_a_bundle_has_carries_to_the_other_types_of_that_de
     assert library.get("m", "V100", "p3.8xlarge").forward_s(4) == pytest.approx(0.5)
     shared = compute_bundle(tmp_path / "c.json", {"local-a": profile_dict(device="cpu"),
                                                   "local-b": profile_dict(device="cpu")})
-    library = ModelLibrary(paths=[])
+    library = ModelLibrary(paths=[tmp_path / "m__cpu.json"])
+    (tmp_path / "m__cpu.json").write_text(json.dumps(profile_dict(device="cpu")))
     library.add_file(shared)
-    with pytest.raises(ProblemError, match="no compute profile for model 'm' on device 'cpu'"):
-        library.get("m", "cpu", "local")  # two types measured 'cpu' differently: neither speaks for a third
+    # two types measured 'cpu' differently: neither speaks for a third, nor does another profile of 'cpu'
+    with pytest.raises(ProblemError, match="holds profiles of local-a, local-b on device 'cpu'.*none of local"):
+        library.get("m", "cpu", "local")
 
 
 def test_a_bad_bundle_names_the_json_path_of_what_is_wrong(tmp_path):
