@@ -109,7 +109,7 @@ class ApmSimulator:
         t_fw = t_bw = step = 0.0
         grads: tuple[int, ...] = ()
         for g in groups:
-            cm = self.library.get(self.model, g.instance_type.device)
+            cm = self.library.get(self.model, g.instance_type.device, g.instance_type.name)
             lin = self._fit(cm)
             b = g.device_batch
             fw = max(lin.fw[0] * b + lin.fw[1], 1e-6)

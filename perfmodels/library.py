@@ -4,15 +4,28 @@ Shipped profiles live in ``datasets/profiles/{measured,derived}/`` named
 ``<model>__<device>.json``; a measured profile wins over a derived one for the
 same key. A user can add profile files or folders; a name that no profile
 answers is an error listing what is available.
+
+A profile bundle (`thrifty.perfmodels.bundle`: profiles measured on a
+cluster's machines, one per instance type) adds each profile for its own
+instance type: `get` with that type answers with it, whatever other type
+shares its device. Its device key is ``DEVICE@TYPE`` (``cpu@local-a``), so
+that what the simulators keep per compute model stays apart for two types of
+one device. A device that one type of the bundle has also answers for the
+other types of that device (a V100 measured on p3.2xlarge prices a
+p3.8xlarge's V100s); a device that several have answers for none of the
+others (an error, not a shipped profile of that device).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 from thrifty.core.errors import ProblemError, closest_names
+from thrifty.core.io import read_json
 from thrifty.datasets.paths import profile_files
+from thrifty.perfmodels.bundle import is_bundle, parse_bundle
 from thrifty.perfmodels.compute import ComputeModel, load_compute_model
 
 __all__ = ["ModelLibrary", "shipped_library"]
@@ -32,6 +45,8 @@ class ModelLibrary:
     def __init__(self, paths: list[Path] | None = None):
         self._paths: dict[tuple[str, str], Path] = {}
         self._models: dict[tuple[str, str], ComputeModel] = {}
+        self._typed: dict[tuple[str, str], ComputeModel] = {}  # (model, instance type) -> from a bundle
+        self._shared: dict[tuple[str, str], list[str]] = {}  # (model, device) -> the bundle's types of that device
         for p in paths if paths is not None else profile_files():
             key = _key_of(p)
             if key is not None and key not in self._paths:
@@ -42,12 +57,35 @@ class ModelLibrary:
         self._models[(model.model, model.device)] = model
 
     def add_file(self, path: str | Path) -> ComputeModel:
+        """Add a profile or compute model file, or every profile of a bundle
+        (see the module docstring); returns the (first) model added."""
+        data = read_json(path)
+        if is_bundle(data):
+            return self._add_bundle(data, str(path))
         model = load_compute_model(path)
         self.add(model)
         return model
 
+    def _add_bundle(self, data: dict, source: str) -> ComputeModel:
+        bundle = parse_bundle(data, source=source)
+        if bundle.kind != "compute":
+            raise ProblemError(f"is a bundle of {bundle.kind} profiles; a training problem needs compute profiles "
+                               "(thrifty profile --cluster)", path="model", source=source)
+        typed = {name: ComputeModel.from_profile(p) for name, p in bundle.compute_profiles().items()}
+        devices: dict[str, list[ComputeModel]] = {}
+        for name, model in typed.items():
+            devices.setdefault(model.device, []).append(model)
+            self._typed[(model.model, name)] = replace(model, device=f"{model.device}@{name}")
+        for device, models in devices.items():
+            if len(models) == 1:
+                self.add(models[0])
+            else:
+                self._shared[(models[0].model, device)] = [n for n, m in typed.items() if m.device == device]
+        return next(iter(typed.values()))
+
     def keys(self) -> list[tuple[str, str]]:
-        return sorted(set(self._paths) | set(self._models))
+        typed = {(m, cm.device) for (m, _t), cm in self._typed.items()}
+        return sorted(set(self._paths) | set(self._models) | typed)
 
     def models(self) -> list[str]:
         return sorted({m for m, _ in self.keys()})
@@ -55,8 +93,18 @@ class ModelLibrary:
     def devices(self, model: str) -> list[str]:
         return sorted({d for m, d in self.keys() if m == model})
 
-    def get(self, model: str, device: str) -> ComputeModel:
+    def get(self, model: str, device: str, instance_type: str | None = None) -> ComputeModel:
+        """The compute model of `model` on `device`; the one measured on
+        `instance_type` itself when a bundle added one."""
+        typed = self._typed.get((model, instance_type)) if instance_type is not None else None
+        if typed is not None:
+            return typed
         key = (model, device)
+        if key in self._shared:
+            raise ProblemError(
+                f"the profile bundle of '{model}' holds profiles of {', '.join(self._shared[key])} on device "
+                f"'{device}', which differ, and none of {instance_type or 'this type'}: measure it there too "
+                "(thrifty profile --cluster) or name a profile of it")
         if key in self._models:
             return self._models[key]
         if key not in self._paths:

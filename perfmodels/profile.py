@@ -60,6 +60,7 @@ __all__ = [
     "parse_profile",
     "load_profile",
     "save_profile",
+    "profile_document",
 ]
 
 PROFILE_FORMAT: Final = "thrifty.compute_profile/1"
@@ -173,11 +174,16 @@ def load_profile(path: str | Path) -> ComputeProfile:
     return parse_profile(read_json(path), source=str(path))
 
 
-def save_profile(profile: ComputeProfile, path: str | Path) -> None:
-    """Write a profile atomically."""
+def profile_document(profile: ComputeProfile) -> dict[str, Any]:
+    """A profile as its file's JSON: the optional parts left out when empty."""
     data = profile.model_dump(mode="json")
-    for name in ("extra", "colocated", "buffer_bytes", "ddp_overhead_s"):  # optional parts left out when empty
+    for name in ("extra", "colocated", "buffer_bytes", "ddp_overhead_s"):
         if not data[name]:
             del data[name]
-    write_json(path, data)
+    return data
+
+
+def save_profile(profile: ComputeProfile, path: str | Path) -> None:
+    """Write a profile atomically."""
+    write_json(path, profile_document(profile))
 

@@ -353,7 +353,7 @@ class IterationSimulator:
 
     # -- pieces ---------------------------------------------------------------
     def compute_model(self, itype: InstanceType) -> ComputeModel:
-        return self.library.get(self.model, itype.device)
+        return self.library.get(self.model, itype.device, itype.name)
 
     def transfers(self, cm: ComputeModel) -> tuple[np.ndarray, np.ndarray]:
         """(bytes, ready fraction) of each transfer of one iteration, in ready order."""

@@ -165,7 +165,7 @@ class TrainingSpace:
         except ProblemError as e:
             raise ProblemError(e.message, path=f"instances[{index}].market") from None
         try:
-            cm = self.library.get(self.model, itype.device)
+            cm = self.library.get(self.model, itype.device, itype.name)
         except ProblemError as e:
             raise ProblemError(e.message, path="model") from None
         # the threshold is relative to the best throughput this problem can reach per device
@@ -178,7 +178,7 @@ class TrainingSpace:
         """The per-machine batches the problem's rule (``batch_sizes``) allows on
         `itype` up to its memory (and `upto`), before the throughput threshold."""
         if max_device_batch is None:
-            max_device_batch = self.library.get(self.model, itype.device).max_batch
+            max_device_batch = self.library.get(self.model, itype.device, itype.name).max_batch
         rule = self.problem.batch_sizes
         top = max_device_batch * itype.gpus if upto is None else min(max_device_batch * itype.gpus, upto)
         if isinstance(rule, list):

@@ -86,7 +86,8 @@ from thrifty.datasets.catalog import load_catalog
 from thrifty.core.errors import ProblemError, SolverError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
 from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, slots
-from thrifty.perfmodels.scaling import CloudProfile, load_scaling_profile
+from thrifty.perfmodels.bundle import scaling_profile_of
+from thrifty.perfmodels.scaling import CloudProfile
 from thrifty.solver.problem import TuningProblem
 
 __all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elastic", "plan_greedy",
@@ -151,15 +152,20 @@ class TuningSpace:
                 itype = catalog.get(name)
             except ProblemError as e:
                 raise ProblemError(e.message, path=path) from None
-            prof = load_scaling_profile(problem.model, name)
+            prof, measured = scaling_profile_of(problem.model, name)
             ov = problem.profile
             if ov.base_iteration_s is not None or ov.iteration_sd_s is not None:
                 prof = prof.scaled(ov.base_iteration_s, ov.iteration_sd_s)
             c = problem.cloud
             price = itype.price(problem.market)
+            # SCALE and INIT: the problem's, else what a bundle measured on this type's machines
+            scale_s, init_s = c.scale_latency_s, c.init_latency_s
+            if measured is not None:
+                scale_s = scale_s if "scale_latency_s" in c.model_fields_set else measured.scale_latency_s
+                init_s = init_s if "init_latency_s" in c.model_fields_set else measured.init_latency_s
             clouds[name] = CloudProfile(
-                name, itype.gpus, price, problem.billing, c.min_billed_s, c.scale_latency_s,
-                c.scale_latency_sd_s, c.init_latency_s, c.init_latency_sd_s, c.data_usd_per_gb,
+                name, itype.gpus, price, problem.billing, c.min_billed_s, scale_s,
+                c.scale_latency_sd_s, init_s, c.init_latency_sd_s, c.data_usd_per_gb,
                 c.dataset_gb, problem.market, c.preemptions_per_hour if problem.market == "spot" else 0.0,
                 c.recovery_s)
             profiles[name] = prof

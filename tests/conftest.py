@@ -54,3 +54,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.moto)
         if shares_a_setup(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(suite))
+
+
+@pytest.fixture
+def providers(monkeypatch):
+    """Every provider a command makes, kept to look at after it closed them."""
+    import thrifty.runtime.cluster.spec as spec
+
+    made: list = []
+    real = spec.cluster_provider
+
+    def keep(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(spec, "cluster_provider", keep)
+    return made

@@ -150,3 +150,49 @@ def test_run_from_an_ec2_cluster_config_joins_trains_survives_a_notice_and_leave
     assert not listening(port)
     head = subprocess.run(["pgrep", "-f", f"gcs_server_port={port}"], capture_output=True, text=True).stdout.split()
     assert head == [], f"the head's GCS still runs: {head}"
+
+
+def test_profiles_measured_on_ec2_machines_of_each_type_leave_no_instance_and_say_what_they_cost(
+        moto, providers, tmp_path, capsys):
+    """``thrifty profile --cluster cluster.yaml`` and ``profile-scaling --cluster cluster.yaml``, in this
+    process: each starts its head, launches a spot instance of its type, measures there, terminates it and
+    stops the head. One type each, as every type of a command goes the same way (test_cluster_ray.py
+    measures several types, and several machines of a type, in one command), and each instance boots and
+    joins one after the other."""
+    from cluster_profiling import assert_costs, assert_gave_everything_back
+    from thrifty.perfmodels.bundle import load_bundle
+    from thrifty.runtime.cli import main
+
+    mlp = "thrifty.runtime.measure.zoo:mlp"
+    ports = []
+    for name in ("compute", "scaling"):
+        (tmp_path / name).mkdir()
+        ports.append(free_port())
+        write_inputs(tmp_path / name, ports[-1])
+
+    types = {"compute": {"local-a": 1}, "scaling": {"local-b": 1}}
+
+    def common(name: str) -> list[str]:
+        return ["--cluster", str(tmp_path / name / "cluster.yaml"), "--instance-types", ",".join(types[name]),
+                "--market", "spot", "--catalog", str(CATALOG), "--no-progress", "--out", str(tmp_path / f"{name}.json")]
+
+    with Ec2Harness(moto, tmp_path / "instances", boot_timeout_s=90) as harness:
+        harness.start()
+        assert main(["profile", mlp, *common("compute"), "--batches", "1,2", "--repeats", "2", "--warmup", "1",
+                     "--rounds", "1"]) == 0
+        printed = [capsys.readouterr().out]
+        assert main(["profile-scaling", mlp, *common("scaling"), "--world-sizes", "1", "--batch", "2",
+                     "--iterations", "2", "--warmup", "1"]) == 0
+        printed.append(capsys.readouterr().out)
+
+    ec2 = moto.client("ec2")
+    for name, provider, out, port in zip(("compute", "scaling"), providers, printed, ports):
+        bundle = load_bundle(tmp_path / f"{name}.json")
+        assert (bundle.kind, sorted(bundle.profiles)) == (name, sorted(types[name]))
+        assert_gave_everything_back(provider, types[name])
+        assert_costs(bundle, {"local-a": 0.4, "local-b": 0.55}, out)
+        assert all(r.scale_latency_s > 0 for r in bundle.machines.values())  # a launch, and a join, took time
+        reply = ec2.describe_instances(Filters=[{"Name": "tag:thrifty:run", "Values": [provider.run_id]}])
+        states = [i["State"]["Name"] for r in reply["Reservations"] for i in r["Instances"]]
+        assert states == ["terminated"] * len(types[name])
+        assert not listening(port)

@@ -25,6 +25,7 @@ from thrifty.runtime.training import RunConfig, train  # noqa: E402
 from thrifty.runtime.training.launcher import WORKER_PRELOAD  # noqa: E402
 from thrifty.solver import solve  # noqa: E402
 
+from cluster_profiling import assert_costs, assert_gave_everything_back  # noqa: E402
 from ray_cluster import ThreeNodes  # noqa: E402
 from test_training_runtime_processes import max_difference, model_state  # noqa: E402
 from test_training_runtime_units import plan_dict  # noqa: E402
@@ -211,3 +212,99 @@ def test_probe_allreduce_on_a_cluster_without_enough_machines_is_a_clear_error(n
     err = capsys.readouterr().err
     assert "2 free local-a (spot) nodes, 3 wanted" in err
     assert not (tmp_path / "probes.csv").exists()
+
+
+# -- profiles measured on the cluster's machines (thrifty profile / profile-scaling --cluster) -----------------------
+
+MLP = "thrifty.runtime.measure.zoo:mlp"
+
+
+@pytest.fixture(scope="module")
+def spot_b(nodes):
+    """A local-b spot node beside the three, so that one market offers both types (the tests below take a
+    machine of each); removed at the end of the module, whose last tests these are."""
+    from ray_cluster import NODE
+
+    node = nodes.cluster.add_node(**NODE, resources={"thrifty-type:local-b": 1, "thrifty-market:spot": 1})
+    nodes.cluster.wait_for_nodes()
+    yield node
+    nodes.cluster.remove_node(node)
+
+
+def test_profile_on_the_cluster_measures_each_type_on_its_own_machine_and_gives_it_back(
+        nodes, spot_b, providers, tmp_path, capsys):
+    from thrifty.perfmodels.bundle import load_bundle
+    from thrifty.runtime.cli import main
+
+    nodes.refill()
+    out = tmp_path / "mlp.json"
+    argv = ["profile", MLP, "--cluster", nodes.cluster.address, "--instance-types", "local-a,local-b",
+            "--market", "spot", "--catalog", str(CATALOG), "--batches", "1,2", "--repeats", "2", "--warmup", "1",
+            "--rounds", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    bundle = load_bundle(out)
+    assert (bundle.kind, bundle.model, bundle.market) == ("compute", "mlp", "spot")
+    profiles = bundle.compute_profiles()
+    assert sorted(profiles) == ["local-a", "local-b"]
+    for profile in profiles.values():
+        assert profile.device == "cpu" and [p.batch for p in profile.points] == [1, 2]
+        assert profile.provenance.kind == "measured" and "--cluster" in (profile.provenance.command or "")
+    [provider] = providers
+    assert_gave_everything_back(provider, {"local-a": 1, "local-b": 1})
+    assert_costs(bundle, {"local-a": 0.4, "local-b": 0.55}, printed)
+
+    # a problem names the bundle as its model, as it names one profile file
+    problem = {**json.loads(DEMO.read_text()), "catalog": str(CATALOG), "model": str(out), "global_batch": 4,
+               "batch_sizes": [1, 2], "limits": {"time_s": 3600}}
+    plan = solve(problem).to_dict()
+    assert plan["status"] == "optimal" and plan["allocation"]
+
+
+def test_profile_scaling_on_the_cluster_spans_machines_and_measures_their_launch(nodes, providers, tmp_path, capsys):
+    from thrifty.perfmodels.bundle import load_bundle
+    from thrifty.perfmodels.scaling import ScalingProfileFile
+    from thrifty.runtime.cli import main
+    from thrifty.solver.problem import parse_problem
+    from thrifty.solver.tuning import TuningSpace
+
+    nodes.refill()
+    out = tmp_path / "scaling.json"
+    argv = ["profile-scaling", MLP, "--cluster", nodes.cluster.address, "--instance-types", "local-a",
+            "--market", "spot", "--catalog", str(CATALOG), "--world-sizes", "1,2", "--batch", "4",
+            "--iterations", "2", "--warmup", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    bundle = load_bundle(out)
+    assert (bundle.kind, sorted(bundle.profiles)) == ("scaling", ["local-a"])
+    document = ScalingProfileFile.model_validate(bundle.profiles["local-a"])
+    assert [p.gpus for p in document.points] == [1, 2] and document.instance_type == "local-a"
+    [provider] = providers
+    assert_gave_everything_back(provider, {"local-a": 2})  # world size 2: one rank on each of two machines
+    assert_costs(bundle, {"local-a": 0.4}, printed)
+    assert bundle.machines["local-a"].count == 2
+
+    # a tuning problem naming the bundle takes its SCALE and INIT latencies, unless its cloud states them
+    measured = bundle.machines["local-a"]
+    tuning = {"kind": "tuning", "model": str(out), "instance_type": "local-a", "catalog": str(CATALOG),
+              "market": "spot", "deadline_s": 3600, "samples": 10,
+              "experiment": {"algorithm": "sha", "trials": 4, "min_iters": 1, "max_iters": 4, "eta": 2}}
+    cloud = TuningSpace(parse_problem(tuning)).clouds["local-a"]
+    assert (cloud.scale_latency_s, cloud.init_latency_s) == (measured.scale_latency_s, measured.init_latency_s)
+    stated = TuningSpace(parse_problem({**tuning, "cloud": {"init_latency_s": 7}})).clouds["local-a"]
+    assert (stated.scale_latency_s, stated.init_latency_s) == (measured.scale_latency_s, 7)
+
+
+def test_profiling_a_type_the_cluster_lacks_is_a_one_line_error_before_any_machine_is_taken(nodes, providers,
+                                                                                            tmp_path, capsys):
+    from thrifty.runtime.cli import main
+
+    nodes.refill()
+    out = tmp_path / "mlp.json"
+    argv = ["profile", MLP, "--cluster", nodes.cluster.address, "--instance-types", "local-a",
+            "--market", "on_demand", "--catalog", str(CATALOG), "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "1 x local-a (on_demand): the cluster has 0" in err
+    [provider] = providers
+    assert provider.all_machines() == [] and not out.exists()

@@ -27,7 +27,7 @@ import re
 import shlex
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from thrifty.core.errors import ProblemError
@@ -198,23 +198,14 @@ def _cluster_placement(args: argparse.Namespace, target: Any, world_sizes: tuple
     from thrifty.datasets.catalog import load_catalog
     from thrifty.runtime.measure import PROBE_PRELOAD
     from thrifty.runtime.cluster.spec import cluster_provider
+    from thrifty.runtime.commands._on_cluster import placement_on
 
     gpus = target.gpus_per_instance
     provider = cluster_provider(args.cluster, f"probe-{uuid.uuid4().hex[:8]}", load_catalog(args.catalog),
                                 PROBE_PRELOAD)
     try:
         machines = provider.provision(args.instance_type, -(-max(world_sizes) // gpus), args.market)
-
-        def placement(n: int) -> tuple[Any, Callable[[int], Mapping[str, str]]]:
-            ids = [machines[r // gpus].id for r in range(n)]
-
-            def rank_env(rank: int) -> dict[str, str]:
-                return {"LOCAL_RANK": str(rank % gpus), "GROUP_RANK": str(rank // gpus),
-                        "LOCAL_WORLD_SIZE": str(min(gpus, n - rank // gpus * gpus))}
-
-            return provider.world_launcher(ids, PROBE_PRELOAD), rank_env
-
-        yield placement
+        yield placement_on(provider, machines, gpus, PROBE_PRELOAD)
     finally:
         provider.close()
 

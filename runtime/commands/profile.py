@@ -3,6 +3,14 @@ profile (Srifty 4.1) of a workload on this machine and write it atomically.
 
 The provenance of the written file records this command with every setting
 spelled out, so re-running that line reproduces the measurement.
+
+``--cluster CLUSTER --instance-types A,B,C [--market spot]`` measures the
+same profile on one machine of each type taken from the cluster (on a GPU
+type, on its GPU: the largest batch that fits, forward, backward,
+gradient-ready times, DDP's overhead; the device key is the catalog's), gives
+each machine back, writes the profiles into one bundle
+(`thrifty.perfmodels.bundle`, which a problem's ``model`` can name) and
+prints what the profiling cost (`thrifty.runtime.commands._on_cluster`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from typing import Any
 from thrifty.core.errors import ProblemError
 
 from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
+from thrifty.runtime.commands._on_cluster import add_cluster_arguments, check_cluster_arguments
 
 HELP = "measure a model's compute profile (forward/backward latency per batch, gradient-ready times) here"
 
@@ -33,7 +42,8 @@ def parse_batches(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    with_exit_codes(parser, {0: "the profile was written", 1: "a worker or measurement failed"})
+    with_exit_codes(parser, {0: "the profile was written",
+                             1: "a worker or measurement failed, or the cluster gave no machine"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
                         help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
     parser.add_argument("--out", required=True, type=output_file, metavar="PROFILE.json",
@@ -72,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "see it (the simulator uses it for K or more local workers; default 1: not measured)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    add_cluster_arguments(parser, "the profile")
+    parser.add_argument("--timeout", type=positive_float, default=1800.0, metavar="S",
+                        help="with --cluster: stop a machine's measurement that reports nothing for S seconds, "
+                             "and wait at most S for a machine to be ready (default 1800)")
 
 
 def default_name(factory: str) -> str:
@@ -87,13 +101,19 @@ def command_line(args: argparse.Namespace) -> str:
     if args.max_batch is not None:
         words += ["--max-batch", str(args.max_batch)]
     words += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--rounds", str(args.rounds)]
-    words += ["--threads", str(args.threads), "--device", args.device]
+    words += ["--threads", str(args.threads)]
+    if args.cluster is None:
+        words += ["--device", args.device]
     if args.colocated > 1:
         words += ["--colocated", str(args.colocated)]
     for flag, value in (
         ("--device-name", args.device_name),
         ("--ready-batch", args.ready_batch),
         ("--memory-gb", args.memory_gb),
+        ("--cluster", args.cluster),
+        ("--instance-types", args.instance_types),
+        ("--market", args.market or ("on_demand" if args.cluster else None)),
+        ("--catalog", args.catalog),
     ):
         if value is not None:
             words += [flag, str(value)]
@@ -104,8 +124,11 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.perfmodels.profile import save_profile
     from thrifty.runtime.measure import load_workload, profile_workload
 
+    check_cluster_arguments(args)
     batches = parse_batches(args.batches) if args.batches is not None else None
     name = args.name or default_name(args.factory)
+    if args.cluster is not None:
+        return _run_on_cluster(args, batches, name)
     workload = load_workload(args.factory)
     profile = profile_workload(
         workload,
@@ -130,11 +153,48 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(profile: Any, out: str) -> None:
+def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: str) -> int:
+    """One machine of each type: the profile measured there, the machine given back; one bundle, the cost."""
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.perfmodels.profile import parse_profile
+    from thrifty.runtime.commands._on_cluster import (measure_types, parse_instance_types, print_costs,
+                                                      say_on_stderr, write_bundle)
+    from thrifty.runtime.measure import REMOTE_PRELOAD, load_workload, profile_on
+
+    if args.device != "auto" or args.device_name is not None:
+        raise ProblemError("--device and --device-name come from each type's catalog entry with --cluster; "
+                           "leave them out")
+    catalog = load_catalog(args.catalog)
+    types = parse_instance_types(args.instance_types, catalog)
+    market = args.market or "on_demand"
+    load_workload(args.factory)  # a bad factory is a clear error here, before any machine is taken
+    command = command_line(args)
+
+    def measure(itype: Any, provider: Any, machines: list[Any]) -> dict[str, Any]:
+        settings = {"factory": args.factory, "model_name": name, "batches": batches, "max_batch": args.max_batch,
+                    "repeats": args.repeats, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
+                    "device": "cpu" if itype.device == "cpu" else "cuda", "device_name": itype.device,
+                    "ready_batch": args.ready_batch, "colocated": args.colocated, "command": command,
+                    "memory_limit_bytes": int(args.memory_gb * 2**30) if args.memory_gb is not None else None}
+        launcher = provider.world_launcher([machines[0].id], REMOTE_PRELOAD)
+        return profile_on(launcher, settings, args.timeout)
+
+    say = (lambda _line: None) if args.no_progress else say_on_stderr
+    profiles, costs = measure_types(args.cluster, catalog, types, market, lambda _t: 1, measure, args.timeout, say)
+    write_bundle(args.out, "compute", name, args.cluster, market, command, profiles, costs)
+    for itype, document in profiles.items():
+        _print_summary(parse_profile(document), args.out, where=itype)
+    print_costs(costs, market, args.out)
+    return 0
+
+
+def _print_summary(profile: Any, out: str, where: str | None = None) -> None:
+    """The profile's table; `where`: the instance type it was measured on (a bundle's, its file then written
+    after every type's table)."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{profile.model} on {profile.device}")
+    table = Table(title=f"{profile.model} on {profile.device}" + (f" ({where})" if where else ""))
     for column in ("batch", "fwd ms", "bwd ms", "fwd sd ms", "bwd sd ms"):
         table.add_column(column, justify="right")
     for p in profile.points:
@@ -152,4 +212,5 @@ def _print_summary(profile: Any, out: str) -> None:
         f"step {profile.step_s * 1e3:.3f} ms, {len(profile.layers)} gradient tensors, "
         f"{profile.total_grad_bytes / 1e6:.2f} MB of gradients"
     )
-    console.print(f"wrote {out}")
+    if where is None:
+        console.print(f"wrote {out}")

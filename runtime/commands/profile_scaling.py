@@ -5,6 +5,15 @@ and write it atomically as ``thrifty.scaling_profile/1``.
 
 The provenance of the written file records this command with every setting
 spelled out, so re-running that line reproduces the measurement.
+
+``--cluster CLUSTER --instance-types A,B,C [--market spot]`` measures it on
+machines of each type taken from the cluster: as many as the largest world
+needs (``ceil(W / gpus)``, rank r on machine ``r // gpus``), given back after
+the type's worlds. The bundle it writes (`thrifty.perfmodels.bundle`) holds
+each type's scaling profile and its SCALE and INIT latencies (asking for the
+machines until the provider hands them over; from then until a rank runs on
+each), which a tuning problem whose ``model`` names the bundle uses where
+its ``cloud`` does not state them; the command prints them, and the cost.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from typing import Any
 from thrifty.core.errors import ProblemError
 
 from thrifty.runtime.commands._args import int_at_least, output_file, positive_float, with_exit_codes
+from thrifty.runtime.commands._on_cluster import add_cluster_arguments, check_cluster_arguments
 
 HELP = "measure how one trial's iteration latency scales with its workers (a RubberBand scaling profile) here"
 
@@ -31,7 +41,8 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    with_exit_codes(parser, {0: "the profile was written", 1: "a worker or measurement failed"})
+    with_exit_codes(parser, {0: "the profile was written",
+                             1: "a worker or measurement failed, or the cluster gave no machine"})
     parser.add_argument("factory", metavar="MODULE:FACTORY",
                         help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
@@ -52,14 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bound on every collective, and on a world that finishes no iteration for S seconds (default 300)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    add_cluster_arguments(parser, "the scaling profile")
 
 
 def command_line(args: argparse.Namespace, sizes: list[int], name: str) -> str:
     """The command that reproduces this measurement, every data setting spelled out."""
     words = ["thrifty", "profile-scaling", args.factory, "--world-sizes", ",".join(map(str, sizes))]
-    words += ["--batch", str(args.batch), "--out", args.out, "--name", name, "--instance-type", args.instance_type]
+    words += ["--batch", str(args.batch), "--out", args.out, "--name", name]
+    if args.cluster is None:
+        words += ["--instance-type", args.instance_type]
     words += ["--iterations", str(args.iterations), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    words += ["--device", args.device, "--timeout", f"{args.timeout:g}"]
+    if args.cluster is None:
+        words += ["--device", args.device]
+    words += ["--timeout", f"{args.timeout:g}"]
+    if args.cluster is not None:
+        words += ["--cluster", args.cluster, "--instance-types", args.instance_types,
+                  "--market", args.market or "on_demand"]
+        if args.catalog is not None:
+            words += ["--catalog", args.catalog]
     return shlex.join(words)
 
 
@@ -69,10 +90,13 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.perfmodels.scaling import ScalingProfileFile
     from thrifty.runtime.measure import check_world_sizes, default_model_name, profile_scaling
 
+    check_cluster_arguments(args)
     sizes = check_world_sizes(
         parse_world_sizes(args.world_sizes), args.batch, sizes_name="--world-sizes", batch_name="--batch"
     )
     name = args.name or default_model_name(args.factory)
+    if args.cluster is not None:
+        return _run_on_cluster(args, sizes, name)
 
     def measure(on_progress: Any) -> dict[str, Any]:
         return profile_scaling(
@@ -98,6 +122,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str) -> int:
+    """Each type on its own machines: its worlds, the machines given back; one bundle, latencies and cost."""
+    from thrifty.datasets.catalog import load_catalog
+    from thrifty.runtime.commands._on_cluster import (measure_types, parse_instance_types, placement_on,
+                                                      print_costs, say_on_stderr, write_bundle)
+    from thrifty.runtime.measure import REMOTE_PRELOAD, load_workload, profile_scaling
+
+    if args.device != "auto" or args.instance_type != "local":
+        raise ProblemError("--device and --instance-type come from --instance-types with --cluster; leave them out")
+    catalog = load_catalog(args.catalog)
+    types = parse_instance_types(args.instance_types, catalog)
+    market = args.market or "on_demand"
+    load_workload(args.factory)  # a bad factory is a clear error here, before any machine is taken
+    command = command_line(args, sizes, name)
+
+    def machines_of(itype: Any) -> int:
+        return -(-sizes[-1] // itype.gpus)
+
+    def measure(itype: Any, provider: Any, machines: list[Any]) -> dict[str, Any]:
+        return profile_scaling(
+            args.factory, sizes, args.batch, iterations=args.iterations, warmup=args.warmup,
+            device="cpu" if itype.device == "cpu" else "cuda", threads=args.threads, timeout_s=args.timeout,
+            model_name=name, instance_type=itype.name, command=command,
+            placement=placement_on(provider, machines, itype.gpus, REMOTE_PRELOAD))
+
+    say = (lambda _line: None) if args.no_progress else say_on_stderr
+    profiles, costs = measure_types(args.cluster, catalog, types, market, machines_of, measure, args.timeout, say)
+    write_bundle(args.out, "scaling", name, args.cluster, market, command, profiles, costs)
+    for document in profiles.values():
+        _print_summary(document, args.out, wrote=False)
+    print_costs(costs, market, args.out)
+    for c in costs:
+        print(f"{c.instance_type}: \"cloud\": {{\"scale_latency_s\": {c.scale_latency_s:.2f}, "
+              f"\"init_latency_s\": {c.init_latency_s:.2f}}} (a tuning problem naming {args.out} as its model "
+              "uses these unless its cloud states them)")
+    return 0
+
+
 def _with_bar(measure: Any) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -112,7 +174,7 @@ def _with_bar(measure: Any) -> dict[str, Any]:
         return measure(update)
 
 
-def _print_summary(document: dict[str, Any], out: str) -> None:
+def _print_summary(document: dict[str, Any], out: str, wrote: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -127,4 +189,4 @@ def _print_summary(document: dict[str, Any], out: str) -> None:
         )
     console = Console()
     console.print(table)
-    console.print(f"start-up {document['startup_s']:.2f} s; wrote {out}")
+    console.print(f"start-up {document['startup_s']:.2f} s" + (f"; wrote {out}" if wrote else ""))

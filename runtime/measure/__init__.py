@@ -7,6 +7,7 @@
 - `probe` (``thrifty probe-allreduce``): the allreduce grid probe (Srifty 4.2);
 - `truth` (``thrifty validate``): real DDP iterations of a workload, timed
   as a user's own loop runs them, to check predictions against;
+- `remote` (``--cluster`` of ``profile``): what runs on a cluster's machines;
 - `zoo`: reference workloads;
 - `worlds`: the one way thrifty starts worker processes, and the utilities
   the runtime shares with measurement (the only part the runtime's training
@@ -27,6 +28,7 @@ _EXPORTS = {
     "default_model_name": "scaling_profiler",
     "probe_allreduce": "probe", "write_probe_csv": "probe", "ProbeConfig": "probe", "ProbeTarget": "probe",
     "ProbeFailed": "probe", "PROBE_PRELOAD": "probe", "Placement": "probe",
+    "wait_ready": "remote", "profile_on": "remote", "REMOTE_PRELOAD": "remote",
     "FACTORIES": "zoo", "Workload": "zoo",
     "measure_rounds": "truth", "summarize": "truth", "check_ranks": "truth", "Truth": "truth",
     "TruthRun": "truth",

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from thrifty.core.errors import ProblemError
-from thrifty.runtime.measure.probe import ProbeFailed
+from thrifty.runtime.measure.probe import Placement, ProbeFailed
 from thrifty.runtime.worlds import RankChannel, World, join_world, serve_rank, world_barrier
 from thrifty.perfmodels.profile import Provenance
 from thrifty.perfmodels.scaling import SCALING_FORMAT, ScalingPoint, ScalingProfileFile
@@ -187,6 +187,7 @@ def profile_scaling(
     instance_type: str = "local",
     command: str | None = None,
     on_progress: ProgressCallback | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """Measure the scaling profile of the workload that the factory `spec`
     (``module:function``) builds, at every world size in `world_sizes` (which
@@ -198,6 +199,9 @@ def profile_scaling(
     a world may go without finishing an iteration before it is stopped.
     `on_progress(done, total, label)` is called as iterations finish (over
     all worlds). `command` is recorded in the provenance (default: this call).
+    `placement` puts each world's ranks on a cluster's machines (as the
+    allreduce probe's; default: processes of this host); `device` is then
+    the machines' (``cpu`` or ``cuda``), not resolved here.
     Raises `ProblemError` for bad arguments or a bad factory,
     `thrifty.runtime.measure.probe.ProbeFailed` when a world fails or stalls.
     """
@@ -205,9 +209,11 @@ def profile_scaling(
 
     sizes = check_world_sizes(world_sizes, batch)
     _check_counts(iterations, warmup, threads, timeout_s)
-    resolved = resolve_device(device)
+    if placement is not None and device not in ("cpu", "cuda"):
+        raise ProblemError(f"device is '{device}', but on a cluster's machines it must be 'cpu' or 'cuda'")
+    resolved: str = resolve_device(device) if placement is None else device
     backend = "nccl" if resolved == "cuda" else "gloo"
-    if resolved == "cuda":
+    if resolved == "cuda" and placement is None:
         _check_gpus(sizes)
     load_workload(spec)  # a bad factory is a clear error here, not a traceback from every rank
     per_world = warmup + iterations
@@ -221,9 +227,10 @@ def profile_scaling(
             if on_progress is not None:
                 on_progress(offset + done, total, _workers(size))
 
+        launcher, rank_env = placement(size) if placement is not None else (None, None)
         launched = time.time()
         world = World(size, _ENTRY, [json.dumps(asdict(plan))], backend=backend, threads=threads,
-                      timeout_s=timeout_s, preload=(_ENTRY.split(":")[0],),
+                      timeout_s=timeout_s, preload=(_ENTRY.split(":")[0],), launcher=launcher, rank_env=rank_env,
                       where=f"scaling profile of '{spec}' with {_workers(size)}")
         result = world.run(stall_timeout_s=timeout_s, on_progress=progress, failure=ProbeFailed)[0]
         if index == 0:
@@ -239,7 +246,8 @@ def profile_scaling(
         provenance=Provenance(
             kind="measured",
             command=command or _python_command(spec, sizes, batch, iterations, warmup, device, threads),
-            machine=f"{machine_description(resolved, threads)}, {backend} backend",
+            machine=(f"{machine_description(resolved, threads)}, {backend} backend" if placement is None
+                     else f"machines of {instance_type}, {backend} backend, {threads} torch threads per worker"),
             date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
         ),
         points=points,
