@@ -10,17 +10,33 @@ loadgroup`` from pyproject.toml): each test goes to whichever worker process
 is free, except that the tests of a module with a module- or class-scoped
 fixture (a Ray cluster, a moto server, a fork server, a fitted model) form
 one ``xdist_group`` named after the module, so they run on one worker and
-share that setup once instead of building it on every worker. Tests must
+share that setup once instead of building it on every worker. ``auto``
+means one worker more than half the CPUs again (3 on 2 CPUs; see
+`pytest_xdist_auto_num_workers`). Tests must
 not rely on each other's order or leftovers, take no fixed port (ask the OS
 for one: ``aws_fakes.free_port``) and no fixed path outside ``tmp_path``."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from markers import starts_processes, uses_moto
 
 SHARED_SCOPES = {"module", "class", "package"}
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The number of workers ``-n auto`` starts: 1.5 per CPU (3 on 2 CPUs),
+    not xdist's one per CPU. Much of the suite waits rather than computes: on
+    worker processes and fork servers starting, Ray daemons joining, a moto
+    server, a run's clock; with one worker per CPU the CPUs sat idle for about
+    a third of the run. The tests themselves allow for a loaded host (they
+    must pass beside a CPU hog), so one more worker costs them nothing but
+    load."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (3 * cpus) // 2)
 
 
 def shares_a_setup(item: pytest.Item) -> bool:
