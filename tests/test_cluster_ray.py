@@ -257,8 +257,8 @@ def test_profile_on_the_cluster_measures_each_type_on_its_own_machine_and_gives_
     # a problem names the bundle as its model, as it names one profile file
     problem = {**json.loads(DEMO.read_text()), "catalog": str(CATALOG), "model": str(out), "global_batch": 4,
                "batch_sizes": [1, 2], "limits": {"time_s": 3600}}
-    plan = solve(problem).to_dict()
-    assert plan["status"] == "optimal" and plan["allocation"]
+    plan = solve(problem)
+    assert plan.status == "optimal" and plan.allocation
 
 
 def test_profile_scaling_on_the_cluster_spans_machines_and_measures_their_launch(nodes, providers, tmp_path, capsys):
