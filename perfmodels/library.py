@@ -25,7 +25,6 @@ from pathlib import Path
 from thrifty.core.errors import ProblemError, closest_names
 from thrifty.core.io import read_json
 from thrifty.datasets.paths import profile_files
-from thrifty.perfmodels.bundle import is_bundle, parse_bundle
 from thrifty.perfmodels.compute import ComputeModel, load_compute_model
 
 __all__ = ["ModelLibrary", "shipped_library"]
@@ -59,6 +58,8 @@ class ModelLibrary:
     def add_file(self, path: str | Path) -> ComputeModel:
         """Add a profile or compute model file, or every profile of a bundle
         (see the module docstring); returns the (first) model added."""
+        from thrifty.perfmodels.bundle import is_bundle  # only a file a user names can be one
+
         data = read_json(path)
         if is_bundle(data):
             return self._add_bundle(data, str(path))
@@ -67,6 +68,8 @@ class ModelLibrary:
         return model
 
     def _add_bundle(self, data: dict, source: str) -> ComputeModel:
+        from thrifty.perfmodels.bundle import parse_bundle
+
         bundle = parse_bundle(data, source=source)
         if bundle.kind != "compute":
             raise ProblemError(f"is a bundle of {bundle.kind} profiles; a training problem needs compute profiles "
