@@ -25,7 +25,7 @@ from thrifty.runtime.training import ProgressMonitor, RunConfig, SlowWorker, rea
 from thrifty.runtime.training.driver import resumed_prediction  # noqa: E402
 from thrifty.runtime.training.replan import slowdown_hold_off_s  # noqa: E402
 from thrifty.runtime.training.monitor import WINDOW_MAX_S, WINDOW_MIN_S, auto_window_s  # noqa: E402
-from thrifty.runtime.training.plans import as_plan, plan_and_problem  # noqa: E402
+from thrifty.runtime.training.plans import as_plan, run_plan  # noqa: E402
 from thrifty.runtime.training.rundir import RunRecord, carried_over  # noqa: E402
 from thrifty.solver.problem import parse_problem  # noqa: E402
 
@@ -210,17 +210,17 @@ def _events(folder: Path) -> list[dict]:
 def test_a_resumed_run_takes_its_plan_and_problem_from_its_record_unless_given(tmp_path):
     plan, problem = plan_dict(("local-a", "spot", 1, 16)), demo_problem(limits={"time_s": 60})
     record = RunRecord(run_id="r", plan=plan, problem=problem, trainer=TINY, trainer_args={}, config={})
-    got_plan, got_problem = plan_and_problem(None, None, record, tmp_path)
-    assert got_plan.config == "1xlocal-a@16" and got_problem.limits.time_s == 60
+    got = run_plan(None, None, record, tmp_path)
+    assert got.plan.config == "1xlocal-a@16" and got.problem.limits.time_s == 60
     # new limits for the rest of the run: the record's plan with the problem given
-    _, got_problem = plan_and_problem(None, demo_problem(limits={"time_s": 120}), record, tmp_path)
-    assert got_problem.limits.time_s == 120
+    got = run_plan(None, demo_problem(limits={"time_s": 120}), record, tmp_path)
+    assert got.problem.limits.time_s == 120
     # another plan without a problem: the record's problem
-    got_plan, got_problem = plan_and_problem(plan_dict(("local-b", "spot", 1, 16)), None, record, tmp_path)
-    assert got_plan.config == "1xlocal-b@16" and got_problem.limits.time_s == 60
+    got = run_plan(plan_dict(("local-b", "spot", 1, 16)), None, record, tmp_path)
+    assert got.plan.config == "1xlocal-b@16" and got.problem.limits.time_s == 60
     # a problem alone: solved, the record's problem left out
-    got_plan, got_problem = plan_and_problem(demo_problem(limits={"time_s": 90}), None, record, tmp_path)
-    assert got_plan.feasible and got_problem.limits.time_s == 90
+    got = run_plan(demo_problem(limits={"time_s": 90}), None, record, tmp_path)
+    assert got.plan.feasible and got.problem.limits.time_s == 90
     # what earlier sessions spent and how many worlds they ran, from the run log
     log = [{"event": "start", "elapsed_s": 0.0}, {"event": "launch", "segment": 0, "elapsed_s": 0.1},
            {"event": "interrupted", "elapsed_s": 5.0, "spent_usd": 0.02},

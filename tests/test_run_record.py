@@ -16,7 +16,7 @@ import pytest
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.validation import json_object, validate_model
-from thrifty.runtime.training.plans import plan_and_problem
+from thrifty.runtime.training.plans import run_plan
 from thrifty.runtime.training.rundir import RunRecord, read_run_record, write_run_record
 from thrifty.solver.plan import Plan
 
@@ -69,7 +69,8 @@ def test_an_old_run_record_reads_typed_and_writes_back_byte_for_byte(tmp_path):
 def test_an_old_run_record_resumes_with_its_plan_and_problem(tmp_path):
     write_old(tmp_path, old_record())
     record = read_run_record(tmp_path)
-    plan, problem = plan_and_problem(None, None, record, tmp_path)
+    got = run_plan(None, None, record, tmp_path)
+    plan, problem = got.plan, got.problem
     assert plan == record.plan and plan.config == "1xlocal-a@64"  # the plan in force, the re-plan's
     assert problem.iterations == 600 and problem.limits.time_s == 30
 

@@ -29,7 +29,7 @@ from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 
 __all__ = ["as_plan", "check_plan", "plan_problems", "run_plan", "RunPlan", "PlanArgument", "ProblemArgument",
-           "plan_and_problem", "as_training_problem"]
+           "as_training_problem"]
 
 
 def as_plan(plan: Plan | dict[str, Any] | str | Path, source: str | None = None) -> Plan:
@@ -119,13 +119,6 @@ def run_plan(plan: PlanArgument, problem: ProblemArgument, resumed: RunRecord | 
         raise ProblemError("--problem PROBLEM.json is required with a plan (problem= in train()): the runtime "
                            "re-plans with it", source=source)
     return RunPlan(as_plan(data, source=source), as_training_problem(problem), given)
-
-
-def plan_and_problem(plan: PlanArgument, problem: ProblemArgument, resumed: RunRecord | None = None,
-                     run_dir: str | Path | None = None) -> tuple[Plan, TrainingProblem]:
-    """`run_plan`'s plan and problem, as a pair."""
-    made = run_plan(plan, problem, resumed, run_dir)
-    return made.plan, made.problem
 
 
 def check_plan(plan: Plan, problem: TrainingProblem, catalog: Catalog) -> None:
