@@ -131,6 +131,41 @@ def test_ranks_killed_on_purpose_are_not_lost_and_killing_all_ends_the_world():
     assert watch.look().outcome == Killed()
 
 
+class WorldLosingAMachine(FakeWorld):
+    """Rank 1's machine is gone, but its launcher does not know it yet: a
+    kill cannot reach the rank, and its exit code comes when the launcher
+    learns of the loss (`learn`)."""
+
+    def kill(self, ranks: list[int]) -> None:
+        super().kill([r for r in ranks if r != 1])
+
+    def learn(self) -> None:
+        self.procs[1].exitcode, self.procs[1].machine_lost = -9, True
+
+
+def test_a_kill_that_follows_a_lost_machine_does_not_hide_the_loss():
+    """The starter may hear that a machine went (the provider's feed) before
+    its launcher does, and kill the whole world: its ranks there are still
+    lost, and the world waits for their exits before it says how it ended."""
+    world = WorldLosingAMachine(3)
+    watch = watch_of(world)
+    watch.kill()
+    assert watch.look().outcome is None  # rank 1's exit is not known yet: not `Killed`
+    world.learn()
+    assert watch.look().outcome == Lost(((1, -9),), machine=True)
+    world = WorldLosingAMachine(2)
+    watch = watch_of(world)
+    world.learn()
+    watch.kill([1])  # killed on purpose after its machine went: still a loss
+    assert watch.look().outcome == Lost(((1, -9),), machine=True)
+    world = WorldLosingAMachine(2)
+    watch = watch_of(world, settle_timeout_s=0.0)
+    watch.kill()
+    assert watch.look().outcome is None
+    time.sleep(0.01)
+    assert watch.look().outcome == Killed()  # no exit came within the settle timeout
+
+
 def test_a_gone_fork_server_ends_the_world():
     world = FakeWorld(2)
     watch = watch_of(world)

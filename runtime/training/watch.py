@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import Machine
-from thrifty.runtime.providers.interruptions import CapacityChange, FeedReader, Interruption, Notice
+from thrifty.runtime.providers.interruptions import CapacityChange, FeedReader, Interruption, MachineLost, Notice
 from thrifty.runtime.training.config import RunConfig
 from thrifty.runtime.training.errors import ReplanInfeasible, TrainingError
 from thrifty.runtime.training.faults import FaultInjector
@@ -258,6 +258,9 @@ class SegmentWatch:
                 assert isinstance(e, Notice) and e.machine_id is not None  # what makes the stop graceful
                 self.kill_at[e.machine_id] = e.deadline
         else:
+            for e in fresh:  # a machine gone now: its ranks are lost, whether or not their exits are seen yet
+                if isinstance(e, MachineLost) and e.machine_id is not None:
+                    seg.kill(seg.ranks_of(e.machine_id), as_loss=True)
             seg.kill()
         try:
             self.next_plan = d.commit(d.solve("preemption", self.plan, d.problem.iterations - restart,

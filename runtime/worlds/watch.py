@@ -13,7 +13,11 @@ a typed outcome:
   store went down with rank 0's machine, no rank can report, and only the
   ranks killed by a signal (or on a lost machine) are lost: the others exited
   on the collective error that followed;
-- `Killed`: the starter killed every rank on purpose (`Watch.kill`);
+- `Killed`: the starter killed every rank on purpose (`Watch.kill`), once
+  every rank's exit is known (at most `settle_timeout_s` after the kill): a
+  rank on a machine that went may still turn out `Lost`. A kill that follows
+  a loss does not hide it: a rank whose machine the launcher knows is gone is
+  lost even if the starter killed it too;
 - `Failed`: a rank reported an error (the lowest such rank, its message and
   traceback), once every rank has exited, or `error_grace_s` has passed and
   every machine has answered since the error (`Launcher.settled`; at most
@@ -155,6 +159,7 @@ class Watch:
         self._ending = False
         self._expected: set[int] = set()  # ranks the starter killed on purpose
         self._killed = False
+        self._killed_at: float | None = None
 
     # -- what the starter does -------------------------------------------------------------
     def sign(self) -> None:
@@ -217,7 +222,12 @@ class Watch:
             gone = set(self.world.machines_lost())
             return Lost(tuple(lost), machine=any(r in gone for r, _ in lost))
         if self._killed:
-            return Killed()
+            if self._killed_at is None:
+                self._killed_at = now
+            if (all(c is not None for c in codes) or not self.world.server_alive
+                    or now - self._killed_at > self.settle_timeout_s):
+                return Killed()
+            return None
         if self.errors:
             if self._error_seen_at is None:
                 self._error_seen_at = now
@@ -241,5 +251,5 @@ class Watch:
         gone = set(self.world.machines_lost())
         failed = self.world.store_failed is not None
         return [(r, c) for r, c in enumerate(codes)
-                if c is not None and c != 0 and r not in self._expected
-                and (r in gone or (r not in self.errors and (not failed or c < 0)))]
+                if c is not None and c != 0
+                and (r in gone or (r not in self._expected and r not in self.errors and (not failed or c < 0)))]
