@@ -9,12 +9,15 @@ import os
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from thrifty.core.errors import ProblemError
 
+T = TypeVar("T")
+
 __all__ = ["atomic_write_text", "atomic_write_bytes", "read_json", "read_yaml", "read_document",
-           "write_json", "YAML_SUFFIXES"]
+           "write_json", "YAML_SUFFIXES", "memo_by_file"]
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -195,3 +198,29 @@ def read_document(path: str | os.PathLike[str]) -> Any:
     if path.suffix.lower() in YAML_SUFFIXES:
         return read_yaml(path)
     return read_json(path)
+
+
+_MEMO: dict[tuple[Any, ...], Any] = {}
+MEMO_ENTRIES = 64  # files kept at once; the oldest goes first
+
+
+def memo_by_file(kind: str, path: str | os.PathLike[str], build: Callable[[], T], *key: Any) -> T:
+    """`build()`, the `kind` of thing read from the file at `path` (with the
+    further `key`), kept while the file is the same file unchanged (its real
+    path, inode, size and modification time): a process that solves many
+    problems (a sweep, a notebook, the tests) reads and fits each model or
+    catalog once, and a file written again is read again. What `build`
+    returns is shared, so it must not be changed by its users. A file that
+    cannot be read is not kept: `build` runs, and its error names the file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return build()
+    ident = (kind, os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, *key)
+    if ident in _MEMO:
+        return _MEMO[ident]
+    value = build()
+    if len(_MEMO) >= MEMO_ENTRIES:
+        del _MEMO[next(iter(_MEMO))]
+    _MEMO[ident] = value
+    return value

@@ -17,14 +17,13 @@ pydantic model's attribute reads are twice as slow.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from thrifty.core.errors import ProblemError, closest_names
-from thrifty.core.io import read_json
+from thrifty.core.io import memo_by_file, read_json
 from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 
 __all__ = ["HOST_WORKER_SOURCE", "HOST_WORKER_TYPE",
@@ -212,11 +211,8 @@ def parse_catalog(data: Any, source: str) -> Catalog:
     return Catalog.from_file(parse_catalog_file(data, source), source)
 
 
-@lru_cache(maxsize=8)
-def _load_cached(path: str) -> Catalog:
-    return parse_catalog(read_json(path), source=path)
-
-
 def load_catalog(path: str | Path | None = None) -> Catalog:
-    """Load a catalog file (default: the shipped AWS us-east-1 catalog)."""
-    return _load_cached(str(Path(path) if path else DEFAULT_CATALOG))
+    """Load a catalog file (default: the shipped AWS us-east-1 catalog),
+    read once while the file is unchanged (`memo_by_file`)."""
+    source = str(Path(path) if path else DEFAULT_CATALOG)
+    return memo_by_file("catalog", source, lambda: parse_catalog(read_json(source), source=source))

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from thrifty.core.io import read_json, write_json
+from thrifty.core.io import memo_by_file, read_json, write_json
 from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.profile import (
     ComputeProfile,
@@ -449,8 +449,12 @@ class ComputeModel:
 
 
 def load_compute_model(path: str | Path, threshold_fraction: float = 0.5) -> ComputeModel:
-    """Load a fitted compute model, or a compute profile (fitted on load)."""
-    data = read_json(path)
-    if isinstance(data, dict) and data.get("format") == MODEL_FORMAT:
-        return ComputeModel.from_json(data, source=str(path))
-    return ComputeModel.from_profile(parse_profile(data, source=str(path)), threshold_fraction)
+    """Load a fitted compute model, or a compute profile (fitted on load),
+    read and fitted once while the file is unchanged (`memo_by_file`)."""
+    def build() -> ComputeModel:
+        data = read_json(path)
+        if isinstance(data, dict) and data.get("format") == MODEL_FORMAT:
+            return ComputeModel.from_json(data, source=str(path))
+        return ComputeModel.from_profile(parse_profile(data, source=str(path)), threshold_fraction)
+
+    return memo_by_file("compute model", path, build, threshold_fraction)

@@ -220,8 +220,17 @@ def build_model(space: TrainingSpace) -> _Model:
     return _Model(space, coefficients(space))
 
 
-def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: int = 2) -> SearchResult:
+def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: int = 2,
+                 work: float | None = None) -> SearchResult:
+    """The best plan of `space` by CP-SAT, round after round (each round's
+    candidate simulated, then excluded). `deadline`: a wall-clock end
+    (``time.perf_counter()``); `work`: a budget in CP-SAT's deterministic
+    time over all rounds (its count of work done, in about seconds on a
+    reference machine), which a busy host does not shorten, for answers that
+    must not depend on the load. Past either, the best found so far, marked
+    incomplete."""
     start = time.perf_counter()
+    used = 0.0
     simulated0 = space.simulated
     cp_model = require("ortools.sat.python.cp_model", None, package="ortools")  # a dependency of every install
     model = build_model(space)
@@ -237,7 +246,12 @@ def search_cpsat(space: TrainingSpace, deadline: float | None = None, workers: i
             if left <= 0:
                 break
             solver.parameters.max_time_in_seconds = left
+        if work is not None:
+            if work - used <= 0:
+                break
+            solver.parameters.max_deterministic_time = work - used
         status = solver.solve(model.model)
+        used += solver.deterministic_time
         rounds += 1
         if status == cp_model.INFEASIBLE:  # no candidate left can beat the best one
             complete = True

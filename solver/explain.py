@@ -24,8 +24,8 @@ subset it satisfies, so the costly tests of barely constrained problems are
 rarely run. A set of quotas alone that conflicts (the batches cannot add up
 within them) is reported with ``global_batch``, its other side; when the
 batches cannot add up even with no quota, ``[global_batch]`` is the one set.
-Past `MUS_MAX_CONSTRAINTS` constraints, `MUS_BUDGET_S` seconds or a test
-CP-SAT cannot decide in `CPSAT_TEST_S` (spaces above `EXHAUSTIVE_TEST_LIMIT`
+Past `MUS_MAX_CONSTRAINTS` constraints, `MUS_BUDGET_S` CPU seconds or a test
+CP-SAT cannot decide within `CPSAT_TEST_WORK` (spaces above `EXHAUSTIVE_TEST_LIMIT`
 candidates), the sets found so far are returned and marked incomplete (z3's
 unsat core when none was found, said to be not shown minimal; none when z3
 cannot decide in its time either). A search stopped by its time limit
@@ -107,10 +107,15 @@ __all__ = ["CORE_TIME_S", "QUOTA_SEARCH_CAP", "explain_infeasibility", "explain_
 QUOTA_SEARCH_CAP = 4096
 CORE_TIME_S = 3.0  # z3's budget for the unsat core when the enumeration found no set
 MUS_MAX_CONSTRAINTS = 10  # 2^10 subsets in MARCO's map at most
-MUS_BUDGET_S = 5.0  # past it, the conflict sets found so far, marked incomplete
+# past it, the conflict sets found so far, marked incomplete. CPU seconds of this process, not wall-clock seconds:
+# a busy host stretches the wall time of the same work several-fold, and the same problem must get the same answer
+MUS_BUDGET_S = 5.0
 BATCH_SCAN_LIMIT = 40  # global batches searched each side for the nearest one with a plan
 EXHAUSTIVE_TEST_LIMIT = 50_000  # candidates a feasibility test enumerates; past it, CP-SAT decides
-CPSAT_TEST_S = 5.0  # CP-SAT's time for one feasibility test
+# CP-SAT's budget for one feasibility test, in its deterministic time (work, not wall-clock seconds, so that a busy
+# host gets the same answer), and a wall-clock backstop far past it
+CPSAT_TEST_WORK = 5.0
+CPSAT_TEST_WALL_S = 120.0
 MAX_HITTING_SET = 3  # fields one relaxation may change together
 MAX_JOINT_RELAXATIONS = 8
 
@@ -428,7 +433,7 @@ class _MinimalConflicts:
         self.names = analysis.names
         self.infeasible: list[int] = []  # known infeasible masks (their supersets are too)
         self.feasible: list[int] = []  # known feasible masks (their subsets are too)
-        self.deadline = time.perf_counter() + MUS_BUDGET_S
+        self.deadline = time.process_time() + MUS_BUDGET_S
 
     def values(self, mask: int) -> Values:
         return {n: (self.analysis.current(n) if mask >> k & 1 else None) for k, n in enumerate(self.names)}
@@ -438,7 +443,7 @@ class _MinimalConflicts:
             return False
         if any(mask & f == mask for f in self.feasible):
             return True
-        if time.perf_counter() > self.deadline:
+        if time.process_time() > self.deadline:
             return None
         ok = self.analysis.feasible(self.values(mask))
         if ok is not None:
@@ -489,7 +494,7 @@ class _MinimalConflicts:
 
 def _any_plan(space: TrainingSpace) -> Evaluation | bool | None:
     """A feasibility test: some plan of `space`, False when none exists, None
-    when CP-SAT could not decide within `CPSAT_TEST_S`. Spaces up to
+    when CP-SAT could not decide within `CPSAT_TEST_WORK`. Spaces up to
     `EXHAUSTIVE_TEST_LIMIT` candidates are enumerated (an exact branch and
     bound); larger ones, where the limits may cut too little of the
     enumeration, go to CP-SAT, which minimizes a limited figure and proves
@@ -501,7 +506,8 @@ def _any_plan(space: TrainingSpace) -> Evaluation | bool | None:
     from thrifty.solver.cpsat import search_cpsat
 
     objective = "min_time" if space.problem.limits.time_s is not None else "min_cost"
-    found = search_cpsat(space.derive(objective=objective), deadline=time.perf_counter() + CPSAT_TEST_S)
+    found = search_cpsat(space.derive(objective=objective), deadline=time.perf_counter() + CPSAT_TEST_WALL_S,
+                         work=CPSAT_TEST_WORK)
     if found.best is not None:
         return found.best
     return False if found.complete else None

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterator
 
@@ -79,6 +79,29 @@ def group_sums(ways: np.ndarray, batch: int, quota: int) -> np.ndarray:
     if out.dtype.kind == "f":
         np.maximum(out, 0.0, out=out)
     return out
+
+
+@lru_cache(maxsize=512)
+def count_candidates(global_batch: int, groups: tuple[tuple[int, tuple[int, ...]], ...]) -> float:
+    """How many candidates a space holds whose choices are `groups`, each
+    ``(quota, allowed batches)``: the ways to place `global_batch` samples
+    with, per choice, none or 1..quota machines of one of its batches.
+    Counted by dynamic programming over the batch still to place (a float,
+    since large spaces overflow any sensible int).
+
+    The count depends on nothing else (not on limits, prices or the model),
+    so it is kept per shape: an infeasibility explanation asks it of many
+    variants of one problem that differ only in their limits or one quota,
+    and each count is O(global batch x batches), seconds for batches of
+    hundreds of thousands."""
+    ways = np.zeros(global_batch + 1)
+    ways[0] = 1.0
+    for quota, batches in groups:
+        new = ways.copy()
+        for batch in batches:
+            new += group_sums(ways, batch, quota)
+        ways = new
+    return float(ways[global_batch])
 
 
 # The bound sums means in another order than the simulator's sample mean, so
@@ -350,14 +373,5 @@ class TrainingSpace:
 
     @cached_property
     def size(self) -> float:
-        """How many candidates the pruned space holds (counted by dynamic programming over
-        the batch still to place; a float, since large spaces overflow any sensible int)."""
-        target = self.problem.global_batch
-        ways = np.zeros(target + 1)
-        ways[0] = 1.0
-        for c in self.choices:
-            new = ways.copy()
-            for batch in c.batches:
-                new += group_sums(ways, batch, c.quota)
-            ways = new
-        return float(ways[target])
+        """How many candidates the pruned space holds (`count_candidates`)."""
+        return count_candidates(self.problem.global_batch, tuple((c.quota, c.batches) for c in self.choices))

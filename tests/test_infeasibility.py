@@ -310,3 +310,14 @@ def test_an_undecided_unsat_core_is_no_conflict(monkeypatch) -> None:
                   "instances": choices, "limits": {"time_s": 1}})
     assert plan.status == "infeasible" and plan.solver.details["proven"] and plan.infeasibility.conflict_sets == []
     assert not plan.infeasibility.conflict_sets_complete
+
+
+def test_a_cpsat_search_stops_at_its_work_budget_not_the_clock() -> None:
+    """The explanation's feasibility tests give CP-SAT a budget of work
+    (deterministic time), which a busy host does not shorten: a budget spent
+    ends the search incomplete, one large enough lets it prove its answer."""
+    space = space_of(load_problem(CASE6))
+    starved = search_cpsat(space, work=1e-9)
+    assert not starved.complete and starved.details["rounds"] <= 1
+    enough = search_cpsat(space, work=1e6)
+    assert enough.complete
