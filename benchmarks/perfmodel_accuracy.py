@@ -144,10 +144,12 @@ def groups_for(batches: tuple[int, ...]):
 
 
 def accuracy_table(configs, warmup: int, iters: int, rounds: int, title: str, *, library=None,
-                   factories=None) -> tuple[float, float]:
-    """Measure `configs` (model, batches) with the truth loop and print them
+                   factories=None, measured=None, model_sets=None) -> tuple[float, float]:
+    """Measure `configs` (model, batches) with the truth loop (unless
+    `measured` already has them, as `measure_all` returns them) and print them
     beside thrifty's and APM's predictions from `library` (default: the
-    shipped profiles; `factories` maps a model to its ``module:function``)."""
+    shipped profiles; `factories` maps a model to its ``module:function``;
+    `model_sets` names sets of models whose MAPE is shown apart)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -158,7 +160,7 @@ def accuracy_table(configs, warmup: int, iters: int, rounds: int, title: str, *,
                 "thrifty p95", "APM ms", "err"):
         table.add_column(col, justify="right")
     errs_t, errs_a = [], []
-    measured_all = measure_all(configs, warmup, iters, rounds, factories)
+    measured_all = measured or measure_all(configs, warmup, iters, rounds, factories)
     for (model, batches), (measured, measured_p95, spread) in zip(configs, measured_all):
         groups = groups_for(batches)
         t = sims[model].simulate(groups)
@@ -172,46 +174,55 @@ def accuracy_table(configs, warmup: int, iters: int, rounds: int, title: str, *,
                       f"{a.mean_s * 1e3:.2f}", f"{ea:.1%}")
     mape_t, mape_a = statistics.fmean(errs_t), statistics.fmean(errs_a)
     table.add_row("MAPE", "", "", "", "", "", f"{mape_t:.1%}", "", "", f"{mape_a:.1%}", style="bold")
+    for label, members in (model_sets or {}).items():
+        picked = [k for k, (model, _b) in enumerate(configs) if model in members]
+        table.add_row(f"MAPE {label}", "", "", "", "", "", f"{statistics.fmean(errs_t[k] for k in picked):.1%}", "",
+                      "", f"{statistics.fmean(errs_a[k] for k in picked):.1%}")
     Console(width=150).print(table)
     return mape_t, mape_a
 
 
-def profile_families(repeats: int, warmup: int, rounds: int):
-    """A library of the held-out families' compute models, each profiled now
-    by thrifty's profiler (one thread, co-located with 2 workers, as the
-    shipped profiles; only the batches the configurations need)."""
+def family_run(repeats: int, warmup: int, iters: int, rounds: int):
+    """One run over the held-out families, one family after the other: profile
+    it with thrifty's profiler (one thread, co-located with 2 workers, as the
+    shipped profiles; only the batches the configurations need), then measure
+    its configurations right away, so that the host's drift over minutes
+    falls between families rather than between a profile and what it
+    predicts. Returns the library of the profiles and the measurements of
+    `FAMILY_CONFIGS` (as `measure_all`)."""
     from thrifty.perfmodels.compute import ComputeModel
     from thrifty.perfmodels.library import ModelLibrary
     from thrifty.runtime.measure.profiler import profile_workload
     from thrifty.runtime.measure.workloads import load_workload
 
-    lib = ModelLibrary(paths=[])
-    for name, function in FAMILY_NAMES.items():
-        spec = FAMILIES + function
+    lib, measured = ModelLibrary(paths=[]), []
+    factories = {m: FAMILIES + f for m, f in FAMILY_NAMES.items()}
+    for name, spec in factories.items():
         start = time.perf_counter()
         profile = profile_workload(load_workload(spec), model_name=name, batches=list(FAMILY_SWEEP), repeats=repeats,
-                                   warmup=warmup, rounds=rounds, threads=1, device="cpu", progress=False,
+                                   warmup=3, rounds=2, threads=1, device="cpu", progress=False,
                                    factory=spec, colocated=2)
         lib.add(ComputeModel.from_profile(profile))
-        print(f"  profiled {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return lib
+        print(f"  profiled {name} in {time.perf_counter() - start:.0f} s (load {load_average()})", file=sys.stderr)
+        measured += measure_all([c for c in FAMILY_CONFIGS if c[0] == name], warmup, iters, rounds, factories)
+    return lib, measured
 
 
 def families_tables(runs: int, warmup: int, iters: int, rounds: int, repeats: int) -> list[tuple[float, float]]:
-    """`runs` independent runs over the held-out families: each profiles them
-    afresh, then measures and predicts every configuration."""
+    """`runs` independent runs over the held-out families (`family_run`), a table each."""
     from thrifty.runtime.measure.families import HELD_OUT
 
     out = []
     for run in range(runs):
-        lib = profile_families(repeats, warmup=3, rounds=2)
+        before = load_average()
+        lib, measured = family_run(repeats, warmup, iters, rounds)
         out.append(accuracy_table(
             FAMILY_CONFIGS, warmup, iters, rounds,
             f"model families the zoo does not hold, run {run + 1} of {runs}: 2 processes "
-            f"(held out: {', '.join(HELD_OUT)}; load {load_average()})",
-            library=lib, factories={m: FAMILIES + f for m, f in FAMILY_NAMES.items()}))
-        print(f"families run {run + 1}: MAPE thrifty {out[-1][0]:.1%}  APM {out[-1][1]:.1%}  "
-              f"(load after: {load_average()})")
+            f"(held out: {', '.join(HELD_OUT)}; load {before} before, {load_average()} after)",
+            library=lib, factories={m: FAMILIES + f for m, f in FAMILY_NAMES.items()}, measured=measured,
+            model_sets={"held out": set(HELD_OUT), "looked at": set(FAMILY_NAMES) - set(HELD_OUT)}))
+        print(f"families run {run + 1}: MAPE thrifty {out[-1][0]:.1%}  APM {out[-1][1]:.1%}")
     return out
 
 

@@ -85,7 +85,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import asdict, dataclass
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -305,10 +305,11 @@ def exchange_time(
             push(Svk, (key[j], j, ver[j])); push(Sb, (b, j, ver[j]))
 
 
-def _contention(devices: dict[int, int], compute_s: dict[int, Any]) -> dict[int, dict[int, float]]:
+def _contention(devices: dict[int, int],
+                compute_s: Callable[[int, int], float]) -> dict[int, dict[int, float]]:
     """How the workers of one host progress through their compute when they
     start together: ``devices[j]`` workers of group j, each needing
-    ``compute_s[j](m)`` seconds with ``m`` workers computing at once. While
+    ``compute_s(j, m)`` seconds with ``m`` workers computing at once. While
     ``m`` compute, each advances by ``dt / compute_s[j](m)`` of its work; at
     each finish ``m`` drops. Per group, the share of its work done at each
     ``m`` (summing to 1)."""
@@ -316,7 +317,7 @@ def _contention(devices: dict[int, int], compute_s: dict[int, Any]) -> dict[int,
     mix: dict[int, dict[int, float]] = {j: {} for j in devices}
     while left:
         m = sum(devices[j] for j in left)
-        seconds = {j: compute_s[j](m) for j in left}
+        seconds = {j: compute_s(j, m) for j in left}
         dt = min(left[j] * seconds[j] for j in left)
         for j in list(left):
             done = dt / seconds[j]
@@ -375,6 +376,7 @@ class IterationSimulator:
         self._log_u = np.log(self._uniform)
         self._stats: dict[tuple[str, bool, int], tuple[float, float, float, float, float]] = {}
         self._draws: dict[tuple, np.ndarray] = {}
+        self._standard: dict[tuple[int, int], np.ndarray] = {}  # max of standard normals per (devices, row)
         self._max_factor: dict[int, float] = {}
         self._p95_index = (samples - 1) * 0.95
 
@@ -519,31 +521,42 @@ class IterationSimulator:
         workers at once (after the allreduce), at the level of all of them.
         Groups of other types run at their profile alone."""
         alone = [self._device_stats(cm, g.device_batch) for cm, g in zip(bases, groups)]
-        on_host = [j for j, (cm, g) in enumerate(zip(bases, groups))
-                   if cm.colocated is not None and self.shares_host(g.instance_type)]
+        busy = [j for j, g in enumerate(groups) if self.shares_host(g.instance_type)]
+        on_host = [j for j in busy if bases[j].colocated is not None]
         if not on_host:
             return alone
-        workers = sum(g.devices for g in groups if self.shares_host(g.instance_type))
+        workers = sum(groups[j].devices for j in busy)
         shared = {j: self._device_stats(bases[j].colocated, groups[j].device_batch, True)  # type: ignore[arg-type]
                   for j in on_host}
 
-        def level(j: int, m: int) -> tuple[float, ...]:
+        def level(j: int, m: int) -> tuple[float, float, float, float, float]:
             """Group j's stats with `m` workers computing on the host."""
             cm = bases[j]
             w = min(1.0, (m - 1) / max(1, cm.colocated_workers - 1))
             share = max(1.0, m / cm.host_cores) if cm.host_cores else 1.0
-            return tuple(share * ((1.0 - w) * a + w * c) for a, c in zip(alone[j], shared[j]))
+            a, c = alone[j], shared[j]
+            return (share * (a[0] + w * (c[0] - a[0])), share * (a[1] + w * (c[1] - a[1])),
+                    share * (a[2] + w * (c[2] - a[2])), share * (a[3] + w * (c[3] - a[3])),
+                    share * (a[4] + w * (c[4] - a[4])))
 
-        # every shared-host worker, with or without co-located points, keeps the host busy while it computes
-        busy = [j for j, g in enumerate(groups) if self.shares_host(g.instance_type)]
-        compute = {j: (lambda m, j=j: sum(level(j, m)[0:4:2])) if j in shared else
-                   (lambda m, j=j: alone[j][0] + alone[j][2]) for j in busy}
-        mix = _contention({j: groups[j].devices for j in busy}, compute)
         out = list(alone)
+        if len(busy) == len(on_host) and len({(bases[j].model, groups[j].device_batch) for j in busy}) == 1:
+            for j in on_host:  # one model at one batch: all compute together to the end
+                out[j] = level(j, workers)
+            return out
+
+        def compute(j: int, m: int) -> float:
+            # every shared-host worker, with or without co-located points, keeps the host busy while it computes
+            if j in shared:
+                stats = level(j, m)
+                return stats[0] + stats[2]
+            return alone[j][0] + alone[j][2]
+
+        mix = _contention({j: groups[j].devices for j in busy}, compute)
         for j in on_host:
             levels = {m: level(j, m) for m in mix[j]}
             passes = [sum(f * levels[m][k] for m, f in mix[j].items()) for k in range(4)]
-            out[j] = (*passes, level(j, workers)[4])  # type: ignore[assignment]
+            out[j] = (passes[0], passes[1], passes[2], passes[3], level(j, workers)[4])
         return out
 
     def _device_stats(self, cm: ComputeModel, batch: int,
@@ -564,15 +577,22 @@ class IterationSimulator:
         return stats
 
     def _sample_max(self, mean: float, sd: float, devices: int, row: int) -> np.ndarray:
-        """Samples of the max of `devices` iid Normal(mean, sd) (inverse-CDF)."""
+        """Samples of the max of `devices` iid Normal(mean, sd) (inverse-CDF):
+        ``mean + sd * z`` with ``z`` the max of `devices` standard normals,
+        drawn once per (devices, row), so that a mean that varies from one
+        configuration to the next (a shared host's contention mix) costs no
+        quantile evaluations."""
         key = (mean, sd, devices, row)
         draws = self._draws.get(key)
         if draws is None:
             if sd <= 0.0:
                 draws = np.full(self.samples, mean)
             else:
-                u = np.exp(self._log_u[row] / devices) if devices > 1 else self._uniform[row]
-                draws = mean + sd * normal_quantile(u)
+                z = self._standard.get((devices, row))
+                if z is None:
+                    u = np.exp(self._log_u[row] / devices) if devices > 1 else self._uniform[row]
+                    z = self._standard[(devices, row)] = normal_quantile(u)
+                draws = mean + sd * z
             if len(self._draws) > 100_000:
                 self._draws.clear()
             self._draws[key] = draws

@@ -323,7 +323,7 @@ def test_contention_splits_each_workers_work_by_how_many_computed_with_it():
     from thrifty.perfmodels.simulator import _contention
 
     # group 0: 2 workers needing 1 s each at any level; group 1: 1 worker needing 2 s with 3 computing, 1 s alone
-    mix = _contention({0: 2, 1: 1}, {0: lambda m: 1.0, 1: lambda m: 2.0 if m == 3 else 1.0})
+    mix = _contention({0: 2, 1: 1}, lambda j, m: 1.0 if j == 0 else (2.0 if m == 3 else 1.0))
     assert mix[0] == pytest.approx({3: 1.0})
     assert mix[1] == pytest.approx({3: 0.5, 1: 0.5})
     assert sum(mix[1].values()) == pytest.approx(1.0)
