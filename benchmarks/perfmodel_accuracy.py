@@ -45,8 +45,7 @@ thrifty's profiler (the configurations' batches, co-located with 2 workers, as
 a user profiles their own model), then measures and predicts 2-process
 configurations with equal and unequal batches. Three independent runs by
 default (profile and measurements each), each with the host's load average,
-since one run's error is as much the host's as the model's; about 3 minutes a
-run on an idle 2-core host.
+since one run's error is as much the host's as the model's.
 
 Run: ``python benchmarks/perfmodel_accuracy.py [--iters 30] [--rounds 3] [--quick]``,
 ``python benchmarks/perfmodel_accuracy.py --families [--runs 3]``.
@@ -291,7 +290,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few configurations, few iterations")
     parser.add_argument("--skip-larger", action="store_true")
     parser.add_argument("--families", action="store_true",
-                        help="only the model families the zoo does not hold, profiled here (about 3 min a run)")
+                        help="only the model families the zoo does not hold, profiled here")
     parser.add_argument("--runs", type=int, default=3, help="with --families: independent runs")
     parser.add_argument("--profile-repeats", type=int, default=10, help="with --families: profiler repeats")
     args = parser.parse_args()
