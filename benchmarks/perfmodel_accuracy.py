@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -222,13 +223,15 @@ def families_tables(runs: int, warmup: int, iters: int, rounds: int, repeats: in
             library=lib, factories={m: FAMILIES + f for m, f in FAMILY_NAMES.items()}, measured=measured,
             model_sets={"held out": set(HELD_OUT), "looked at": set(FAMILY_NAMES) - set(HELD_OUT)}))
         print(f"families run {run + 1}: MAPE thrifty {out[-1][0]:.1%}  APM {out[-1][1]:.1%}")
+        busy = max(os.getloadavg()[0], float(before.split("/")[0]))
+        if busy > (os.cpu_count() or 1):
+            print(f"WARNING: the host was busy (load {busy:.1f} on {os.cpu_count()} cores): other processes took "
+                  f"turns with the measured ones, so this run's errors say more about the host than about the model")
     return out
 
 
 def load_average() -> str:
     """The host's 1/5/15-minute load averages (the host is shared; say how busy it was)."""
-    import os
-
     return "/".join(f"{v:.2f}" for v in os.getloadavg())
 
 
