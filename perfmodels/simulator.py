@@ -51,15 +51,18 @@ Choices beyond the paper, documented here and selectable:
 - Devices of a shared-host type (``shared_host_types``, default
   ``{"local"}``, and every catalog type marked ``host_worker``: worker
   processes on this machine, counted together) run at the profile's
-  co-located points when at least that many workers share the host
-  (`host_model`): co-located passes contend for memory bandwidth and
-  caches, so they are slower than alone, and a pass that follows a
+  co-located points while at least that many workers compute on the host
+  at once (`host_stats`): co-located passes contend for memory bandwidth
+  and caches, so they are slower than alone, and a pass that follows a
   gradient exchange is slower than one that follows more compute (the
   profile measures both: its co-located workers exchange gradients in
   every iteration, `thrifty.runtime.measure.colocated`). With more such
-  workers than the host has cores (the co-located points'
+  workers computing than the host has cores (the co-located points'
   ``host_cores``), each pass takes ``workers / cores`` times as long: the
-  cores are time-shared.
+  cores are time-shared. Contention lasts only while workers compute
+  together: with unequal batches a worker that is done waits for the
+  allreduce without computing, and the others run the rest of their
+  passes with fewer beside them (`_contention` follows their progress).
 - ``t_step`` is the profiled per-iteration constant (optimizer step, gradient
   zeroing), which the paper's formula leaves out; it is zero in profiles that
   do not measure it.
@@ -82,7 +85,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import asdict, dataclass
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -302,6 +305,31 @@ def exchange_time(
             push(Svk, (key[j], j, ver[j])); push(Sb, (b, j, ver[j]))
 
 
+def _contention(devices: dict[int, int],
+                compute_s: Callable[[int, int], float]) -> dict[int, dict[int, float]]:
+    """How the workers of one host progress through their compute when they
+    start together: ``devices[j]`` workers of group j, each needing
+    ``compute_s(j, m)`` seconds with ``m`` workers computing at once. While
+    ``m`` compute, each advances by ``dt / compute_s[j](m)`` of its work; at
+    each finish ``m`` drops. Per group, the share of its work done at each
+    ``m`` (summing to 1)."""
+    left = {j: 1.0 for j in devices}
+    mix: dict[int, dict[int, float]] = {j: {} for j in devices}
+    while left:
+        m = sum(devices[j] for j in left)
+        seconds = {j: compute_s(j, m) for j in left}
+        dt = min(left[j] * seconds[j] for j in left)
+        for j in list(left):
+            done = dt / seconds[j]
+            finished = done >= left[j] * (1.0 - 1e-12)
+            done = left[j] if finished else done
+            mix[j][m] = mix[j].get(m, 0.0) + done
+            left[j] -= done
+            if finished:
+                del left[j]
+    return mix
+
+
 class IterationSimulator:
     """Predict one iteration of `model` on machine groups (see module docstring).
 
@@ -348,6 +376,7 @@ class IterationSimulator:
         self._log_u = np.log(self._uniform)
         self._stats: dict[tuple[str, bool, int], tuple[float, float, float, float, float]] = {}
         self._draws: dict[tuple, np.ndarray] = {}
+        self._standard: dict[tuple[int, int], np.ndarray] = {}  # max of standard normals per (devices, row)
         self._max_factor: dict[int, float] = {}
         self._p95_index = (samples - 1) * 0.95
 
@@ -466,21 +495,69 @@ class IterationSimulator:
         as the demo's ``local-a``): all of them share its cores."""
         return itype.host_worker or itype.name in self.shared_host_types
 
-    def host_model(self, cm: ComputeModel, group: MachineGroup,
-                   groups: Sequence[MachineGroup]) -> tuple[ComputeModel, float]:
-        """The compute model `group`'s devices run at, and how many times
-        longer each pass takes. All groups of shared-host types (``local``
-        processes, and any catalog host-worker type) are on this one host,
-        whatever their names: with at least the
-        co-located points' number of workers there, the co-located profile;
-        with more workers than the host has cores (their ``host_cores``), the
-        cores are time-shared, ``workers / cores``. Otherwise the profile of a
-        device alone, at 1."""
-        if cm.colocated is None or not self.shares_host(group.instance_type):
-            return cm, 1.0
-        workers = sum(g.devices for g in groups if self.shares_host(g.instance_type))
-        model = cm.colocated if workers >= cm.colocated_workers else cm
-        return model, (max(1.0, workers / cm.host_cores) if cm.host_cores else 1.0)
+    def host_stats(self, bases: Sequence[ComputeModel],
+                   groups: Sequence[MachineGroup]) -> list[tuple[float, float, float, float, float]]:
+        """(forward mean, forward sd, backward mean, backward sd, step) of
+        each group's devices, `bases[j]` being group j's compute model.
+
+        All groups of shared-host types (``local`` processes, and any catalog
+        host-worker type) are worker processes of this one host, whatever
+        their names, and contend for it only while they compute together.
+        A pass with ``m`` workers computing at once runs at the co-located
+        points when ``m`` reaches their number of workers, alone at 1, and
+        in between at the straight line between the two (in ``m``); with
+        more workers computing than the host has cores (the co-located
+        points' ``host_cores``), the cores are time-shared: each pass takes
+        ``m / cores`` times as long. The workers start an iteration's forward
+        and backward passes together (the previous iteration's allreduce
+        ended on all of them at once), and one that is done waits for the
+        others' allreduce without computing: on a host of two cores a
+        worker at batch 8 beside one at batch 32 is done after about a
+        third of the other's compute, which then runs the rest of its
+        passes alone, at the speed of one worker, not of two. `_contention`
+        follows the workers' progress through these phases, and each
+        group's passes are the mix of the levels it computed at, weighted by
+        the share of its work done at each. The optimizer step runs on all
+        workers at once (after the allreduce), at the level of all of them.
+        Groups of other types run at their profile alone."""
+        alone = [self._device_stats(cm, g.device_batch) for cm, g in zip(bases, groups)]
+        busy = [j for j, g in enumerate(groups) if self.shares_host(g.instance_type)]
+        on_host = [j for j in busy if bases[j].colocated is not None]
+        if not on_host:
+            return alone
+        workers = sum(groups[j].devices for j in busy)
+        shared = {j: self._device_stats(bases[j].colocated, groups[j].device_batch, True)  # type: ignore[arg-type]
+                  for j in on_host}
+
+        def level(j: int, m: int) -> tuple[float, float, float, float, float]:
+            """Group j's stats with `m` workers computing on the host."""
+            cm = bases[j]
+            w = min(1.0, (m - 1) / max(1, cm.colocated_workers - 1))
+            share = max(1.0, m / cm.host_cores) if cm.host_cores else 1.0
+            a, c = alone[j], shared[j]
+            return (share * (a[0] + w * (c[0] - a[0])), share * (a[1] + w * (c[1] - a[1])),
+                    share * (a[2] + w * (c[2] - a[2])), share * (a[3] + w * (c[3] - a[3])),
+                    share * (a[4] + w * (c[4] - a[4])))
+
+        out = list(alone)
+        if len(busy) == len(on_host) and len({(bases[j].model, groups[j].device_batch) for j in busy}) == 1:
+            for j in on_host:  # one model at one batch: all compute together to the end
+                out[j] = level(j, workers)
+            return out
+
+        def compute(j: int, m: int) -> float:
+            # every shared-host worker, with or without co-located points, keeps the host busy while it computes
+            if j in shared:
+                stats = level(j, m)
+                return stats[0] + stats[2]
+            return alone[j][0] + alone[j][2]
+
+        mix = _contention({j: groups[j].devices for j in busy}, compute)
+        for j in on_host:
+            levels = {m: level(j, m) for m in mix[j]}
+            passes = [sum(f * levels[m][k] for m, f in mix[j].items()) for k in range(4)]
+            out[j] = (passes[0], passes[1], passes[2], passes[3], level(j, workers)[4])
+        return out
 
     def _device_stats(self, cm: ComputeModel, batch: int,
                       colocated: bool = False) -> tuple[float, float, float, float, float]:
@@ -500,15 +577,22 @@ class IterationSimulator:
         return stats
 
     def _sample_max(self, mean: float, sd: float, devices: int, row: int) -> np.ndarray:
-        """Samples of the max of `devices` iid Normal(mean, sd) (inverse-CDF)."""
+        """Samples of the max of `devices` iid Normal(mean, sd) (inverse-CDF):
+        ``mean + sd * z`` with ``z`` the max of `devices` standard normals,
+        drawn once per (devices, row), so that a mean that varies from one
+        configuration to the next (a shared host's contention mix) costs no
+        quantile evaluations."""
         key = (mean, sd, devices, row)
         draws = self._draws.get(key)
         if draws is None:
             if sd <= 0.0:
                 draws = np.full(self.samples, mean)
             else:
-                u = np.exp(self._log_u[row] / devices) if devices > 1 else self._uniform[row]
-                draws = mean + sd * normal_quantile(u)
+                z = self._standard.get((devices, row))
+                if z is None:
+                    u = np.exp(self._log_u[row] / devices) if devices > 1 else self._uniform[row]
+                    z = self._standard[(devices, row)] = normal_quantile(u)
+                draws = mean + sd * z
             if len(self._draws) > 100_000:
                 self._draws.clear()
             self._draws[key] = draws
@@ -534,15 +618,13 @@ class IterationSimulator:
         fw = np.empty((len(groups), self.samples))
         bw = np.empty((len(groups), self.samples))
         mean_bw, slowest, step, ddp_overhead = -1.0, None, 0.0, 0.0
-        for j, g in enumerate(groups):
-            base = self.compute_model(g.instance_type)
-            cm, share = self.host_model(base, g, groups)
-            try:
-                mu_f, sd_f, mu_b, sd_b, step_j = self._device_stats(cm, g.device_batch, cm is not base)
-            except ProblemError as e:
-                raise ProblemError(f"{g}: {e.message}") from None
-            if share > 1.0:
-                mu_f, sd_f, mu_b, sd_b, step_j = (share * v for v in (mu_f, sd_f, mu_b, sd_b, step_j))
+        bases = [self.compute_model(g.instance_type) for g in groups]
+        for cm, g in zip(bases, groups):
+            if g.device_batch > cm.max_batch:
+                raise ProblemError(f"{g}: batch {g.device_batch} per device is beyond the memory limit of "
+                                   f"{cm.model} on {cm.device} (max_batch {cm.max_batch})")
+        for j, (g, base, stats) in enumerate(zip(groups, bases, self.host_stats(bases, groups))):
+            mu_f, sd_f, mu_b, sd_b, step_j = stats
             fw[j] = self._sample_max(mu_f, sd_f, g.devices, 2 * j)
             bw[j] = self._sample_max(mu_b, sd_b, g.devices, 2 * j + 1)
             if mu_b > mean_bw:

@@ -297,6 +297,38 @@ def test_more_workers_than_host_cores_time_share_them():
     assert four.forward_s + four.backward_s == pytest.approx(0.18)
 
 
+def test_a_worker_done_early_leaves_the_host_to_the_others():
+    # fw 0.01 + 0.001 B, bw 0.02 + 0.002 B alone, 1.5x co-located (2 workers, 2 cores). Batches 10 and 30:
+    # co-located 0.09 s and 0.18 s of compute. The batch-10 worker is done at 0.09 s, when the other has done
+    # half of its work; it does the other half alone (0.06 s of 0.12): 0.15 s, forward 0.05 and backward 0.10
+    sim = _sim([_colocated_model(host_cores=2)], FixedBandwidth(1e12, 1e12))
+    local = instance("local", device="cpu")
+    mixed = sim.simulate([MachineGroup(local, 1, 10), MachineGroup(local, 1, 30)])
+    assert mixed.forward_s == pytest.approx(0.05)
+    assert mixed.backward_s == pytest.approx(0.10)
+    # the same batches on machines that do not share a host: each alone
+    apart = sim.simulate([MachineGroup(instance("c", device="cpu"), 1, 10),
+                          MachineGroup(instance("c", device="cpu"), 1, 30)])
+    assert apart.forward_s + apart.backward_s == pytest.approx(0.12)
+    # 3 workers on 2 cores (10, 10, 30): all three compute at 1.5x co-located (0.135 s for a batch of 10,
+    # 0.27 s for 30) until the two small ones are done at 0.135 s, with half of the large one's work done;
+    # the other half alone (0.06 s): 0.195 s
+    three = sim.simulate([MachineGroup(local, 2, 10), MachineGroup(local, 1, 30)])
+    assert three.forward_s + three.backward_s == pytest.approx(0.195)
+    # bounds still hold: no pass below the smaller of alone and co-located
+    assert sim.device_stats(local, 30)[0] <= mixed.forward_s
+
+
+def test_contention_splits_each_workers_work_by_how_many_computed_with_it():
+    from thrifty.perfmodels.simulator import _contention
+
+    # group 0: 2 workers needing 1 s each at any level; group 1: 1 worker needing 2 s with 3 computing, 1 s alone
+    mix = _contention({0: 2, 1: 1}, lambda j, m: 1.0 if j == 0 else (2.0 if m == 3 else 1.0))
+    assert mix[0] == pytest.approx({3: 1.0})
+    assert mix[1] == pytest.approx({3: 0.5, 1: 0.5})
+    assert sum(mix[1].values()) == pytest.approx(1.0)
+
+
 def test_ddp_forward_waits_for_the_buffer_broadcast():
     data = profile_dict(device="gpu", layers=((1000, 1.0),))
     plain = ComputeModel.from_profile(ComputeProfile.model_validate(data))
