@@ -237,6 +237,9 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"search_space": {"depth": {"choice": [1, 2]}}}, "search_space.depth"),
     ({"trainer_args": {"hidden": 8}}, "trainer_args.hidden"),
     ({"cluster": "nonsense"}, "cluster"),
+    ({"storage": "gs://bucket/tuning"}, "storage"),
+    ({"storage": "s3:///tuning"}, "storage"),
+    ({"storage": ""}, "storage"),
     ({"resources": {"atoms": 2, "cloud": {"scale_latency_s": 1}}}, "resources.cloud"),
     ({"resources": {"atoms": 2, "max_instances": 4}}, "resources.max_instances"),
 ])

@@ -14,10 +14,14 @@ then runs it:
   stage.
 
 Everything lands in the results folder as it happens (`record`): the
-experiment, ``events.jsonl``, each trial's checkpoints and worker logs
-(``trials/``); at the end ``summary.json`` (written atomically), the best
-configuration and its checkpoint (``best/``) and a plot of the trial curves
-and the atoms over time. Results go to `out`, by default
+experiment, ``events.jsonl``, each trial's worker logs (``trials/``); at the
+end ``summary.json`` (written atomically), the best configuration and its
+checkpoint (``best/``) and a plot of the trial curves and the atoms over
+time. The trials' checkpoints go to the run's storage (`trials_storage`):
+``trials/`` too by default, or ``STORAGE/RUN/`` for the experiment's
+``storage`` (``--storage``: a folder, or ``s3://bucket/prefix`` that every
+machine reaches, so that a trial moves between machines that share no file
+system). Results go to `out`, by default
 ``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the run was started
 with besides the experiment (the cluster, the plot).
 
@@ -56,7 +60,8 @@ from thrifty.core.validation import validate_model
 from thrifty.core.optional import try_import
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
-                                                    load_experiment, parse_experiment, resolve_trainer)
+                                                    check_storage, load_experiment, parse_experiment,
+                                                    resolve_trainer)
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history, \
     unheard_results
@@ -65,7 +70,8 @@ from thrifty.runtime.tuning.trial import Trial, TrialState
 logger = logging.getLogger(__name__)
 
 __all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable", "EXPERIMENT_COPY", "SUMMARY",
-           "OPTIONS", "STOPPED", "finished_run", "stored_options", "newest_run"]
+           "OPTIONS", "STOPPED", "finished_run", "stored_options", "newest_run", "trials_storage",
+           "with_storage"]
 
 EXPERIMENT_COPY = "experiment.json"
 SUMMARY = "summary.json"
@@ -223,6 +229,8 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
 
     attempt(resolve_trainer, e)
     attempt(build_search_space, e)
+    if e.storage is not None:
+        attempt(check_storage_reached, e.storage)
     plan = isinstance(e.scheduler, PlanSpec)
     if not plan:
         attempt(build_scheduler, e)
@@ -269,6 +277,38 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
                            + "\n".join(f"  {p}" for p in problems))
     assert shown is not None  # no problem: the preview was made
     return shown
+
+
+def trials_storage(e: ExperimentFile, folder: Path) -> str | Path:
+    """Where the run in results folder `folder` keeps its trials' checkpoints:
+    ``STORAGE/RUN`` (``RUN``: the folder's name) for the experiment's
+    ``storage``, else the folder's ``trials/``."""
+    from thrifty.runtime.ddp import storage
+
+    return storage.join(e.storage, folder.name) if e.storage is not None else folder / "trials"
+
+
+def with_storage(e: ExperimentFile, storage: str | None, resume: str | Path | None = None) -> ExperimentFile:
+    """`e` with its ``storage`` replaced by `storage` (``--storage``), which
+    a resumed run (`resume`: its folder) may give again but not change: its
+    trials' checkpoints are where its experiment copy says."""
+    if storage is None:
+        return e
+    if resume is not None and storage != e.storage:
+        raise ProblemError(f"is '{storage}', but the run in {resume} keeps its trials' checkpoints in "
+                           f"'{e.storage or Path(resume) / 'trials'}': resume it without --storage", path="storage")
+    check_storage(storage)
+    return e.model_copy(update={"storage": storage})
+
+
+def check_storage_reached(location: str) -> None:
+    """An S3 storage's bucket exists and answers (a `ProviderError` naming
+    the AWS error otherwise); a local folder is made when used."""
+    from thrifty.runtime.ddp import storage
+
+    check_storage(location)
+    if storage.is_remote_folder(location):
+        storage.exists(storage.join(location, ".thrifty-storage-check"))  # head_object, then head_bucket
 
 
 def _cluster_kind(cluster: str) -> str:
@@ -415,7 +455,7 @@ def stored_options(folder: str | Path) -> dict[str, Any]:
 
 def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = None, *,
          out: str | Path | None = None, resume: str | Path | None = None, cluster: str | None = None,
-         dry_run: bool = False, plot: str | Path | None = None,
+         storage: str | None = None, dry_run: bool = False, plot: str | Path | None = None,
          on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
          on_event: Callable[[dict[str, Any]], None] | None = None,
          on_stop: Callable[[str], None] | None = None) -> TuneResult:
@@ -424,7 +464,9 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
 
     `resume`: the results folder of a killed run to go on from (its own
     experiment is used when `experiment` is None). `cluster` overrides the
-    file's. `plot`: where the plot goes (default ``DIR/tuning.png``).
+    file's, `storage` its ``storage`` (a resumed run keeps its own: it may
+    be given again, not changed). `plot`: where the plot goes (default
+    ``DIR/tuning.png``).
     `on_start(preview, executor)` is called once the executor exists (the
     command line starts its live table there), `on_event(event)` after each
     recorded event, `on_stop(reason)` once when SIGINT or SIGTERM asks the
@@ -436,7 +478,7 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         if resume is None:
             raise ProblemError("give an experiment, or resume= a results folder", path="experiment")
         experiment = Path(resume) / EXPERIMENT_COPY
-    e = _experiment(experiment)
+    e = with_storage(_experiment(experiment), storage, resume)
     kept = stored_options(resume) if resume is not None else {}
     cluster = cluster or kept.get("cluster") or e.cluster
     plot = plot if plot is not None else kept.get("plot")
@@ -498,7 +540,7 @@ def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -
     from thrifty.runtime.tuning.executors.worlds import checkpointed_result
 
     events = read_events(folder / EVENTS)
-    trials = folder / "trials"
+    trials = trials_storage(e, folder)
     for line in unheard_results(events, lambda tid, after: checkpointed_result(trials, tid, after), e.value):
         log.write(line)
         events.append(line)
@@ -604,7 +646,8 @@ class _backend:
 
         e = self.e
         options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed,
-                                   "checkpoint_every": e.checkpoint_every}
+                                   "checkpoint_every": e.checkpoint_every,
+                                   "storage": trials_storage(e, self.folder)}
         if self.cluster == "local":
             if isinstance(e.scheduler, PlanSpec):
                 from thrifty.runtime.providers.local import LocalProvider
@@ -701,11 +744,8 @@ def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> N
         (folder / "best").mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "best" / "config.json", json.dumps(best.config, indent=1) + "\n")
         source = best.checkpoint.get("path") if isinstance(best.checkpoint, dict) else None
-        if source and Path(source).is_file() and not best.checkpoint.get("error"):
-            target = folder / "best" / "checkpoint.pt"
-            shutil.copyfile(source, target.with_suffix(".tmp"))
-            target.with_suffix(".tmp").replace(target)
-            result.best_checkpoint = str(target)
+        if source and not best.checkpoint.get("error") and _copy_checkpoint(source, folder / "best" / "checkpoint.pt"):
+            result.best_checkpoint = str(folder / "best" / "checkpoint.pt")
     path = Path(plot) if plot is not None else folder / "tuning.png"
     if draw and try_import("matplotlib") is None:  # part of the install; a stripped one still gets its results
         result.plot = None
@@ -716,6 +756,29 @@ def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> N
         result.plot = str(path)
     atomic_write_text(folder / SUMMARY, json.dumps(json_safe(result.summary()), indent=1, allow_nan=False,
                                                    default=str) + "\n")
+
+
+def _copy_checkpoint(source: str, target: Path) -> bool:
+    """Copy the checkpoint at `source` (a path, or an ``s3://`` URL of the
+    run's storage) to the local file `target`, atomically; False when there
+    is none (or the storage cannot be read: said in the log)."""
+    from thrifty.runtime.ddp import storage
+
+    if not storage.is_remote(source):
+        if not Path(source).is_file():
+            return False
+        shutil.copyfile(source, target.with_suffix(".tmp"))
+        target.with_suffix(".tmp").replace(target)
+        return True
+    try:
+        data = storage.read_bytes(source)
+    except ThriftyError as err:
+        logger.warning("the best trial's checkpoint was not copied to %s: %s", target, err)
+        return False
+    if data is None:
+        return False
+    storage.write_bytes_atomic(target, data)
+    return True
 
 
 def json_safe(value: Any) -> Any:
