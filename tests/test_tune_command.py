@@ -70,6 +70,11 @@ def check_results(folder: Path, result) -> None:
     assert {e["trial"] for e in events if e["event"] == "launch"} == {t.trial_id for t in result.trials}
     assert not any(t.state == TrialState.RUNNING for t in result.trials)
     assert not any(t.error for t in result.trials), [t.error for t in result.trials]
+    # every result also went to metrics.jsonl, tagged with its trial, step = its iteration
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    name = result.experiment.metric
+    assert [(m["tags"], m["step"], m["metrics"][name], m["metrics"]["iteration_s"]) for m in metrics] == [
+        ({"trial": str(e["trial"])}, e["iteration"], e["metric"], e["iteration_s"]) for e in results]
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))

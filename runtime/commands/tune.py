@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
-from thrifty.runtime.commands._args import output_file, output_folder
+from thrifty.runtime.commands._args import metrics_kinds, output_file, output_folder
 
 HELP = "run a hyperparameter tuning experiment from one file (a scheduler or a RubberBand plan), results on disk"
 
@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "s3://BUCKET/PREFIX that every machine reaches, so a trial paused on one machine "
                              "resumes on another without a shared file system (default DIR/trials; the run keeps "
                              "its trials under LOCATION/NAME-TIME/)")
+    parser.add_argument("--metrics", type=metrics_kinds, default=None, metavar="tensorboard,mlflow",
+                        help="also write every result as TensorBoard event files (DIR/tensorboard, a run per "
+                             "trial) and/or to MLflow's file store (DIR/mlruns); the 'tensorboard' and 'mlflow' "
+                             "extras (DIR/metrics.jsonl is always written)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan or the scheduler's settings with the predicted time and cost, and stop")
     parser.add_argument("--out", type=output_folder, metavar="DIR",
@@ -281,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = tune(e, out=args.out if resume is None else None, resume=resume, cluster=args.cluster,
-                      storage=args.storage, plot=args.plot, on_start=on_start, on_event=on_event, on_stop=on_stop)
+                      storage=args.storage, plot=args.plot, metrics=args.metrics, on_start=on_start,
+                      on_event=on_event, on_stop=on_stop)
     except GoalInfeasible as err:
         return _infeasible(console, err)
     finally:
@@ -300,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"best: trial {best['trial']}, {e.metric} {_fmt(best['metric'])}, config {best['config']}")
         print(f"results: {result.out} (summary.json, events.jsonl, best/)" +
               (f"; plot: {result.plot}" if result.plot else ""))
+        for line in result.metrics:
+            print(line)
     if result.stopped:
         print(f"thrifty tune: {result.end_reason}; resume with: {_resume_command(args, result.out)}",
               file=sys.stderr)

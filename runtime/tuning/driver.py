@@ -49,7 +49,7 @@ import math
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ from thrifty.core.errors import ProblemError, ThriftyError
 from thrifty.core.io import atomic_write_text
 from thrifty.core.validation import validate_model
 from thrifty.core.optional import try_import
+from thrifty.runtime.metrics import Metrics, check_kinds, look_at, open_metrics
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
                                                     check_storage, load_experiment, parse_experiment,
@@ -125,6 +126,7 @@ class TuneResult:
     already_finished: bool = False   # a resumed run that had finished: nothing ran (`finished_run`)
     error: str | None = None         # the driver's own failure (end_reason ``crashed``)
     notes: list[str] = field(default_factory=list)  # what a resume found (results recovered or redone)
+    metrics: list[str] = field(default_factory=list)  # where to look at the results' metrics, one line a sink
 
     @property
     def stopped(self) -> bool:
@@ -444,18 +446,19 @@ def finished_run(folder: str | Path) -> dict[str, Any] | None:
 
 
 def stored_options(folder: str | Path) -> dict[str, Any]:
-    """What the run in `folder` was started with besides its experiment (``cluster``, ``plot``)."""
+    """What the run in `folder` was started with besides its experiment (``cluster``, ``plot``, ``metrics``)."""
     try:
         options = json.loads((Path(folder) / OPTIONS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in options.items() if k in ("cluster", "plot") and isinstance(v, str)} \
+    return {k: v for k, v in options.items() if k in ("cluster", "plot", "metrics") and isinstance(v, str)} \
         if isinstance(options, dict) else {}
 
 
 def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = None, *,
          out: str | Path | None = None, resume: str | Path | None = None, cluster: str | None = None,
          storage: str | None = None, dry_run: bool = False, plot: str | Path | None = None,
+         metrics: str | Iterable[str] | None = None,
          on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
          on_event: Callable[[dict[str, Any]], None] | None = None,
          on_stop: Callable[[str], None] | None = None) -> TuneResult:
@@ -466,7 +469,11 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     experiment is used when `experiment` is None). `cluster` overrides the
     file's, `storage` its ``storage`` (a resumed run keeps its own: it may
     be given again, not changed). `plot`: where the plot goes (default
-    ``DIR/tuning.png``).
+    ``DIR/tuning.png``). `metrics`: the optional metrics sinks
+    (``tensorboard``, ``mlflow``: `thrifty.runtime.metrics`) besides
+    ``DIR/metrics.jsonl``, where every result goes as it is recorded (the
+    trial's metric, its iteration time and overhead, tagged with the
+    trial); a resumed run keeps the ones it was started with.
     `on_start(preview, executor)` is called once the executor exists (the
     command line starts its live table there), `on_event(event)` after each
     recorded event, `on_stop(reason)` once when SIGINT or SIGTERM asks the
@@ -482,6 +489,8 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     kept = stored_options(resume) if resume is not None else {}
     cluster = cluster or kept.get("cluster") or e.cluster
     plot = plot if plot is not None else kept.get("plot")
+    started_with = kept.get("metrics", "")
+    kinds = check_kinds(metrics if metrics is not None else [k for k in started_with.split(",") if k])
     if resume is not None:
         summary = finished_run(_results_folder(e, out, resume))
         if summary is not None:
@@ -504,9 +513,12 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         atomic_write_text(folder / EXPERIMENT_COPY, json.dumps(e.model_dump(mode="json"), indent=1) + "\n")
         if shown.plan is not None:
             atomic_write_text(folder / PLAN, shown.plan.to_json() + "\n")
-    options = {"cluster": cluster, "plot": None if plot is None else str(Path(plot).resolve())}
+    options = {"cluster": cluster, "plot": None if plot is None else str(Path(plot).resolve()),
+               "metrics": ",".join(kinds)}
     atomic_write_text(folder / OPTIONS, json.dumps({k: v for k, v in options.items() if v}, indent=1) + "\n")
     log = EventLog(folder / EVENTS)
+    sinks = open_metrics(folder, kinds, name=folder.name)
+    result.metrics = look_at(folder, ("jsonl", *kinds))
     history = _history(e, folder, log, result.notes) if resume is not None and (folder / EVENTS).exists() else None
     signals = _Signals()
     recorder: RecordingExecutor | None = None
@@ -514,7 +526,8 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         with signals, _backend(e, folder, cluster) as (executor, provider):
             clock = executor.clock
             t0 = clock.now() - (history.elapsed_s if history is not None else 0.0)
-            recorder = RecordingExecutor(executor, log, t0=t0, value=e.value, on_event=on_event)
+            recorder = RecordingExecutor(executor, log, t0=t0, value=e.value,
+                                         on_event=_with_metrics(sinks, e.metric, on_event))
             if on_start is not None:
                 on_start(shown, recorder)
             try:
@@ -529,8 +542,23 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
             result.elapsed_s = clock.now() - t0
     finally:
         log.close()
+        sinks.close()
     _finish(result, plot)
     return result
+
+
+def _with_metrics(sinks: Metrics, metric: str, on_event: Callable[[dict[str, Any]], None] | None
+                  ) -> Callable[[dict[str, Any]], None]:
+    """`on_event`, after each result has gone to `sinks` as step = its iteration: the trial's `metric` (in its
+    own units, as recorded), its iteration time and overhead, tagged with the trial."""
+    def both(event: dict[str, Any]) -> None:
+        if event.get("event") == "result":
+            sinks.write(int(event["iteration"]), {metric: event["metric"], "iteration_s": event["iteration_s"],
+                                                  "overhead_s": event["overhead_s"]}, {"trial": str(event["trial"])})
+        if on_event is not None:
+            on_event(event)
+
+    return both
 
 
 def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -> Any:
