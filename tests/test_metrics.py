@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from thrifty.runtime.cli import main
 from thrifty.runtime.metrics import check_kinds, look_at, open_metrics, parse_kinds
 
 EXAMPLE = "thrifty.runtime.tuning.executors.worlds:example_trainer"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def lines(path) -> list[dict]:
@@ -58,7 +60,7 @@ def test_an_unknown_sink_is_bad_input_on_the_command_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["tensorboard", "mlflow"])
-def test_a_sink_whose_package_is_missing_is_refused_before_the_run(tmp_path, monkeypatch, kind):
+def test_a_sink_whose_package_is_missing_is_refused_before_the_run(tmp_path, monkeypatch, capsys, kind):
     from thrifty.runtime.tuning.driver import tune
 
     monkeypatch.setitem(sys.modules, kind, None)  # as if not installed: importing it raises ImportError
@@ -68,6 +70,12 @@ def test_a_sink_whose_package_is_missing_is_refused_before_the_run(tmp_path, mon
     with pytest.raises(MissingDependencyError):
         tune(spec, out=tmp_path / "out", metrics=[kind])
     assert not (tmp_path / "out").exists()
+    # a training run's dry run refuses it too: exit 2, naming the extra
+    monkeypatch.chdir(tmp_path)
+    problem = str(ROOT / "datasets" / "examples" / "local-demo-srifty54.json")
+    assert main(["run", problem, "--trainer", "thrifty.runtime.training.examples:zoo", "--metrics", kind,
+                 "--dry-run"]) == 2
+    assert f"thrifty[{kind}]" in capsys.readouterr().err and not (tmp_path / "thrifty-runs").exists()
 
 
 def scalars(folder, tag: str) -> list[tuple[int, float]]:

@@ -134,6 +134,7 @@ def test_the_command_line_runs_the_file_shows_the_plan_and_keeps_the_results(tmp
     assert main(["tune", str(path), "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr()
     assert "best: trial" in out.out and (tmp_path / "p.png").stat().st_size > 10_000
+    assert f"metrics: {tmp_path / 'out' / 'metrics.jsonl'}" in out.out  # where to look at every result
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["end_reason"] == "target" and summary["goal"]["met"] and summary["best"]["metric"] >= 0.5
     # a second run into the same folder is refused: resume it instead

@@ -221,8 +221,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"thrifty run: the problem is infeasible: {why}", file=sys.stderr)
             return EXIT_INFEASIBLE
         if args.dry_run:  # nothing runs; what the run would refuse before it starts is refused here, all at once
+            from thrifty.runtime.metrics import check_kinds
             from thrifty.runtime.training.preflight import check_run
 
+            check_kinds(prepared.config.metrics)  # a metrics sink whose package is missing
             check_run(prepared.inputs)
             return _dry_run(prepared, args.json)
         return _run(args, prepared)
