@@ -179,9 +179,14 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
                                                                            TrialState.TERMINATED)}
     paused = {t.trial_id: t.iteration for t in kept.trials if t.state == TrialState.PAUSED}
     assert done and paused
+    reported = len((out / "metrics.jsonl").read_text().splitlines())
 
     assert main(["tune", "--resume", str(out), "--json"]) in (0, 4)
     after = read_events(log)[len(before):]
+    # the resumed driver sends each result it records (recovered ones too) to metrics.jsonl, after the others
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][reported:]
+    assert [(m["tags"]["trial"], m["step"], m["metrics"]["accuracy"]) for m in metrics] == [
+        (str(e["trial"]), e["iteration"], e["metric"]) for e in after if e["event"] == "result"]
     relaunched = [e for e in after if e["event"] == "launch"]
     assert not any(e["trial"] in done for e in relaunched)              # finished trials are kept as they were
     for e in relaunched:

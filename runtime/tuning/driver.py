@@ -21,9 +21,11 @@ time. The trials' checkpoints go to the run's storage (`trials_storage`):
 ``trials/`` too by default, or ``STORAGE/RUN/`` for the experiment's
 ``storage`` (``--storage``: a folder, or ``s3://bucket/prefix`` that every
 machine reaches, so that a trial moves between machines that share no file
-system). Results go to `out`, by default
-``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the run was started
-with besides the experiment (the cluster, the plot).
+system). Every result also goes out as a metric (``metrics.jsonl``, and
+TensorBoard or MLflow when asked: `thrifty.runtime.metrics`). Results go to
+`out`, by default ``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the
+run was started with besides the experiment (the cluster, the plot, the
+metrics sinks).
 
 SIGINT and SIGTERM (`_Signals`) ask the loop to stop: running trials finish
 their iteration and are checkpointed, the summary is written with
@@ -519,7 +521,8 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     log = EventLog(folder / EVENTS)
     sinks = open_metrics(folder, kinds, name=folder.name)
     result.metrics = look_at(folder, ("jsonl", *kinds))
-    history = _history(e, folder, log, result.notes) if resume is not None and (folder / EVENTS).exists() else None
+    history = _history(e, folder, log, result.notes, sinks) if resume is not None and (folder / EVENTS).exists() \
+        else None
     signals = _Signals()
     recorder: RecordingExecutor | None = None
     try:
@@ -553,24 +556,31 @@ def _with_metrics(sinks: Metrics, metric: str, on_event: Callable[[dict[str, Any
     own units, as recorded), its iteration time and overhead, tagged with the trial."""
     def both(event: dict[str, Any]) -> None:
         if event.get("event") == "result":
-            sinks.write(int(event["iteration"]), {metric: event["metric"], "iteration_s": event["iteration_s"],
-                                                  "overhead_s": event["overhead_s"]}, {"trial": str(event["trial"])})
+            _result_out(sinks, metric, event)
         if on_event is not None:
             on_event(event)
 
     return both
 
 
-def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -> Any:
+def _result_out(sinks: Metrics, metric: str, event: Mapping[str, Any]) -> None:
+    """A recorded result to `sinks`."""
+    sinks.write(int(event["iteration"]), {metric: event["metric"], "iteration_s": event["iteration_s"],
+                                          "overhead_s": event["overhead_s"]}, {"trial": str(event["trial"])})
+
+
+def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str], sinks: Metrics) -> Any:
     """The recorded run in `folder` to go on from: first the results its trials checkpointed but the killed
-    driver never heard (appended to the log, `unheard_results`), then `read_history`; `notes` say what was
-    recovered, and which results are trained again (newer than their trial's last checkpoint)."""
+    driver never heard (appended to the log, `unheard_results`, and sent to `sinks`), then `read_history`;
+    `notes` say what was recovered, and which results are trained again (newer than their trial's last
+    checkpoint)."""
     from thrifty.runtime.tuning.executors.worlds import checkpointed_result
 
     events = read_events(folder / EVENTS)
     trials = trials_storage(e, folder)
     for line in unheard_results(events, lambda tid, after: checkpointed_result(trials, tid, after), e.value):
         log.write(line)
+        _result_out(sinks, e.metric, line)
         events.append(line)
         notes.append(f"trial {line['trial']}: iteration {line['iteration']}'s result was checkpointed but not "
                      "recorded when the run ended; recovered from its checkpoint")
