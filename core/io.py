@@ -1,5 +1,6 @@
-"""Small I/O helpers shared by every layer: atomic writes and loading JSON or
-YAML documents with errors that name the file (and the line)."""
+"""Small I/O helpers shared by every layer: atomic writes, loading JSON or
+YAML documents with errors that name the file (and the line), and
+append-only JSON-lines logs (`JsonLinesLog`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from thrifty.core.errors import ProblemError
@@ -17,7 +18,7 @@ from thrifty.core.errors import ProblemError
 T = TypeVar("T")
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "read_json", "read_yaml", "read_document",
-           "write_json", "YAML_SUFFIXES", "memo_by_file"]
+           "write_json", "JsonLinesLog", "YAML_SUFFIXES", "memo_by_file"]
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -224,3 +225,24 @@ def memo_by_file(kind: str, path: str | os.PathLike[str], build: Callable[[], T]
         del _MEMO[next(iter(_MEMO))]
     _MEMO[ident] = value
     return value
+
+
+class JsonLinesLog:
+    """Append-only JSON lines, each flushed to the operating system as
+    written, so a process killed at any moment leaves every line before the
+    kill (a reader skips a last line cut short); `close` fsyncs."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, event: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps(event, allow_nan=True, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()

@@ -28,12 +28,15 @@ SPOT_A = {"thrifty-type:local-a": 1, "thrifty-market:spot": 1}
 
 class ThreeNodes:
     """A head and two nodes: the head and `spare` are local-a spot machines,
-    `other` a local-b on-demand one; each node has its own metadata service."""
+    `other` a local-b on-demand one; each node has its own metadata service,
+    and `env` (such as the AWS configuration a machine reaches S3 with) in
+    its environment."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         from ray.cluster_utils import Cluster
 
         keep_loopback()
+        self.env = dict(env or {})
         self.imds: dict[str, ImdsServer] = {}
         self.cluster = Cluster(initialize_head=True, head_node_args={
             **NODE, "include_dashboard": False, "resources": SPOT_A, "env_vars": self._imds("head")})
@@ -44,7 +47,7 @@ class ThreeNodes:
         if name in self.imds:
             self.imds[name].close()
         server = self.imds[name] = ImdsServer(f"i-{name}").start()
-        return {"THRIFTY_IMDS_URL": server.url}
+        return {**self.env, "THRIFTY_IMDS_URL": server.url}
 
     def refill(self) -> None:
         """Bring the cluster back to three live nodes."""

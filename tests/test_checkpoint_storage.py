@@ -12,6 +12,7 @@ everywhere (tests/markers.py)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import subprocess
@@ -68,6 +69,25 @@ def location(request, tmp_path) -> str:
 def test_a_location_is_a_path_or_an_s3_object(given, expected):
     assert storage.describe(given) == expected
     assert storage.is_remote(given) == expected.startswith("s3://")
+
+
+@pytest.mark.parametrize(("folder", "parts", "expected"), [
+    ("s3://bucket", ("run", "trial-0", "checkpoint.pt"), "s3://bucket/run/trial-0/checkpoint.pt"),
+    ("s3://bucket/tuning/", ("run", "trial-1"), "s3://bucket/tuning/run/trial-1"),
+    ("runs/tuning", ("trial-2", "checkpoint.pt"), "runs/tuning/trial-2/checkpoint.pt"),
+])
+def test_a_storage_folder_joins_like_a_path_on_disk_and_on_s3(folder, parts, expected):
+    assert storage.join(folder, *parts) == expected
+    assert storage.is_remote_folder(folder) == folder.startswith("s3://")
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ("", "is empty"), ("gs://bucket/x", "'gs://' is not supported"), ("s3://", "must name a bucket"),
+    ("s3:///prefix", "must name a bucket"),
+])
+def test_a_bad_storage_folder_is_bad_input(bad, message):
+    with pytest.raises(ProblemError, match=message):
+        storage.join(bad, "trial-0")
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -275,3 +295,36 @@ def test_a_world_checkpoints_to_s3_and_resumes_from_it_bit_for_bit(bucket, tmp_p
     for name, tensor in uninterrupted["model"].items():
         assert torch.equal(resumed["model"][name], tensor), name
     assert worker_pids() == []
+
+
+@S3
+def test_a_tuning_run_checkpoints_its_trials_to_s3_and_keeps_its_storage_when_resumed(bucket, tmp_path):
+    pytest.importorskip("torch")
+    from thrifty.runtime.ddp.checkpoint import load_checkpoint
+    from thrifty.runtime.tuning.driver import tune
+
+    spec = {"name": "s3", "trainer": "thrifty.runtime.tuning.executors.worlds:example_trainer",
+            "search_space": {"lr": 0.3}, "samples": 1, "max_iterations": 2,
+            "scheduler": "fifo", "resources": {"atoms": 1}, "iteration_timeout_s": 60}
+    storage, out = f"s3://{bucket}/tuning", tmp_path / "out"
+    result = tune(spec, out=out, storage=storage)
+    assert [t.iteration for t in result.trials] == [2] and not any(t.error for t in result.trials)
+    for trial in result.trials:  # the trial's final checkpoint is in the bucket, under the run's name
+        state = load_checkpoint(f"{storage}/out/trial-{trial.trial_id}/checkpoint.pt")
+        assert state is not None and state["iteration"] == 2 and state["trainer_args"] == trial.config
+    assert not list(out.rglob("trials/**/checkpoint.pt"))  # none on this host's disk
+    assert json.loads((out / "experiment.json").read_text())["storage"] == storage  # a resume reads it there
+    assert (out / "best" / "checkpoint.pt").stat().st_size > 0  # the best one, copied beside its configuration
+    with pytest.raises(ProblemError, match="^storage: .*resume it without --storage"):
+        tune(resume=out, storage=f"s3://{bucket}/elsewhere")
+
+
+@S3
+def test_a_tuning_storage_in_a_missing_bucket_is_refused_before_the_run(moto, tmp_path):
+    from thrifty.runtime.tuning.driver import tune
+
+    spec = {"trainer": "thrifty.runtime.tuning.executors.worlds:example_trainer", "search_space": {"lr": 0.1},
+            "samples": 1, "max_iterations": 1, "scheduler": "fifo", "storage": "s3://no-such-bucket-xyz/tuning"}
+    with pytest.raises(ProviderError, match="NoSuchBucket"):
+        tune(spec, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

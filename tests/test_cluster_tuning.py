@@ -4,9 +4,13 @@ the three-node cluster of the cluster tests (every node on 127.0.0.1; two
 local-a spot machines, one slot each). HyperSched runs two trials side by
 side, one on each machine, and grows the survivor to a world that spans
 both; the RubberBand plan executor runs a two-stage plan whose second stage
-gives a machine back."""
+gives a machine back; a trial checkpointed to S3 (a moto server on
+127.0.0.1, which every node reaches with the AWS configuration in its own
+environment) is paused on one machine and resumed on the other."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
@@ -15,14 +19,35 @@ pytest.importorskip("torch")
 
 from thrifty.datasets.catalog import load_catalog  # noqa: E402
 from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
+from thrifty.runtime.ddp.checkpoint import load_checkpoint  # noqa: E402
 from thrifty.runtime.tuning import ConfigList, HyperSched, TrialState, run_experiment  # noqa: E402
 from thrifty.runtime.tuning.executors.plan import execute_plan  # noqa: E402
 from thrifty.runtime.tuning.executors.worlds import RANK_PRELOAD, WorldExecutor  # noqa: E402
+from thrifty.runtime.tuning.trial import Report, Trial  # noqa: E402
 
-from test_cluster_ray import CATALOG, nodes  # noqa: E402, F401 -- the module's three-node cluster
+from aws_fakes import FAKE_AWS_ENV, moto_server  # noqa: E402
+from ray_cluster import ThreeNodes  # noqa: E402
+from test_cluster_ray import CATALOG  # noqa: E402
 from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto server for the module, with this process (the driver) pointed at it."""
+    with moto_server() as server, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ENDPOINT_URL_S3", server.url)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nodes(s3):
+    """The cluster tests' three nodes, each with the AWS configuration to reach the S3 server in its own
+    environment (as an EC2 machine has its instance profile)."""
+    cluster = ThreeNodes(env={**FAKE_AWS_ENV, "AWS_ENDPOINT_URL_S3": s3.url})
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture
@@ -83,3 +108,49 @@ def test_a_plan_runs_stage_by_stage_and_gives_back_a_machine(provider, tmp_path)
     assert winner.state == TrialState.COMPLETED and winner.iteration == 3
     assert provider.machines() == []  # every machine given back at the end
     assert {m.id for m in provider.all_machines() if m.terminated_at is not None} >= set(first.machines)
+
+
+def iterate(executor: WorldExecutor, trial: Trial, iterations: int) -> None:
+    """`iterations` results of the running `trial` (the first one already under way), kept in its history."""
+    for k in range(iterations):
+        if k:
+            executor.proceed(trial)
+        event = executor.next_event(executor.clock.now() + 90)
+        assert isinstance(event, Report) and event.trial_id == trial.trial_id, event
+        assert event.iteration == trial.iteration + 1
+        trial.metrics.append(event.metric)
+
+
+def test_a_trial_paused_on_one_node_resumes_on_the_other_from_its_s3_checkpoint(provider, s3, tmp_path):
+    bucket = f"thrifty-tuning-{uuid.uuid4().hex[:12]}"
+    s3.client("s3").create_bucket(Bucket=bucket)
+    storage = f"s3://{bucket}/run"
+    first, second = provider.provision("local-a", 2, "spot")
+    assert node_of(provider, first.id) != node_of(provider, second.id)
+    config = {"lr": 0.3, "momentum": 0.5, "samples": 256}
+    moved, reference = Trial(0, config), Trial(1, config)
+    with WorldExecutor(EXAMPLE, tmp_path / "driver", storage=storage, provider=provider, start_timeout_s=90,
+                       iteration_timeout_s=60) as executor:
+        executor.launch(moved, 1, where={first.id: 1})
+        iterate(executor, moved, 3)
+        moved.checkpoint = executor.suspend(moved)  # a pause: checkpointed to S3, the ranks gone
+        assert moved.checkpoint == {"path": f"{storage}/trial-0/checkpoint.pt", "iteration": 3,
+                                    "save_s": moved.checkpoint["save_s"], "bytes": moved.checkpoint["bytes"]}
+        saved = load_checkpoint(moved.checkpoint["path"])
+        assert saved is not None and saved["iteration"] == 3
+
+        executor.launch(moved, 1, where={second.id: 1})  # resumed on the other machine
+        iterate(executor, moved, 3)
+        executor.terminate(moved)
+        executor.launch(reference, 1, where={first.id: 1})  # the same trial, never paused
+        iterate(executor, reference, 6)
+        executor.terminate(reference)
+    assert_reaped(executor)
+    paused, resumed, _ = executor.launches
+    assert paused.machines == [first.id] and resumed.machines == [second.id]
+    assert resumed.from_iteration == 3 and resumed.restore_s is not None and resumed.restore_s > 0
+    # it went on from its checkpoint (model, optimizer, data position, random state): the same curve, bit for bit
+    assert moved.metrics == reference.metrics and len(moved.metrics) == 6
+    assert load_checkpoint(f"{storage}/trial-0/checkpoint.pt")["iteration"] == 6
+    # nothing went through a file: the driver's folder holds the worker logs and no checkpoint
+    assert sorted(p.name for p in (tmp_path / "driver").rglob("*") if p.is_file()) == ["rank0.log"] * 2

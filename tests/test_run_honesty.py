@@ -177,6 +177,7 @@ def test_a_preemption_past_the_time_limit_goes_on_late_and_exits_4(tmp_path, cap
     assert "finishing late (the time limit 1 s has passed" in captured.err
     assert "finished OUTSIDE the limits: time" in captured.err
     assert "best effort, the soonest within the budget" in captured.out  # the timeline says so too
+    assert f"metrics: {tmp_path / 'run' / 'metrics.jsonl'}" in captured.out  # where to look, at the end
 
 
 # -- measured against predicted -----------------------------------------------------------------

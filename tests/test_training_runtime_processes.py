@@ -125,6 +125,15 @@ def test_heterogeneous_batches_train_as_one_device_on_the_global_batch(uninterru
     assert max_difference(plain_ddp_reference([3, 5, 8], 12), reference) > 1e-3
 
 
+def test_every_loss_and_metric_reported_goes_to_the_run_folder_s_metrics_jsonl(uninterrupted):
+    reported = [e for e in read_run_log(uninterrupted.log_path) if e["event"] == "metrics"]
+    written = [json.loads(line) for line in (uninterrupted.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert reported[0]["iteration"] == 1 and reported[-1]["iteration"] == 12  # a world's first and its last
+    assert [(w["step"], w["metrics"], w["tags"]) for w in written] == [
+        (e["iteration"], {"loss": e["loss"], **e["metrics"]}, {}) for e in reported]
+    assert all(w["metrics"]["loss"] > 0 and 0 <= w["metrics"]["accuracy"] <= 1 for w in written)
+
+
 def test_the_reweighting_comm_hook_trains_the_same(tmp_path):
     config = RunConfig(**{**FAST.__dict__, "weighting": "hook"})
     result = train(plan_dict(*HETEROGENEOUS), TINY, problem=demo_problem(iterations=12), run_dir=tmp_path,

@@ -70,6 +70,11 @@ def check_results(folder: Path, result) -> None:
     assert {e["trial"] for e in events if e["event"] == "launch"} == {t.trial_id for t in result.trials}
     assert not any(t.state == TrialState.RUNNING for t in result.trials)
     assert not any(t.error for t in result.trials), [t.error for t in result.trials]
+    # every result also went to metrics.jsonl, tagged with its trial, step = its iteration
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    name = result.experiment.metric
+    assert [(m["tags"], m["step"], m["metrics"][name], m["metrics"]["iteration_s"]) for m in metrics] == [
+        ({"trial": str(e["trial"])}, e["iteration"], e["metric"], e["iteration_s"]) for e in results]
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
@@ -129,6 +134,7 @@ def test_the_command_line_runs_the_file_shows_the_plan_and_keeps_the_results(tmp
     assert main(["tune", str(path), "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr()
     assert "best: trial" in out.out and (tmp_path / "p.png").stat().st_size > 10_000
+    assert f"metrics: {tmp_path / 'out' / 'metrics.jsonl'}" in out.out  # where to look at every result
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["end_reason"] == "target" and summary["goal"]["met"] and summary["best"]["metric"] >= 0.5
     # a second run into the same folder is refused: resume it instead
@@ -173,9 +179,14 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
                                                                            TrialState.TERMINATED)}
     paused = {t.trial_id: t.iteration for t in kept.trials if t.state == TrialState.PAUSED}
     assert done and paused
+    reported = len((out / "metrics.jsonl").read_text().splitlines())
 
     assert main(["tune", "--resume", str(out), "--json"]) in (0, 4)
     after = read_events(log)[len(before):]
+    # the resumed driver sends each result it records (recovered ones too) to metrics.jsonl, after the others
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][reported:]
+    assert [(m["tags"]["trial"], m["step"], m["metrics"]["accuracy"]) for m in metrics] == [
+        (str(e["trial"]), e["iteration"], e["metric"]) for e in after if e["event"] == "result"]
     relaunched = [e for e in after if e["event"] == "launch"]
     assert not any(e["trial"] in done for e in relaunched)              # finished trials are kept as they were
     for e in relaunched:
@@ -237,6 +248,9 @@ def test_a_killed_driver_resumes_and_loses_no_finished_trial(tmp_path):
     ({"search_space": {"depth": {"choice": [1, 2]}}}, "search_space.depth"),
     ({"trainer_args": {"hidden": 8}}, "trainer_args.hidden"),
     ({"cluster": "nonsense"}, "cluster"),
+    ({"storage": "gs://bucket/tuning"}, "storage"),
+    ({"storage": "s3:///tuning"}, "storage"),
+    ({"storage": ""}, "storage"),
     ({"resources": {"atoms": 2, "cloud": {"scale_latency_s": 1}}}, "resources.cloud"),
     ({"resources": {"atoms": 2, "max_instances": 4}}, "resources.max_instances"),
 ])

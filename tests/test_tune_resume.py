@@ -592,7 +592,7 @@ def test_a_result_checkpointed_but_not_recorded_is_recovered_from_the_checkpoint
               result(0, 2, 2.0), line("launch", 1, 2.5, atoms=1, from_iteration=0, config={"lr": 0.2}),
               result(1, 1, 3.0), line("terminate", 1, 3.5, iteration=1)]
     for trial, iteration in ((0, 3), (1, 2)):
-        path = trial_checkpoint(workdir, trial)
+        path = Path(trial_checkpoint(workdir, trial))
         path.parent.mkdir(parents=True, exist_ok=True)
         save_checkpoint(str(path), {"iteration": iteration, "result": {"metric": 0.25, "iteration_s": 0.2}})
     lines = unheard_results(events, find, value=lambda score: -score)   # trial 1 ended: nothing to recover

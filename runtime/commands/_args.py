@@ -9,7 +9,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["int_at_least", "positive_float", "non_negative_float", "output_file", "output_folder", "EXIT_CODES",
+__all__ = ["int_at_least", "positive_float", "non_negative_float", "output_file", "output_folder", "metrics_kinds",
+           "EXIT_CODES",
            "COMMON_EXIT_CODES", "exit_codes_epilog", "with_exit_codes"]
 
 # The one table of exit codes of every thrifty command (the README's "Command-line conventions"); a command's
@@ -85,6 +86,17 @@ def _writable_from(folder: Path, text: str) -> None:
         raise argparse.ArgumentTypeError(f"'{text}' cannot be written: '{folder}' is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"'{text}' cannot be written: no permission to write in '{folder}'")
+
+
+def metrics_kinds(text: str) -> tuple[str, ...]:
+    """``--metrics``: the optional metrics sinks named, comma-separated (`thrifty.runtime.metrics.parse_kinds`)."""
+    from thrifty.core.errors import ProblemError
+    from thrifty.runtime.metrics import parse_kinds
+
+    try:
+        return parse_kinds(text)
+    except ProblemError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def output_file(text: str) -> str:

@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from thrifty.runtime.cli import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
-from thrifty.runtime.commands._args import int_at_least, non_negative_float, output_file, positive_float
+from thrifty.runtime.commands._args import int_at_least, metrics_kinds, non_negative_float, output_file, \
+    positive_float
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -151,6 +152,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch-delay", type=non_negative_float, default=0.0, metavar="SECONDS",
                         help="local provider: seconds a machine takes to 'boot' (default 0)")
     parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="draw progress and cost against the plans")
+    parser.add_argument("--metrics", type=metrics_kinds, default=None, metavar="tensorboard,mlflow",
+                        help="also write every reported loss and metric as TensorBoard event files "
+                             "(RUN_DIR/tensorboard) and/or to MLflow's file store (RUN_DIR/mlruns); the "
+                             "'tensorboard' and 'mlflow' extras (RUN_DIR/metrics.jsonl is always written)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress bar: what happens is printed as plain lines")
     parser.add_argument("--json", action="store_true", help="print only the result as JSON (implies --no-progress)")
@@ -160,7 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _CONFIG_FLAGS = {"checkpoint": "checkpoint", "checkpoint_every": "checkpoint_every",
                  "checkpoint_every_s": "checkpoint_every_s",
                  "window_s": "window", "world_timeout_s": "world_timeout", "stall_timeout_s": "stall_timeout",
-                 "threads": "threads", "seed": "seed"}
+                 "threads": "threads", "seed": "seed", "metrics": "metrics"}
 
 
 def _resume_folder(args: argparse.Namespace) -> Any:
@@ -216,8 +221,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"thrifty run: the problem is infeasible: {why}", file=sys.stderr)
             return EXIT_INFEASIBLE
         if args.dry_run:  # nothing runs; what the run would refuse before it starts is refused here, all at once
+            from thrifty.runtime.metrics import check_kinds
             from thrifty.runtime.training.preflight import check_run
 
+            check_kinds(prepared.config.metrics)  # a metrics sink whose package is missing
             check_run(prepared.inputs)
             return _dry_run(prepared, args.json)
         return _run(args, prepared)
@@ -308,6 +315,7 @@ def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None
     the prediction check and where the files are (``--json``: the result)."""
     from thrifty.core.validation import json_object
     from thrifty.runtime.training.report import format_prediction_check, format_timeline, plot_run, timeline
+    from thrifty.runtime.metrics import look_at
     from thrifty.runtime.training.runlog import read_run_log
 
     log = prepared.folder / "run.jsonl"
@@ -329,6 +337,8 @@ def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None
             print(check)
         print(f"run log: {result.log_path}; checkpoint: {result.checkpoint_path}"
               + (f"; plot: {plot}" if plot else ""))
+        for line in look_at(prepared.folder, ("jsonl", *prepared.config.metrics)):
+            print(line)
     elif plot:
         print(f"plot: {plot}")
 

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
-from thrifty.runtime.commands._args import output_file, output_folder
+from thrifty.runtime.commands._args import metrics_kinds, output_file, output_folder
 
 HELP = "run a hyperparameter tuning experiment from one file (a scheduler or a RubberBand plan), results on disk"
 
@@ -52,6 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default=None, metavar="CLUSTER",
                         help="where trials run, instead of the file's `cluster`: local (default), auto, "
                              "ray://HOST:PORT or a cluster config YAML (as thrifty run --cluster)")
+    parser.add_argument("--storage", default=None, metavar="LOCATION",
+                        help="where the trials checkpoint, instead of the file's `storage`: a folder, or "
+                             "s3://BUCKET/PREFIX that every machine reaches, so a trial paused on one machine "
+                             "resumes on another without a shared file system (default DIR/trials; the run keeps "
+                             "its trials under LOCATION/NAME-TIME/)")
+    parser.add_argument("--metrics", type=metrics_kinds, default=None, metavar="tensorboard,mlflow",
+                        help="also write every result as TensorBoard event files (DIR/tensorboard, a run per "
+                             "trial) and/or to MLflow's file store (DIR/mlruns); the 'tensorboard' and 'mlflow' "
+                             "extras (DIR/metrics.jsonl is always written)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan or the scheduler's settings with the predicted time and cost, and stop")
     parser.add_argument("--out", type=output_folder, metavar="DIR",
@@ -229,14 +238,14 @@ def run(args: argparse.Namespace) -> int:
 
     from thrifty.core.errors import ProblemError
     from thrifty.runtime.tuning.driver import (EXPERIMENT_COPY, GoalInfeasible, check_startable, finished_run,
-                                               stored_options, tune)
+                                               stored_options, tune, with_storage)
     from thrifty.runtime.tuning.experiment_file import load_experiment
 
     resume = _resume_folder(args)
     if args.experiment is None and resume is None:
         raise ProblemError("give an experiment file, or --resume DIR", path="experiment")
     console = Console(stderr=True)
-    e = load_experiment(args.experiment or f"{resume}/{EXPERIMENT_COPY}")
+    e = with_storage(load_experiment(args.experiment or f"{resume}/{EXPERIMENT_COPY}"), args.storage, resume)
     if resume is not None:
         kept = stored_options(resume)  # what the run was started with, unless given again
         args.cluster = args.cluster or kept.get("cluster")
@@ -276,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = tune(e, out=args.out if resume is None else None, resume=resume, cluster=args.cluster,
-                      plot=args.plot, on_start=on_start, on_event=on_event, on_stop=on_stop)
+                      storage=args.storage, plot=args.plot, metrics=args.metrics, on_start=on_start,
+                      on_event=on_event, on_stop=on_stop)
     except GoalInfeasible as err:
         return _infeasible(console, err)
     finally:
@@ -295,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"best: trial {best['trial']}, {e.metric} {_fmt(best['metric'])}, config {best['config']}")
         print(f"results: {result.out} (summary.json, events.jsonl, best/)" +
               (f"; plot: {result.plot}" if result.plot else ""))
+        for line in result.metrics:
+            print(line)
     if result.stopped:
         print(f"thrifty tune: {result.end_reason}; resume with: {_resume_command(args, result.out)}",
               file=sys.stderr)

@@ -1,7 +1,8 @@
 """Where a checkpoint lives, for every machine of a run: a location string,
 a local path or an ``s3://bucket/key`` URL, and the few operations a
 checkpoint needs on it (`exists`, `read_bytes`, `write_bytes_atomic`,
-`delete`, `describe` for messages).
+`delete`, `describe` for messages), and `join` for the locations under a
+folder (a tuning run's trials each checkpoint under the run's storage).
 
 A local path serves one host, or many that share a file system; an S3
 object serves machines anywhere (a Ray cluster, EC2 instances).
@@ -51,8 +52,8 @@ from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.core.io import atomic_write_bytes
 from thrifty.runtime.providers._aws import api_errors, boto3_module, error_code, make_client
 
-__all__ = ["Location", "S3Object", "parse", "is_remote", "describe", "exists", "read_bytes", "write_bytes_atomic",
-           "delete", "s3_client"]
+__all__ = ["Location", "S3Object", "parse", "parse_folder", "join", "is_remote", "is_remote_folder", "describe",
+           "exists", "read_bytes", "write_bytes_atomic", "delete", "s3_client"]
 
 Location = str | os.PathLike[str]
 
@@ -80,22 +81,57 @@ def parse(location: Location) -> Path | S3Object:
     """What `location` names: a local `Path`, or an `S3Object` for
     ``s3://bucket/key``. A `ProblemError` for an empty location, another
     URL scheme, or an S3 URL without its bucket or key."""
+    where = _split(location, "a path or an s3://bucket/key URL")
+    if isinstance(where, S3Object) and (not where.bucket or not where.key or where.key.endswith("/")):
+        raise ProblemError(f"is '{location}', but an S3 location must name a bucket and an object key "
+                           "(s3://bucket/folder/checkpoint.pt)")
+    return where
+
+
+def parse_folder(location: Location) -> Path | S3Object:
+    """What the folder `location` names: a local `Path`, or an `S3Object`
+    whose key is the prefix (empty for a whole bucket) for ``s3://bucket``
+    or ``s3://bucket/prefix``. A `ProblemError` for an empty location,
+    another URL scheme, or an S3 URL without its bucket."""
+    where = _split(location, "a folder or an s3://bucket/prefix URL")
+    if isinstance(where, S3Object):
+        if not where.bucket:
+            raise ProblemError(f"is '{location}', but an S3 location must name a bucket (s3://bucket/prefix)")
+        return S3Object(where.bucket, where.key.strip("/"))
+    return where
+
+
+def _split(location: Location, wanted: str) -> Path | S3Object:
+    """A path, or an ``s3://`` URL's bucket and the rest, unchecked; a
+    `ProblemError` saying `wanted` for an empty location or another scheme."""
     if isinstance(location, os.PathLike):
         return Path(location)
     if not location:
-        raise ProblemError("is empty, but must be a path or an s3://bucket/key URL")
+        raise ProblemError(f"is empty, but must be {wanted}")
     url = _URL.match(location)
     if url is None:
         return Path(location)
     scheme, rest = url.groups()
     if scheme.lower() != "s3":
-        raise ProblemError(f"is '{location}', but must be a path or an s3://bucket/key URL "
-                           f"('{scheme}://' is not supported)")
+        raise ProblemError(f"is '{location}', but must be {wanted} ('{scheme}://' is not supported)")
     bucket, _, key = rest.partition("/")
-    if not bucket or not key or key.endswith("/"):
-        raise ProblemError(f"is '{location}', but an S3 location must name a bucket and an object key "
-                           "(s3://bucket/folder/checkpoint.pt)")
     return S3Object(bucket, key)
+
+
+def join(folder: Location, *parts: str) -> str:
+    """The location of `parts` under `folder` (a local folder, or
+    ``s3://bucket[/prefix]``): a path, or an ``s3://`` URL; `ProblemError`
+    for a folder `parse_folder` refuses."""
+    where = parse_folder(folder)
+    if isinstance(where, Path):
+        return str(where.joinpath(*parts))
+    key = "/".join(p.strip("/") for p in (where.key, *parts) if p.strip("/"))
+    return str(S3Object(where.bucket, key))
+
+
+def is_remote_folder(folder: Location) -> bool:
+    """Is the folder `folder` on S3 (not a local path)?"""
+    return isinstance(parse_folder(folder), S3Object)
 
 
 def is_remote(location: Location) -> bool:

@@ -1,6 +1,7 @@
 """How a training run behaves (`RunConfig`): checkpoints, the monitor's
 window, timeouts, the solver on a re-plan. ``thrifty run``'s options and a
-run record's ``config`` are its fields."""
+run record's ``config`` are its fields, and where its metrics go besides
+``metrics.jsonl`` (`metrics`: ``tensorboard``, ``mlflow``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from thrifty.core.errors import ProblemError
+from thrifty.runtime.metrics import parse_kinds
 from thrifty.runtime.training.monitor import auto_window_s
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import TrainingProblem
@@ -50,8 +52,10 @@ class RunConfig:
     replan_time_limit_s: float | None = 1.0
     max_replans: int = 16
     log_every_s: float | None = None  # throughput log period; default window_s / window_bins
+    metrics: tuple[str, ...] = ()  # the optional metrics sinks (`thrifty.runtime.metrics`); metrics.jsonl always
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", parse_kinds(self.metrics))  # a run record's list, or names
         if self.window_s is not None and not self.window_s > 0:
             raise ProblemError(f"is {self.window_s}, but must be positive (or None: automatic)", path="window_s")
         for name in ("poll_s", "world_timeout_s", "stall_timeout_s", "stop_timeout_s",

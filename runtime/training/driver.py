@@ -42,6 +42,7 @@ from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.core.errors import ProblemError
 from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
+from thrifty.runtime.metrics import check_kinds, open_metrics
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
 from thrifty.runtime.training.config import RunConfig
 from thrifty.runtime.training.errors import RunFinished, RunInterrupted, Terminated, TrainingError
@@ -200,6 +201,7 @@ def train(plan: PlanArgument = None, trainer: str | Callable[..., Any] | None = 
                            trainer_args=trainer_args, resume=resume, run_id=run_id, cluster=cluster, options=options)
     inputs, config, run_id, folder = prepared.inputs, prepared.config, prepared.run_id, prepared.folder
     plan, problem, cluster = inputs.plan, inputs.problem, inputs.cluster
+    check_kinds(config.metrics)  # a metrics sink whose package is missing is refused before anything starts
     catalog = load_catalog(problem.catalog)
     own_provider = provider is None
     from thrifty.runtime.cluster.spec import cluster_kind, cluster_provider
@@ -270,6 +272,7 @@ class _Driver:
         self.first_segment = carried.segments  # segments are numbered across the run's sessions
         self.start = time.time() - self.carried_s
         self.log = RunLog(folder / "run.jsonl", start=self.start)
+        self.metrics_out = open_metrics(folder, config.metrics, name=run_id)  # every loss and metric reported
         self.replanner = Replanner(problem, method=config.solver_method, time_limit_s=config.replan_time_limit_s)
         limits = problem.limits
         self.window_s = config.window_for(plan, problem)
@@ -341,6 +344,7 @@ class _Driver:
                 self.give_back(self._held())
         finally:
             self.log.close()
+            self.metrics_out.close()
 
     # -- the run ----------------------------------------------------------------------------
     def run(self, resume: bool) -> RunResult:

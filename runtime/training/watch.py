@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from thrifty.core.validation import json_object
+from thrifty.runtime.metrics import Metrics
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import Machine
 from thrifty.runtime.providers.interruptions import CapacityChange, FeedReader, Interruption, MachineLost, Notice
@@ -65,6 +66,7 @@ class WatchedRun(Protocol):
     done: int  # the iteration the next world starts from
     launch_s: float  # the longest launch seen (the switching overhead of a re-plan)
     metrics: dict[str, Any] | None
+    metrics_out: Metrics  # where every reported loss and metric goes (metrics.jsonl, TensorBoard, MLflow)
     throughput_log_s: float
 
     def announce(self, event: Preemption, **extra: Any) -> None:
@@ -161,6 +163,8 @@ class SegmentWatch:
                 d.log.write("metrics", at=poll.metrics.get("at"), segment=self.index,
                             iteration=poll.metrics.get("iteration"), loss=poll.metrics.get("loss"),
                             metrics=poll.metrics.get("metrics", {}))
+                reported = {"loss": poll.metrics.get("loss"), **(poll.metrics.get("metrics") or {})}
+                d.metrics_out.write(int(poll.metrics.get("iteration") or 0), reported)
             if poll.iteration is not None and poll.iteration_at is not None:
                 if self.first_progress_at is None and poll.iteration > d.done:
                     self.first_progress_at = poll.iteration_at

@@ -14,12 +14,18 @@ then runs it:
   stage.
 
 Everything lands in the results folder as it happens (`record`): the
-experiment, ``events.jsonl``, each trial's checkpoints and worker logs
-(``trials/``); at the end ``summary.json`` (written atomically), the best
-configuration and its checkpoint (``best/``) and a plot of the trial curves
-and the atoms over time. Results go to `out`, by default
-``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the run was started
-with besides the experiment (the cluster, the plot).
+experiment, ``events.jsonl``, each trial's worker logs (``trials/``); at the
+end ``summary.json`` (written atomically), the best configuration and its
+checkpoint (``best/``) and a plot of the trial curves and the atoms over
+time. The trials' checkpoints go to the run's storage (`trials_storage`):
+``trials/`` too by default, or ``STORAGE/RUN/`` for the experiment's
+``storage`` (``--storage``: a folder, or ``s3://bucket/prefix`` that every
+machine reaches, so that a trial moves between machines that share no file
+system). Every result also goes out as a metric (``metrics.jsonl``, and
+TensorBoard or MLflow when asked: `thrifty.runtime.metrics`). Results go to
+`out`, by default ``thrifty-runs/NAME-TIME``; ``options.json`` keeps what the
+run was started with besides the experiment (the cluster, the plot, the
+metrics sinks).
 
 SIGINT and SIGTERM (`_Signals`) ask the loop to stop: running trials finish
 their iteration and are checkpointed, the summary is written with
@@ -45,7 +51,7 @@ import math
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,9 +60,11 @@ from thrifty.core.errors import ProblemError, ThriftyError
 from thrifty.core.io import atomic_write_text
 from thrifty.core.validation import validate_model
 from thrifty.core.optional import try_import
+from thrifty.runtime.metrics import Metrics, check_kinds, look_at, open_metrics
 from thrifty.runtime.runs import RUNS_FOLDER, newest_run as newest_folder
 from thrifty.runtime.tuning.experiment_file import (ExperimentFile, PlanSpec, build_scheduler, build_search_space,
-                                                    load_experiment, parse_experiment, resolve_trainer)
+                                                    check_storage, load_experiment, parse_experiment,
+                                                    resolve_trainer)
 from thrifty.runtime.tuning.search_space import SearchSpace
 from thrifty.runtime.tuning.record import EVENTS, EventLog, RecordingExecutor, read_events, read_history, \
     unheard_results
@@ -65,7 +73,8 @@ from thrifty.runtime.tuning.trial import Trial, TrialState
 logger = logging.getLogger(__name__)
 
 __all__ = ["tune", "TuneResult", "GoalInfeasible", "preview", "check_startable", "EXPERIMENT_COPY", "SUMMARY",
-           "OPTIONS", "STOPPED", "finished_run", "stored_options", "newest_run"]
+           "OPTIONS", "STOPPED", "finished_run", "stored_options", "newest_run", "trials_storage",
+           "with_storage"]
 
 EXPERIMENT_COPY = "experiment.json"
 SUMMARY = "summary.json"
@@ -119,6 +128,7 @@ class TuneResult:
     already_finished: bool = False   # a resumed run that had finished: nothing ran (`finished_run`)
     error: str | None = None         # the driver's own failure (end_reason ``crashed``)
     notes: list[str] = field(default_factory=list)  # what a resume found (results recovered or redone)
+    metrics: list[str] = field(default_factory=list)  # where to look at the results' metrics, one line a sink
 
     @property
     def stopped(self) -> bool:
@@ -223,6 +233,8 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
 
     attempt(resolve_trainer, e)
     attempt(build_search_space, e)
+    if e.storage is not None:
+        attempt(check_storage_reached, e.storage)
     plan = isinstance(e.scheduler, PlanSpec)
     if not plan:
         attempt(build_scheduler, e)
@@ -269,6 +281,38 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
                            + "\n".join(f"  {p}" for p in problems))
     assert shown is not None  # no problem: the preview was made
     return shown
+
+
+def trials_storage(e: ExperimentFile, folder: Path) -> str | Path:
+    """Where the run in results folder `folder` keeps its trials' checkpoints:
+    ``STORAGE/RUN`` (``RUN``: the folder's name) for the experiment's
+    ``storage``, else the folder's ``trials/``."""
+    from thrifty.runtime.ddp import storage
+
+    return storage.join(e.storage, folder.name) if e.storage is not None else folder / "trials"
+
+
+def with_storage(e: ExperimentFile, storage: str | None, resume: str | Path | None = None) -> ExperimentFile:
+    """`e` with its ``storage`` replaced by `storage` (``--storage``), which
+    a resumed run (`resume`: its folder) may give again but not change: its
+    trials' checkpoints are where its experiment copy says."""
+    if storage is None:
+        return e
+    if resume is not None and storage != e.storage:
+        raise ProblemError(f"is '{storage}', but the run in {resume} keeps its trials' checkpoints in "
+                           f"'{e.storage or Path(resume) / 'trials'}': resume it without --storage", path="storage")
+    check_storage(storage)
+    return e.model_copy(update={"storage": storage})
+
+
+def check_storage_reached(location: str) -> None:
+    """An S3 storage's bucket exists and answers (a `ProviderError` naming
+    the AWS error otherwise); a local folder is made when used."""
+    from thrifty.runtime.ddp import storage
+
+    check_storage(location)
+    if storage.is_remote_folder(location):
+        storage.exists(storage.join(location, ".thrifty-storage-check"))  # head_object, then head_bucket
 
 
 def _cluster_kind(cluster: str) -> str:
@@ -404,18 +448,19 @@ def finished_run(folder: str | Path) -> dict[str, Any] | None:
 
 
 def stored_options(folder: str | Path) -> dict[str, Any]:
-    """What the run in `folder` was started with besides its experiment (``cluster``, ``plot``)."""
+    """What the run in `folder` was started with besides its experiment (``cluster``, ``plot``, ``metrics``)."""
     try:
         options = json.loads((Path(folder) / OPTIONS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in options.items() if k in ("cluster", "plot") and isinstance(v, str)} \
+    return {k: v for k, v in options.items() if k in ("cluster", "plot", "metrics") and isinstance(v, str)} \
         if isinstance(options, dict) else {}
 
 
 def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = None, *,
          out: str | Path | None = None, resume: str | Path | None = None, cluster: str | None = None,
-         dry_run: bool = False, plot: str | Path | None = None,
+         storage: str | None = None, dry_run: bool = False, plot: str | Path | None = None,
+         metrics: str | Iterable[str] | None = None,
          on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
          on_event: Callable[[dict[str, Any]], None] | None = None,
          on_stop: Callable[[str], None] | None = None) -> TuneResult:
@@ -424,7 +469,13 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
 
     `resume`: the results folder of a killed run to go on from (its own
     experiment is used when `experiment` is None). `cluster` overrides the
-    file's. `plot`: where the plot goes (default ``DIR/tuning.png``).
+    file's, `storage` its ``storage`` (a resumed run keeps its own: it may
+    be given again, not changed). `plot`: where the plot goes (default
+    ``DIR/tuning.png``). `metrics`: the optional metrics sinks
+    (``tensorboard``, ``mlflow``: `thrifty.runtime.metrics`) besides
+    ``DIR/metrics.jsonl``, where every result goes as it is recorded (the
+    trial's metric, its iteration time and overhead, tagged with the
+    trial); a resumed run keeps the ones it was started with.
     `on_start(preview, executor)` is called once the executor exists (the
     command line starts its live table there), `on_event(event)` after each
     recorded event, `on_stop(reason)` once when SIGINT or SIGTERM asks the
@@ -436,10 +487,12 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         if resume is None:
             raise ProblemError("give an experiment, or resume= a results folder", path="experiment")
         experiment = Path(resume) / EXPERIMENT_COPY
-    e = _experiment(experiment)
+    e = with_storage(_experiment(experiment), storage, resume)
     kept = stored_options(resume) if resume is not None else {}
     cluster = cluster or kept.get("cluster") or e.cluster
     plot = plot if plot is not None else kept.get("plot")
+    started_with = kept.get("metrics", "")
+    kinds = check_kinds(metrics if metrics is not None else [k for k in started_with.split(",") if k])
     if resume is not None:
         summary = finished_run(_results_folder(e, out, resume))
         if summary is not None:
@@ -462,17 +515,22 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         atomic_write_text(folder / EXPERIMENT_COPY, json.dumps(e.model_dump(mode="json"), indent=1) + "\n")
         if shown.plan is not None:
             atomic_write_text(folder / PLAN, shown.plan.to_json() + "\n")
-    options = {"cluster": cluster, "plot": None if plot is None else str(Path(plot).resolve())}
+    options = {"cluster": cluster, "plot": None if plot is None else str(Path(plot).resolve()),
+               "metrics": ",".join(kinds)}
     atomic_write_text(folder / OPTIONS, json.dumps({k: v for k, v in options.items() if v}, indent=1) + "\n")
     log = EventLog(folder / EVENTS)
-    history = _history(e, folder, log, result.notes) if resume is not None and (folder / EVENTS).exists() else None
+    sinks = open_metrics(folder, kinds, name=folder.name)
+    result.metrics = look_at(folder, ("jsonl", *kinds))
+    history = _history(e, folder, log, result.notes, sinks) if resume is not None and (folder / EVENTS).exists() \
+        else None
     signals = _Signals()
     recorder: RecordingExecutor | None = None
     try:
         with signals, _backend(e, folder, cluster) as (executor, provider):
             clock = executor.clock
             t0 = clock.now() - (history.elapsed_s if history is not None else 0.0)
-            recorder = RecordingExecutor(executor, log, t0=t0, value=e.value, on_event=on_event)
+            recorder = RecordingExecutor(executor, log, t0=t0, value=e.value,
+                                         on_event=_with_metrics(sinks, e.metric, on_event))
             if on_start is not None:
                 on_start(shown, recorder)
             try:
@@ -487,20 +545,42 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
             result.elapsed_s = clock.now() - t0
     finally:
         log.close()
+        sinks.close()
     _finish(result, plot)
     return result
 
 
-def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str]) -> Any:
+def _with_metrics(sinks: Metrics, metric: str, on_event: Callable[[dict[str, Any]], None] | None
+                  ) -> Callable[[dict[str, Any]], None]:
+    """`on_event`, after each result has gone to `sinks` as step = its iteration: the trial's `metric` (in its
+    own units, as recorded), its iteration time and overhead, tagged with the trial."""
+    def both(event: dict[str, Any]) -> None:
+        if event.get("event") == "result":
+            _result_out(sinks, metric, event)
+        if on_event is not None:
+            on_event(event)
+
+    return both
+
+
+def _result_out(sinks: Metrics, metric: str, event: Mapping[str, Any]) -> None:
+    """A recorded result to `sinks`."""
+    sinks.write(int(event["iteration"]), {metric: event["metric"], "iteration_s": event["iteration_s"],
+                                          "overhead_s": event["overhead_s"]}, {"trial": str(event["trial"])})
+
+
+def _history(e: ExperimentFile, folder: Path, log: EventLog, notes: list[str], sinks: Metrics) -> Any:
     """The recorded run in `folder` to go on from: first the results its trials checkpointed but the killed
-    driver never heard (appended to the log, `unheard_results`), then `read_history`; `notes` say what was
-    recovered, and which results are trained again (newer than their trial's last checkpoint)."""
+    driver never heard (appended to the log, `unheard_results`, and sent to `sinks`), then `read_history`;
+    `notes` say what was recovered, and which results are trained again (newer than their trial's last
+    checkpoint)."""
     from thrifty.runtime.tuning.executors.worlds import checkpointed_result
 
     events = read_events(folder / EVENTS)
-    trials = folder / "trials"
+    trials = trials_storage(e, folder)
     for line in unheard_results(events, lambda tid, after: checkpointed_result(trials, tid, after), e.value):
         log.write(line)
+        _result_out(sinks, e.metric, line)
         events.append(line)
         notes.append(f"trial {line['trial']}: iteration {line['iteration']}'s result was checkpointed but not "
                      "recorded when the run ended; recovered from its checkpoint")
@@ -604,7 +684,8 @@ class _backend:
 
         e = self.e
         options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed,
-                                   "checkpoint_every": e.checkpoint_every}
+                                   "checkpoint_every": e.checkpoint_every,
+                                   "storage": trials_storage(e, self.folder)}
         if self.cluster == "local":
             if isinstance(e.scheduler, PlanSpec):
                 from thrifty.runtime.providers.local import LocalProvider
@@ -701,11 +782,8 @@ def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> N
         (folder / "best").mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "best" / "config.json", json.dumps(best.config, indent=1) + "\n")
         source = best.checkpoint.get("path") if isinstance(best.checkpoint, dict) else None
-        if source and Path(source).is_file() and not best.checkpoint.get("error"):
-            target = folder / "best" / "checkpoint.pt"
-            shutil.copyfile(source, target.with_suffix(".tmp"))
-            target.with_suffix(".tmp").replace(target)
-            result.best_checkpoint = str(target)
+        if source and not best.checkpoint.get("error") and _copy_checkpoint(source, folder / "best" / "checkpoint.pt"):
+            result.best_checkpoint = str(folder / "best" / "checkpoint.pt")
     path = Path(plot) if plot is not None else folder / "tuning.png"
     if draw and try_import("matplotlib") is None:  # part of the install; a stripped one still gets its results
         result.plot = None
@@ -716,6 +794,29 @@ def _finish(result: TuneResult, plot: str | Path | None, draw: bool = True) -> N
         result.plot = str(path)
     atomic_write_text(folder / SUMMARY, json.dumps(json_safe(result.summary()), indent=1, allow_nan=False,
                                                    default=str) + "\n")
+
+
+def _copy_checkpoint(source: str, target: Path) -> bool:
+    """Copy the checkpoint at `source` (a path, or an ``s3://`` URL of the
+    run's storage) to the local file `target`, atomically; False when there
+    is none (or the storage cannot be read: said in the log)."""
+    from thrifty.runtime.ddp import storage
+
+    if not storage.is_remote(source):
+        if not Path(source).is_file():
+            return False
+        shutil.copyfile(source, target.with_suffix(".tmp"))
+        target.with_suffix(".tmp").replace(target)
+        return True
+    try:
+        data = storage.read_bytes(source)
+    except ThriftyError as err:
+        logger.warning("the best trial's checkpoint was not copied to %s: %s", target, err)
+        return False
+    if data is None:
+        return False
+    storage.write_bytes_atomic(target, data)
+    return True
 
 
 def json_safe(value: Any) -> Any:

@@ -33,7 +33,14 @@ Fields (``thrifty schema experiment`` prints the JSON Schema):
   prices them in the plan;
 - ``cluster``: ``local`` (worker processes on this host, the default), or
   what ``thrifty run --cluster`` takes (``auto``, ``ray://HOST:PORT``, a
-  cluster config YAML).
+  cluster config YAML);
+- ``storage``: where the trials checkpoint, a folder or
+  ``s3://bucket/prefix`` (``thrifty tune --storage`` overrides it); the run
+  keeps its trials under ``STORAGE/RUN/trial-N/checkpoint.pt`` (``RUN``:
+  the results folder's name). Default: the results folder's ``trials/``.
+  With S3, a trial paused on one machine resumes on another that shares no
+  file system with it; each machine reaches S3 with its own AWS
+  configuration (an instance profile, or its environment).
 
 Every error names the JSON path of the bad field (`ProblemError`).
 """
@@ -51,12 +58,13 @@ from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document
 from thrifty.core.optional import import_named
 from thrifty.core.validation import FieldPathError, json_path, validate_model
+from thrifty.runtime.ddp.storage import parse_folder
 from thrifty.runtime.tuning.schedulers.forecasting import (MetricRange, in_range, range_or_default, score_range,
                                                           shown_range)
 from thrifty.solver.problem import MAX_COST_USD, MAX_TIME_S
 
 __all__ = ["ExperimentFile", "SCHEDULER_NAMES", "load_experiment", "parse_experiment", "experiment_json_schema",
-           "build_search_space", "build_scheduler", "resolve_trainer"]
+           "build_search_space", "build_scheduler", "resolve_trainer", "check_storage"]
 
 SCHEDULER_NAMES = ("hypersched", "asha", "pop", "bandit", "earlyterm", "fifo", "plan")
 DOMAINS = ("loguniform", "uniform", "randint", "choice")
@@ -177,6 +185,9 @@ class ExperimentFile(_Spec):
     budget_usd: Annotated[float, Field(gt=0, le=MAX_COST_USD, allow_inf_nan=False)] | None = None
     resources: Resources = Field(default_factory=Resources)
     cluster: str = "local"
+    storage: Annotated[str, Field(min_length=1)] | None = Field(
+        None, description="where the trials checkpoint: a folder, or s3://bucket/prefix that every machine "
+                          "reaches (default: the results folder's trials/)")
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] = Field(1, description="torch threads per worker")
     iteration_timeout_s: Seconds = 600.0
     checkpoint_every: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)] = Field(
@@ -200,6 +211,8 @@ class ExperimentFile(_Spec):
     def _rules(self) -> ExperimentFile:
         if self.name is not None:
             _check_name(self.name)
+        if self.storage is not None:
+            check_storage(self.storage)
         for name, value in self.search_space.items():
             _check_domain(name, value)
         lower, upper = self.metric_range or (None, None)
@@ -278,6 +291,15 @@ class ExperimentFile(_Spec):
 
     def usd(self, seconds: float) -> float:
         return self.resources.usd_per_atom_hour * self.atoms * seconds / 3600.0
+
+
+def check_storage(location: str) -> None:
+    """A `FieldPathError` at ``storage`` unless `location` is a folder or an
+    ``s3://bucket/prefix`` URL (`thrifty.runtime.ddp.storage.parse_folder`)."""
+    try:
+        parse_folder(location)
+    except ProblemError as e:
+        raise FieldPathError(("storage",), e.message) from None
 
 
 def _check_name(name: str) -> None:

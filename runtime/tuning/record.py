@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from thrifty.core.errors import ProblemError
+from thrifty.core.io import JsonLinesLog as EventLog
 from thrifty.runtime.tuning.executors.plan import record_result
 from thrifty.runtime.tuning.loop import Executor, ReplayStep, Resumed
 from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
@@ -59,25 +59,6 @@ from thrifty.runtime.tuning.trial import ENDED, Crash, Report, Trial, TrialState
 __all__ = ["EventLog", "RecordingExecutor", "read_events", "read_history", "unheard_results", "EVENTS"]
 
 EVENTS = "events.jsonl"
-
-
-class EventLog:
-    """Append-only JSON lines, each flushed to the operating system as written."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-
-    def write(self, event: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps(event, allow_nan=True, default=str) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:

@@ -63,10 +63,20 @@ launch's ranks where the caller says (``where``: machine id -> ranks, what
 the plan executor's placement controller chose) or else on the machines
 with the most free slots (so that trials spread over the machines), and the
 world is started by ``provider.world_launcher`` (an agent per machine forks
-the ranks; rank 0's machine hosts the store). Checkpoints and worker logs
-are written under `workdir` by whichever machine runs the rank, so on
-machines that do not share this host's file system `workdir` must be a
-shared one. Start-up times compare this host's clock with the workers'.
+the ranks; rank 0's machine hosts the store). Start-up times compare this
+host's clock with the workers'.
+
+*Where checkpoints live.* Each trial's checkpoint is
+``STORAGE/trial-N/checkpoint.pt`` (`trial_checkpoint`), where `storage` is
+a local folder (default: `workdir`) or ``s3://bucket/prefix``
+(`thrifty.runtime.ddp.storage`: atomic writes on both). Rank 0 writes it
+wherever it runs, and every rank of the trial's next launch reads it
+wherever that runs: with S3 storage a trial paused on one machine resumes
+on another with no file system shared between them (each machine reaches
+S3 with its own AWS configuration: an instance profile, or the AWS
+environment of its Ray node). A local `storage` serves machines that share
+this host's file system. Worker logs go to ``WORKDIR/trial-N/rankR.log`` on
+the machine that runs the rank.
 
 *Machines taken away.* With a provider, the executor reads its
 interruption feed (`Provider.interruptions`) while it waits for events: a
@@ -99,9 +109,11 @@ from thrifty.core.errors import ProblemError, ProviderError
 from thrifty.runtime.providers.interruptions import Notice
 from thrifty.runtime.worlds import World, WorldFailed
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
+from thrifty.runtime.ddp import storage as ddp_storage
 from thrifty.runtime.ddp.job import DECISION as COMMAND
 from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
+from thrifty.runtime.ddp.storage import Location
 from thrifty.runtime.ddp.worker import ENTRY, PRELOAD, job_argv
 from thrifty.runtime.tuning.clock import Clock, RealClock
 from thrifty.runtime.tuning.trial import Crash, Report, Trial
@@ -179,12 +191,13 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
 
 # --- the executor side ------------------------------------------------------------------------
 
-def trial_checkpoint(workdir: str | Path, trial_id: int) -> Path:
-    """Where a trial's checkpoint is, under the executor's `workdir`."""
-    return Path(workdir) / f"trial-{trial_id}" / "checkpoint.pt"
+def trial_checkpoint(storage: Location, trial_id: int) -> str:
+    """Where a trial's checkpoint is under the executor's `storage` (a
+    folder, or ``s3://bucket/prefix``): a path or an ``s3://`` URL."""
+    return ddp_storage.join(storage, f"trial-{trial_id}", "checkpoint.pt")
 
 
-def checkpointed_result(workdir: str | Path, trial_id: int, after: int) -> dict[str, Any] | None:
+def checkpointed_result(storage: Location, trial_id: int, after: int) -> dict[str, Any] | None:
     """The result of iteration ``after + 1`` of the trial, when its checkpoint
     holds it: the driver was killed after the iteration was checkpointed and
     before the result was heard (the ranks write a due checkpoint, with the
@@ -194,18 +207,16 @@ def checkpointed_result(workdir: str | Path, trial_id: int, after: int) -> dict[
     from thrifty.core.errors import ThriftyError
     from thrifty.runtime.ddp.checkpoint import load_checkpoint
 
-    path = trial_checkpoint(workdir, trial_id)
-    if not path.is_file():
-        return None
+    path = trial_checkpoint(storage, trial_id)
     try:
-        state = load_checkpoint(str(path))
-    except ThriftyError:
+        state = load_checkpoint(path)
+    except ThriftyError:  # unreadable, or the storage failed: the result is trained again
         return None
     if state is None or int(state.get("iteration", -1)) != after + 1 or not isinstance(state.get("result"), dict):
         return None
     result = state["result"]
     return {"iteration": after + 1, "metric": float(result["metric"]), "iteration_s": float(result["iteration_s"]),
-            "checkpoint": {"path": str(path), "iteration": after + 1}}
+            "checkpoint": {"path": path, "iteration": after + 1}}
 
 
 @dataclass
@@ -329,15 +340,17 @@ class WorldExecutor:
 
     `trainer` is ``MODULE:FACTORY`` (or a module-level function) returning a
     `TunableTrainer` when called with a trial's configuration; `workdir`
-    holds each trial's checkpoint and worker logs. Use it as a context
-    manager, or call `close()`: it kills and reaps whatever still runs.
+    holds each trial's worker logs, and `storage` (default: `workdir`; a
+    folder or ``s3://bucket/prefix``) each trial's checkpoint. Use it as a
+    context manager, or call `close()`: it kills and reaps whatever still runs.
     """
 
     def __init__(self, trainer: str | Callable[..., Any], workdir: str | Path, *, clock: Clock | None = None,
                  seed: int = 0, threads: int = 1, start_timeout_s: float = 120.0,
                  iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
                  decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0, provider: Provider | None = None,
-                 slots_per_machine: int | None = None, checkpoint_every: int | None = 1):
+                 slots_per_machine: int | None = None, checkpoint_every: int | None = 1,
+                 storage: Location | None = None):
         if not isinstance(threads, int) or threads < 1:
             raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
@@ -350,6 +363,11 @@ class WorldExecutor:
                 raise ProblemError(f"`{name}` is {value!r}, but must be a positive number of seconds", path=name)
         self.trainer = trainer_spec(trainer)
         self.workdir = Path(workdir)
+        try:
+            ddp_storage.parse_folder(storage if storage is not None else self.workdir)
+        except ProblemError as e:
+            raise ProblemError(e.message, path="storage") from None
+        self.storage: Location = storage if storage is not None else self.workdir
         self.clock = clock if clock is not None else RealClock()
         self.seed, self.threads = seed, threads
         self.start_timeout_s, self.iteration_timeout_s = start_timeout_s, iteration_timeout_s
@@ -365,6 +383,10 @@ class WorldExecutor:
         self._worlds: dict[int, _World] = {}
         self._ready: deque[Report | Crash] = deque()
 
+    def checkpoint_of(self, trial_id: int) -> str:
+        """Where trial `trial_id`'s checkpoint is (a path or an ``s3://`` URL)."""
+        return trial_checkpoint(self.storage, trial_id)
+
     # --- the executor interface ---------------------------------------------------------------
     def launch(self, trial: Trial, atoms: int, where: Mapping[str, int] | None = None) -> None:
         """Start (or resume) `trial` on `atoms` ranks; with a provider, on the
@@ -373,14 +395,16 @@ class WorldExecutor:
         record = LaunchRecord(trial.trial_id, atoms, 0 if checkpoint is None else int(checkpoint["iteration"]),
                               save_s=0.0 if checkpoint is None else float(checkpoint.get("save_s", 0.0)))
         self.launches.append(record)
-        folder = trial_checkpoint(self.workdir, trial.trial_id).parent
+        folder = self.workdir / f"trial-{trial.trial_id}"  # its worker logs (and a local storage's checkpoint)
         folder.mkdir(parents=True, exist_ok=True)
+        if not ddp_storage.is_remote_folder(self.storage):
+            Path(self.checkpoint_of(trial.trial_id)).parent.mkdir(parents=True, exist_ok=True)
         if checkpoint is not None and checkpoint.get("error"):
             record.ended = "crashed"
             self._ready.append(Crash(trial.trial_id, f"cannot resume: {checkpoint['error']}", self.clock.now()))
             return
         job = JobSpec(trainer=self.trainer, trainer_args=dict(trial.config),
-                      checkpoint_path=str(trial_checkpoint(self.workdir, trial.trial_id)),
+                      checkpoint_path=self.checkpoint_of(trial.trial_id),
                       restore="required" if checkpoint is not None else "never", steps_per_iteration=None,
                       checkpoint_every=self.checkpoint_every, evaluate=True, await_decision=True, metrics_every_s=None,
                       weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
@@ -427,7 +451,7 @@ class WorldExecutor:
         world = self._worlds.pop(trial.trial_id, None)
         if world is None:
             return trial.checkpoint
-        reference: dict[str, Any] = {"path": str(trial_checkpoint(self.workdir, trial.trial_id)),
+        reference: dict[str, Any] = {"path": self.checkpoint_of(trial.trial_id),
                                      "iteration": world.iteration}
         if world.error is None and world.world.procs:
             world.world.command(COMMAND.format(world.iteration), "save")
@@ -569,7 +593,7 @@ class WorldExecutor:
         world.watch.stall_timeout_s = None  # the world awaits the loop's decision (its ranks time out by themselves)
         checkpoint = None
         if event.get("checkpointed"):  # written before the result was posted: its checkpoint event came first
-            checkpoint = {"path": str(trial_checkpoint(self.workdir, world.trial_id)), "iteration": world.iteration}
+            checkpoint = {"path": self.checkpoint_of(world.trial_id), "iteration": world.iteration}
             if world.saved_now():
                 assert world.saved is not None
                 checkpoint.update(save_s=float(world.saved["save_s"]), bytes=int(world.saved["bytes"]))
