@@ -369,7 +369,7 @@ class SegmentWatch:
             why = (f"with the corrected models no plan meets what is left ({remaining} iterations, "
                    f"{_left(problem.limits)})")
         forecast = cal.forecast(relaxations, why, elapsed_s=elapsed, spent_usd=spent_usd, kept_total_s=kept_s)
-        d.log.write("infeasible_forecast", at=now, segment=self.index, **forecast.to_json())
+        d.log.write("infeasible_forecast", segment=self.index, **forecast.to_json())  # when it is said
         d.hooks.emit("infeasible_forecast", forecast)
 
     def _report(self, now: float, state: str) -> None:
