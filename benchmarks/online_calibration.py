@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--limits", default="30,90", help="time limits to run the demo with (seconds, comma-separated)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the hog and the run are stopped on the way out
     limits = [float(x) for x in args.limits.split(",")]
     folder = args.keep or Path(tempfile.mkdtemp(prefix="thrifty-online-calibration-"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -73,6 +73,17 @@ The priors' spreads, from data
   probes, same README: 25% x sqrt(pi/2)); ``analytic`` ln 2 = 0.69: no data,
   a stated assumption (a factor of two at one standard deviation).
 
+- A machine type whose machines are worker processes of a shared host
+  (the catalog's host-worker types: ``local``, the demo's ``local-a`` and
+  ``local-b``) adds the contention the host shows while the window runs:
+  with ``R`` runnable processes on ``C`` cores (the kernel's count,
+  averaged over the window) a CPU-bound process may get ``C / R`` of a core,
+  so the prior's spread is widened by ``ln(max(1, R / C))`` (in quadrature,
+  `host_contention_sd`): on an idle host the profile's own error, on a
+  loaded one as much as the load could slow a pass. The profile was
+  measured with its own workers running, so ``R = C`` (two workers on two
+  cores) adds nothing.
+
 How the corrections enter the models
 ------------------------------------
 `scaled_model` multiplies a compute model's forward and backward fits (so
@@ -105,7 +116,8 @@ from thrifty.perfmodels.library import ModelLibrary
 from thrifty.perfmodels.profile import ColocatedPoints, ComputeProfile, LayerGrad, ProfilePoint, Provenance
 from thrifty.perfmodels.simulator import IterationPrediction, IterationSimulator
 
-__all__ = ["COMPUTE", "EXCHANGE", "COMPUTE_PRIOR_SD", "EXCHANGE_PRIOR_SD", "Evidence", "Belief", "Calibration",
+__all__ = ["COMPUTE", "EXCHANGE", "COMPUTE_PRIOR_SD", "EXCHANGE_PRIOR_SD", "host_contention_sd", "compute_prior_sd",
+           "exchange_prior_sd", "Evidence", "Belief", "Calibration",
            "scaled_model", "CorrectedLibrary", "CorrectedBandwidth", "ComponentPrediction",
            "component_predictions", "corrected_simulator", "corrected_profile"]
 
@@ -117,14 +129,24 @@ COMPUTE_PRIOR_SD = {"measured": 0.055 * SQRT_HALF_PI, "derived": 0.126, "publish
 EXCHANGE_PRIOR_SD = {"learned": 0.160 * SQRT_HALF_PI, "derived": 0.25 * SQRT_HALF_PI, "analytic": math.log(2.0)}
 
 
-def compute_prior_sd(provenance_kind: str | None) -> float:
-    """The prior's standard deviation of a compute factor for a profile of this provenance."""
-    return COMPUTE_PRIOR_SD.get(provenance_kind or "", COMPUTE_PRIOR_SD["derived"])
+def host_contention_sd(runnable: float | None, cores: int) -> float:
+    """The prior's extra spread on a shared host with `runnable` processes on
+    `cores` cores: ``ln(max(1, runnable / cores))`` (0 when unknown)."""
+    if runnable is None or cores < 1:
+        return 0.0
+    return math.log(max(1.0, runnable / cores))
 
 
-def exchange_prior_sd(source: str | None) -> float:
-    """The prior's standard deviation of an exchange factor for an allreduce model of this source."""
-    return EXCHANGE_PRIOR_SD.get(source or "", EXCHANGE_PRIOR_SD["analytic"])
+def compute_prior_sd(provenance_kind: str | None, contention_sd: float = 0.0) -> float:
+    """The prior's standard deviation of a compute factor for a profile of this
+    provenance, widened by a shared host's contention (`host_contention_sd`)."""
+    return math.hypot(COMPUTE_PRIOR_SD.get(provenance_kind or "", COMPUTE_PRIOR_SD["derived"]), contention_sd)
+
+
+def exchange_prior_sd(source: str | None, contention_sd: float = 0.0) -> float:
+    """The prior's standard deviation of an exchange factor for an allreduce
+    model of this source, widened by a shared host's contention."""
+    return math.hypot(EXCHANGE_PRIOR_SD.get(source or "", EXCHANGE_PRIOR_SD["analytic"]), contention_sd)
 
 
 @dataclass(frozen=True)

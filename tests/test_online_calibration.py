@@ -19,7 +19,8 @@ import pytest
 
 from thrifty.datasets.catalog import load_catalog
 from thrifty.perfmodels.calibration import (COMPUTE_PRIOR_SD, Belief, Calibration, CorrectedLibrary, Evidence,
-                                            component_predictions, corrected_simulator)
+                                            component_predictions, compute_prior_sd, corrected_simulator,
+                                            host_contention_sd)
 from thrifty.perfmodels.library import ModelLibrary
 from thrifty.core.validation import json_object
 from thrifty.runtime.providers.base import Machine
@@ -61,6 +62,17 @@ def test_little_evidence_stays_near_the_prior_and_much_goes_to_the_data():
         assert b.mean < nxt.mean <= math.log(2.0)
         b = nxt
     assert b.q == 0.0  # windows that agree: no random walk
+
+
+def test_a_shared_host_widens_the_prior_by_the_contention_it_shows():
+    assert host_contention_sd(2, 2) == 0.0 and host_contention_sd(None, 2) == 0.0  # the profile's own two workers
+    assert host_contention_sd(8, 2) == pytest.approx(math.log(4))
+    assert compute_prior_sd("measured") == SD
+    wide = compute_prior_sd("measured", host_contention_sd(8, 2))
+    assert wide == pytest.approx(math.hypot(SD, math.log(4)))
+    # the same window moves a belief with the wider prior further toward the data
+    ev = Evidence(3.0, 1.0, 0.6, 20)
+    assert Belief(wide).update(ev).factor > Belief(SD).update(ev).factor
 
 
 def test_a_jump_between_windows_widens_the_walk_and_the_belief_tracks_it():

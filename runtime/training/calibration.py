@@ -22,6 +22,7 @@ would be needed grows) carries the solver's explanation.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from thrifty.datasets.catalog import Catalog, load_catalog
 from thrifty.perfmodels.bundle import BUNDLE_FORMAT, parse_bundle
 from thrifty.perfmodels.calibration import (COMPUTE, Calibration, ComponentPrediction, Evidence, component_predictions,
                                             compute_prior_sd, corrected_profile, corrected_simulator,
-                                            exchange_prior_sd)
+                                            exchange_prior_sd, host_contention_sd)
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.library import ModelLibrary
 from thrifty.perfmodels.profile import profile_document, save_profile
@@ -44,6 +45,23 @@ __all__ = ["OnlineCalibrator", "InfeasibleForecast", "window_evidence", "save_co
            "MIN_WINDOW_ITERATIONS"]
 
 MIN_WINDOW_ITERATIONS = 2  # a window needs at least this many iterations of every rank (an sd needs two)
+
+
+def runnable_processes() -> float | None:
+    """The processes this host's kernel has runnable now besides the one asking
+    (Linux: /proc/stat's ``procs_running`` less one; elsewhere the 1-minute
+    load average), None when unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("procs_running"):
+                    return max(0.0, float(line.split()[1]) - 1.0)
+    except OSError:
+        pass
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 PARTS = ("forward", "backward", "exchange", "step")
 
 
@@ -155,6 +173,7 @@ class OnlineCalibrator:
         self._start: dict[int, dict[str, Any] | None] = {}
         self._first: dict[str, Any] | None = None  # rank 0's first reading of the world (the first window's span)
         self._window_at: float | None = None
+        self._runnable: list[float] = []  # the host's runnable processes, sampled as readings come
         self.infeasible: InfeasibleForecast | None = None
 
     # -- the corrected models ------------------------------------------------------
@@ -187,9 +206,13 @@ class OnlineCalibrator:
         self._start.clear()
         self._first = None
         self._window_at = None
+        self._runnable.clear()
 
     def observe(self, clocks: Mapping[int, dict[str, Any]], now: float) -> None:
-        """New cumulative clock readings of ranks."""
+        """New cumulative clock readings of ranks (and a sample of the host's runnable processes)."""
+        runnable = runnable_processes()
+        if runnable is not None:
+            self._runnable.append(runnable)
         for rank, reading in clocks.items():
             self._latest[rank] = reading
             if rank == 0 and self._first is None:
@@ -214,18 +237,21 @@ class OnlineCalibrator:
             return None
         before = component_predictions(self.simulator(), groups)
         base = self.base
+        runnable = sum(self._runnable) / len(self._runnable) if self._runnable else None
+        contention = host_contention_sd(runnable, os.cpu_count() or 1)
         measured: dict[str, Any] = {}
         for name, parts in compute.items():
             itype = self.catalog.get(name)
             kind = base.simulator.compute_model(itype).provenance.get("kind")
+            sd = compute_prior_sd(kind, contention if itype.host_worker else 0.0)
             for c, ev in parts.items():
-                self.calibration.observe_compute(itype.device, c, ev, compute_prior_sd(kind))
+                self.calibration.observe_compute(itype.device, c, ev, sd)
             measured[name] = {c: ev.measured_s for c, ev in parts.items()}
         if exchange is not None:
             for name in sorted({g.instance_type.name for g in groups}):
                 itype = self.catalog.get(name)
-                source = base.simulator.bandwidth.source(itype)
-                self.calibration.observe_exchange(name, exchange, exchange_prior_sd(source))
+                sd = exchange_prior_sd(base.simulator.bandwidth.source(itype), contention if itype.host_worker else 0.0)
+                self.calibration.observe_exchange(name, exchange, sd)
         self.version += 1
         self.windows += 1
         after = component_predictions(self.simulator(), groups)
@@ -233,7 +259,9 @@ class OnlineCalibrator:
         for r, (_, end) in readings.items():
             self._start[r] = end
         self._window_at = now
-        return {"window": self.windows, "iterations": min(_delta(e, s)[0] for s, e in readings.values()),
+        self._runnable.clear()
+        return {"window": self.windows, "runnable": runnable,
+                "iterations": min(_delta(e, s)[0] for s, e in readings.values()),
                 "prior": prior.to_json(), "corrected_before": before.to_json(), "corrected": after.to_json(),
                 "measured": {"compute": measured, "exchange_s": None if exchange is None else exchange.measured_s,
                              "iteration_s": iteration},
