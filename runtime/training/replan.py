@@ -265,8 +265,9 @@ class Replanner:
         solve_s = time.perf_counter() - start
         if not plan.feasible:
             why = plan.infeasibility.reason if plan.infeasibility else plan.status
+            said = f"; the models assumed {assumed}" if assumed else ""
             raise ReplanInfeasible(f"no plan meets what is left after the {reason} ({remaining_iterations} "
-                                   f"iterations, {_limits_text(space.problem.limits)}): {why}", plan=plan)
+                                   f"iterations, {_limits_text(space.problem.limits)}): {why}{said}", plan=plan)
         return Replan(reason, old_plan, plan, space.problem, time.time() - event_at, solve_s, event,
                       tuple(sorted(self.depleted)), assumed=assumed)
 

@@ -55,7 +55,8 @@ def _describe(e: dict[str, Any]) -> str:
     if kind == "replan_kept":
         return f"re-planned: keep {e['config']}"
     if kind == "replan_infeasible":
-        return f"re-planned ({e['reason']}): no plan meets what is left; going on as planned"
+        assumed = f" (assuming {e['assumed']})" if e.get("assumed") else ""
+        return f"re-planned ({e['reason']}): no plan meets what is left{assumed}; going on as planned"
     if kind == "segment_end":
         lost = f", {e['lost_iterations']} iterations lost" if e["lost_iterations"] else ""
         check = _prediction_check(e)

@@ -313,7 +313,7 @@ class SegmentWatch:
         try:
             replan: Replan | None = d.solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
         except ReplanInfeasible as e:
-            d.log.write("replan_infeasible", reason="slowdown", error=str(e))
+            d.log.write("replan_infeasible", reason="slowdown", error=str(e), assumed=d.calibrator.assumed())
             replan = None
         if not d.policy.switch_on_slowdown(replan, self.plan.config):
             if replan is not None:
