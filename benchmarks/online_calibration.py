@@ -24,7 +24,10 @@ by this script before the run and killed at its end. From each run's log
 Printed as one table per time limit, the runs without and with the hog side
 by side, with the host's load average before and after each run (the host
 may be shared: other processes count). Run:
-``python benchmarks/online_calibration.py [--hog N] [--limits 30,90] [--keep DIR]``.
+``python benchmarks/online_calibration.py [--hog N] [--limits 30,90] [--keep DIR]``;
+a limit ``SECONDS:USD`` also sets the budget (a host so busy that the demo
+takes minutes needs a budget past the demo's $0.05 for a run that can meet
+its limits).
 """
 
 from __future__ import annotations
@@ -63,13 +66,16 @@ def stop_hog(hog: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def problem_with_limit(time_s: float, folder: Path) -> Path:
-    """The demo problem with its time limit set to `time_s` (its catalog named by absolute path)."""
+def problem_with_limit(time_s: float, folder: Path, cost_usd: float | None = None) -> Path:
+    """The demo problem with its time limit set to `time_s` (and its budget to
+    `cost_usd` when given; its catalog named by absolute path)."""
     data = json.loads(DEMO.read_text())
     data["limits"]["time_s"] = time_s
+    if cost_usd is not None:
+        data["limits"]["cost_usd"] = cost_usd
     data["catalog"] = str(DEMO.parent / data["catalog"])
-    data["name"] = f"{data['name']} (time limit {time_s:g} s)"
-    path = folder / f"demo-{time_s:g}s.json"
+    data["name"] = f"{data['name']} (time limit {time_s:g} s, budget ${data['limits']['cost_usd']:g})"
+    path = folder / f"demo-{time_s:g}s-{data['limits']['cost_usd']:g}usd.json"
     path.write_text(json.dumps(data, indent=1))
     return path
 
@@ -125,8 +131,8 @@ def _ms(value: float | None) -> str:
     return "--" if value is None else f"{value * 1e3:.1f} ms"
 
 
-def table(limit: float, runs: dict[str, dict[str, Any]]) -> Table:
-    t = Table(title=f"README demo, time limit {limit:g} s: without and with a CPU hog")
+def table(limit: str, runs: dict[str, dict[str, Any]]) -> Table:
+    t = Table(title=f"README demo, {limit}: without and with a CPU hog")
     t.add_column("")
     for name in runs:
         t.add_column(name, justify="right")
@@ -154,22 +160,26 @@ def table(limit: float, runs: dict[str, dict[str, Any]]) -> Table:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="busy processes beside the hogged runs")
-    parser.add_argument("--limits", default="30,90", help="time limits to run the demo with (seconds, comma-separated)")
+    parser.add_argument("--limits", default="30,90",
+                        help="limits to run the demo with, comma-separated: SECONDS or SECONDS:USD (the budget; "
+                             "default the demo's $0.05)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the hog and the run are stopped on the way out
-    limits = [float(x) for x in args.limits.split(",")]
+    pairs = (x.partition(":") for x in args.limits.split(","))
+    limits = [(float(t), float(usd) if usd else None) for t, _, usd in pairs]
     folder = args.keep or Path(tempfile.mkdtemp(prefix="thrifty-online-calibration-"))
     folder.mkdir(parents=True, exist_ok=True)
     console.print(f"{os.cpu_count()} CPUs; hog: {args.hog} busy processes; runs in {folder}")
-    results: dict[float, dict[str, dict[str, Any]]] = {}
-    for limit in limits:
-        problem = problem_with_limit(limit, folder)
-        results[limit] = {}
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for time_s, usd in limits:
+        problem = problem_with_limit(time_s, folder, usd)
+        label = f"time limit {time_s:g} s" + (f", budget ${usd:g}" if usd is not None else "")
+        results[label] = {}
         for name, hog in (("without hog", 0), (f"with hog ({args.hog} procs)", args.hog)):
-            out = folder / f"run-{limit:g}s-hog{hog}"
-            results[limit][name] = r = run_demo(problem, out, hog)
-            console.print(f"{limit:g} s, {name}: exit {r['exit']}, {r['wall_s']:.0f} s wall; {r['assumed']}")
+            out = folder / f"run-{problem.stem}-hog{hog}"
+            results[label][name] = r = run_demo(problem, out, hog)
+            console.print(f"{label}, {name}: exit {r['exit']}, {r['wall_s']:.0f} s wall; {r['assumed']}")
             if r["least_change"]:
                 console.print(f"  least change said: {r['least_change']}")
     for limit, runs in results.items():
