@@ -274,19 +274,20 @@ def test_save_profile_where_no_file_can_be_is_a_usage_error_before_anything_runs
 # -- a real run ------------------------------------------------------------------------
 
 def test_the_workers_clock_marks_calibrate_a_real_run_and_its_re_plan_assumes_them(tmp_path):
-    """Two tiny-MLP workers; each half-second window corrects the models from
-    their clock marks; the machine lost at iteration 150 re-plans with the
-    corrected models, and says so."""
+    """Two tiny-MLP workers, one slowed by 10 ms an iteration (so that every
+    host takes at least 1.5 s to iteration 150); each half-second window
+    corrects the models from their clock marks; the machine lost at iteration
+    150 re-plans with the corrected models, and says so."""
     pytest.importorskip("torch")
     from test_run_behaviour import QUICK, TINY
     from test_training_runtime_processes import worker_pids
     from test_training_runtime_units import demo_problem, plan_dict
 
-    from thrifty.runtime.training import KillWorker, RunConfig, read_run_log, train
+    from thrifty.runtime.training import KillWorker, RunConfig, SlowWorker, read_run_log, train
 
     result = train(plan_dict(("local-a", "spot", 2, 8)), TINY, run_dir=tmp_path,
                    problem=demo_problem(iterations=200, limits={"time_s": 600}),
-                   config=RunConfig(**{**QUICK, "window_s": 0.5}), faults=[KillWorker(1, 150)])
+                   config=RunConfig(**{**QUICK, "window_s": 0.5}), faults=[SlowWorker(0, 0, 0.01), KillWorker(1, 150)])
     assert worker_pids() == []
     events = read_run_log(result.log_path)
     windows = [e for e in events if e["event"] == "calibration"]
