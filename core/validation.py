@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
 __all__ = ["FieldPathError", "FileSchema", "json_path", "validate_model", "problem_of", "short_value", "json_object",
-           "RECORD_CONFIG"]
+           "without_unset", "RECORD_CONFIG"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -233,6 +233,16 @@ RECORD_CONFIG = pydantic.ConfigDict(defer_build=True, arbitrary_types_allowed=Tr
 
 
 _ADAPTERS: dict[type, pydantic.TypeAdapter[Any]] = {}  # by record class, each made on its first use
+
+
+def without_unset(data: dict[str, Any], *names: str) -> dict[str, Any]:
+    """`data` (a record's serialization) without the keys `names` whose value
+    is None: a field a record writes only when it is known, so that records
+    written before it existed read the same."""
+    for name in names:
+        if data.get(name) is None:
+            data.pop(name, None)
+    return data
 
 
 def json_object(record: Any) -> dict[str, Any]:

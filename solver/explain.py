@@ -102,7 +102,7 @@ from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Evaluation, TrainingSpace, group_sums
 
 __all__ = ["CORE_TIME_S", "QUOTA_SEARCH_CAP", "explain_infeasibility", "explain_tuning_infeasibility",
-           "relaxed_problem"]
+           "limit_relaxations", "relaxed_problem"]
 
 QUOTA_SEARCH_CAP = 4096
 CORE_TIME_S = 3.0  # z3's budget for the unsat core when the enumeration found no set
@@ -156,6 +156,15 @@ def explain_infeasibility(space: TrainingSpace, proven: bool = True) -> Infeasib
         reason, reasons = reason + caveat, [r + caveat for r in reasons]
     return Infeasibility(conflicts=conflicts, relaxations=relaxations, reason=reason, conflict_sets=sets,
                          conflict_sets_complete=complete, conflict_reasons=reasons)
+
+
+def limit_relaxations(space: TrainingSpace) -> list[dict[str, Any]]:
+    """The relaxations of the limits alone, the quotas as they are: the least
+    time limit, the least budget, or both together when neither alone admits a
+    plan (the entries of `explain_infeasibility`'s ``relaxations``, without the
+    conflict analysis, which a running job that must answer within a window
+    cannot wait for)."""
+    return _Analysis(space).limit_repairs()
 
 
 def relaxed_problem(problem: Any, changes: dict[str, Any]) -> Any:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the tuning planner takes longer to import: it is imported w
     from thrifty.solver.tuning import TuningSpace
     from thrifty.solver.tuning_plan import TuningPlan
 
-__all__ = ["solve", "solve_tuning", "as_problem", "METHODS", "DEFAULT_EXHAUSTIVE_LIMIT"]
+__all__ = ["solve", "solve_tuning", "search_space", "as_problem", "METHODS", "DEFAULT_EXHAUSTIVE_LIMIT"]
 
 METHODS = ("auto", "exhaustive", "ilp", "smt")
 DEFAULT_EXHAUSTIVE_LIMIT = 50_000
@@ -69,6 +69,19 @@ def run_method(space: TrainingSpace, method: str, time_limit_s: float | None) ->
     raise ProblemError(f"method is '{method}', but must be one of {', '.join(METHODS)}")
 
 
+def search_space(space: TrainingSpace, method: str = "auto", time_limit_s: float | None = None,
+                 exhaustive_limit: int = DEFAULT_EXHAUSTIVE_LIMIT) -> SearchResult:
+    """The search `solve` makes of a training space, without the plan or the
+    infeasibility analysis around it (``method`` ``auto`` chosen by the
+    space's size, see the module docstring)."""
+    chosen = method
+    if method == "auto":
+        chosen = "exhaustive" if space.size <= exhaustive_limit else "ilp"
+    if space.size == 0:
+        return SearchResult(chosen, None, None, True, 0, 0.0)
+    return run_method(space, chosen, time_limit_s)
+
+
 @overload
 def solve(problem: TrainingProblem, method: str = ..., time_limit_s: float | None = ...,
           exhaustive_limit: int = ..., space: TrainingSpace | None = ...) -> Plan: ...
@@ -93,13 +106,8 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     if isinstance(problem, TuningProblem):  # RubberBand plans: solver/tuning.py
         return solve_tuning(problem, time_limit_s=time_limit_s)
     space = space or TrainingSpace(problem)
-    chosen = method
-    if method == "auto":
-        chosen = "exhaustive" if space.size <= exhaustive_limit else "ilp"
-    if space.size == 0:
-        result = SearchResult(chosen, None, None, True, 0, 0.0)
-    else:
-        result = run_method(space, chosen, time_limit_s)
+    result = search_space(space, method, time_limit_s, exhaustive_limit)
+    chosen = result.method
     if result.best is not None:
         return _plan(space, result, result.best, chosen, time.perf_counter() - start)
     from thrifty.solver.explain import explain_infeasibility

@@ -156,6 +156,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write every reported loss and metric as TensorBoard event files "
                              "(RUN_DIR/tensorboard) and/or to MLflow's file store (RUN_DIR/mlruns); the "
                              "'tensorboard' and 'mlflow' extras (RUN_DIR/metrics.jsonl is always written)")
+    parser.add_argument("--save-profile", type=output_file, metavar="FILE.json",
+                        help="when the run ends, write the compute profile its models were corrected to online (the "
+                             "profile format a problem names as its model; a profile bundle when it measured several "
+                             "devices)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress bar: what happens is printed as plain lines")
     parser.add_argument("--json", action="store_true", help="print only the result as JSON (implies --no-progress)")
@@ -210,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plan is None and not resume:
         raise ProblemError("give a plan or a problem file (or --resume RUN_DIR)")
     record = read_run_record(resume) if resume else None
-    options = {k: v for k, v in (("plot", args.plot), ("launch_delay", args.launch_delay or None)) if v is not None}
+    options = {k: v for k, v in (("plot", args.plot), ("launch_delay", args.launch_delay or None),
+                                 ("save_profile", args.save_profile)) if v is not None}
     try:
         prepared = prepare_run(args.plan, args.trainer, problem=args.problem, config=_config(args, record),
                                faults=args.inject, run_dir=args.out, trainer_args=args.trainer_args, resume=resume,
@@ -272,7 +277,11 @@ def _run(args: argparse.Namespace, prepared: Any) -> int:
     hooks.on("replanned", lambda r: bar.say(f"[magenta]re-planned[/magenta] ({r.reason}, {r.latency_s * 1e3:.0f} ms):"
                                             f" {r.old_config} -> {r.new_config}" + (
                                                 f" [yellow]finishing late[/yellow] ({r.best_effort}): the soonest "
-                                                "plan within the budget" if r.best_effort else "")))
+                                                "plan within the budget" if r.best_effort else "")
+                                            + (f"; assuming {r.assumed}" if r.assumed else "")))
+    hooks.on("calibrated", lambda c: bar.say(f"[cyan]calibrated[/cyan]: {_calibrated(c)}")
+             if c["window"] == 1 else None)
+    hooks.on("infeasible_forecast", lambda f: bar.say(f"[red]limits out of reach[/red]: {f}"))
     hooks.on("prediction_off", lambda off: bar.say(f"[yellow]prediction off[/yellow]: {off}"))
     result, code, folder = None, EXIT_OK, prepared.folder
     try:
@@ -309,11 +318,23 @@ def _run(args: argparse.Namespace, prepared: Any) -> int:
     return code
 
 
+def _calibrated(event: dict) -> str:
+    """A calibration window in words: the iteration's prior, corrected and measured times, and the factors."""
+    measured = event["measured"]["iteration_s"]
+    prior, corrected = event["prior"]["iteration_s"], event["corrected"]["iteration_s"]
+    return (f"iteration {prior * 1e3:.1f} ms prior -> {corrected * 1e3:.1f} ms corrected"
+            + (f" ({measured * 1e3:.1f} ms measured)" if measured else "")
+            + f" after window {event['window']}: {event['assumed']}")
+
+
 def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None:
     """The timeline and the plot (``--plot``, or the one the run was started
     with) of what the run log holds, however the run ended; with a result,
-    the prediction check and where the files are (``--json``: the result)."""
+    the prediction check and where the files are (``--json``: the result).
+    ``--save-profile``: the corrected profile is written (said on stderr)."""
+    from thrifty.core.errors import ProblemError
     from thrifty.core.validation import json_object
+    from thrifty.runtime.training.calibration import save_corrected_profile
     from thrifty.runtime.training.report import format_prediction_check, format_timeline, plot_run, timeline
     from thrifty.runtime.metrics import look_at
     from thrifty.runtime.training.runlog import read_run_log
@@ -322,6 +343,13 @@ def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None
     if not log.exists():
         return  # the run did not get to start
     events = read_run_log(log)
+    save = prepared.options.get("save_profile")
+    if save:
+        try:
+            what = save_corrected_profile(events, prepared.inputs.problem, save)
+            print(f"thrifty run: wrote {what} to {save}", file=sys.stderr)
+        except ProblemError as e:
+            print(f"thrifty run: --save-profile {save}: {e.message}", file=sys.stderr)
     plot = prepared.options.get("plot")
     if plot:
         problem = prepared.inputs.problem

@@ -27,11 +27,12 @@ from thrifty.core.io import atomic_write_text, read_json
 from thrifty.core.validation import FieldPathError, problem_of
 from thrifty.runtime.ddp import storage
 
-__all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION"]
+__all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION", "CLOCK"]
 
 # the names a world's starter and its ranks share in the worlds' protocol (`thrifty.runtime.worlds`)
 STOP = "stop"  # the starter's command: checkpoint and stop after the current iteration
 METRICS = "metrics"  # rank 0 publishes the latest loss and metrics under this name
+CLOCK = "clock/{}"  # rank r publishes its cumulative clock marks under CLOCK.format(r)
 DECISION = "iteration-{}"  # the starter's decision after iteration n of an awaiting job: go | save | stop
 
 WorkerFaultKind = Literal["kill", "notice", "slow", "delay_start", "hang"]
@@ -116,6 +117,8 @@ class JobSpec(pydantic.BaseModel):
     faults: tuple[WorkerFault, ...] = ()
     machine_ids: tuple[_Text, ...] = ()
     metrics_every_s: _Seconds | None = 1.0  # how often the loss and metrics are reported; None: never
+    # how often each rank publishes its clock marks (forward, backward, exchange, step; `CLOCK`); None: never
+    clock_every_s: _Seconds | None = None
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -62,11 +62,11 @@ from thrifty.core.errors import ProblemError
 from thrifty.runtime.worlds import RankChannel, join_world, leave, resolve_backend
 from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_seed, restore_rng, save_checkpoint, \
     seed_everything
-from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, JobSpec, WorkerFault
+from thrifty.runtime.ddp.job import CLOCK, DECISION, METRICS, STOP, JobSpec, WorkerFault
 from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
 from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets, split_batch
-from thrifty.runtime.ddp.steps import build_model, call_factory, combine_reports, fetch_batch, prime_buckets, \
-    rank_report, scaled_loss, step_with_outputs
+from thrifty.runtime.ddp.steps import GradClock, build_model, call_factory, combine_reports, fetch_batch, \
+    prime_buckets, rank_report, scaled_loss, step_with_outputs
 from thrifty.runtime.ddp.trainer import Trainer, TunableTrainer, load_trainer, load_tunable_trainer
 
 __all__ = ["run_rank", "TIMING_WARMUP"]
@@ -97,6 +97,8 @@ class _Rank:
     step: int              # optimizer steps done (the data stream's position)
     restore_s: float       # restoring the checkpoint (0 for a fresh start)
     rng: str               # "restored" or "seeded"
+    clock: "_ClockMarks | None" = None  # this rank's clock marks, when the job asks for them
+
 
     @property
     def rank(self) -> int:
@@ -176,8 +178,49 @@ def _build(job: JobSpec, channel: RankChannel, device: Any, cuda: bool) -> _Rank
         seed_everything(rank_seed(job.seed, step, rank))
         rng = "seeded"
     metric = tuning.metric if tuning is not None else None
+    clock = _ClockMarks(GradClock(model), job.clock_every_s) if job.clock_every_s is not None else None
     return _Rank(job, channel, trainer, metric, device, cuda, global_batch, batches, ddp, optimizer, dataset, stream,
-                 loss_fn, loss_unscale, steps, iteration, step, restore_s, rng)
+                 loss_fn, loss_unscale, steps, iteration, step, restore_s, rng, clock)
+
+
+class _ClockMarks:
+    """This rank's clock marks of the iterations after the timing warm-up:
+    the count, sums and sums of squares of each component (forward,
+    backward, exchange, step: `GradClock.components`), cumulative, published
+    every `every_s` seconds (`CLOCK`) so that the starter can take any window
+    as the difference of two readings."""
+
+    PARTS = ("forward", "backward", "exchange", "step")
+
+    def __init__(self, grads: GradClock, every_s: float):
+        self.grads, self.every_s = grads, every_s
+        self.count = 0
+        self.sums = [0.0] * 4
+        self.squares = [0.0] * 4
+        self.published_at = time.monotonic()
+        self.on = False  # past the warm-up
+
+    def add(self, marks: list[float], steps: int) -> None:
+        """One iteration's marks (`steps` optimizer steps of five readings each)."""
+        if not self.on:
+            return
+        parts = [0.0] * 4
+        for k in range(steps):
+            for j, v in enumerate(self.grads.components(marks[5 * k: 5 * k + 5])):
+                parts[j] += v
+        self.count += 1
+        for j, v in enumerate(parts):
+            self.sums[j] += v
+            self.squares[j] += v * v
+
+    def publish(self, channel: RankChannel, iteration: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.on or not self.count or (not force and now - self.published_at < self.every_s):
+            return
+        self.published_at = now
+        channel.publish(CLOCK.format(channel.rank), {
+            "iteration": iteration, "at": time.time(), "count": self.count,
+            "sum": dict(zip(self.PARTS, self.sums)), "sumsq": dict(zip(self.PARTS, self.squares))})
 
 
 def _load_state(job: JobSpec, global_batch: int) -> dict[str, Any] | None:
@@ -233,6 +276,8 @@ def _train(me: _Rank, faults: list[WorkerFault]) -> dict[str, Any] | None:
         first = False
         if me.iteration == start + TIMING_WARMUP:
             timing_from = (me.iteration, time.perf_counter())
+            if me.clock is not None:
+                me.clock.on = True
         flags.zero_()
         if me.rank == 0:
             stop, save = _decide(me, last_checkpoint_at)
@@ -245,6 +290,8 @@ def _train(me: _Rank, faults: list[WorkerFault]) -> dict[str, Any] | None:
             last_checkpoint_at = time.monotonic()
         if me.rank == 0:
             channel.progress(me.iteration)
+        if me.clock is not None:
+            me.clock.publish(channel, me.iteration, force=stopped or me.iteration == job.iterations)
         if stopped:
             break
     if timing_from is None or me.iteration <= timing_from[0]:
@@ -259,10 +306,13 @@ def _iteration(me: _Rank, faults: list[WorkerFault]) -> tuple[Any, Any, Any]:
     if slow > 0:
         time.sleep(slow)
     loss = outputs = targets = None
+    marks: list[float] | None = [] if me.clock is not None else None
     for _ in range(me.steps):
         inputs, targets = fetch_batch(me.dataset, me.stream.indices(me.step), me.device)
-        loss, outputs = step_with_outputs(me.ddp, me.optimizer, me.loss_fn, inputs, targets)
+        loss, outputs = step_with_outputs(me.ddp, me.optimizer, me.loss_fn, inputs, targets, marks)
         me.step += 1
+    if me.clock is not None and marks is not None:
+        me.clock.add(marks, me.steps)
     return loss, outputs, targets
 
 

@@ -44,6 +44,8 @@ from thrifty.core.validation import json_object
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.metrics import check_kinds, open_metrics
 from thrifty.runtime.providers.base import CapacityError, Machine, Provider
+from thrifty.perfmodels.calibration import Calibration
+from thrifty.runtime.training.calibration import OnlineCalibrator
 from thrifty.runtime.training.config import RunConfig
 from thrifty.runtime.training.errors import RunFinished, RunInterrupted, Terminated, TrainingError
 from thrifty.runtime.training.faults import Fault, FaultInjector, SlowWorker
@@ -237,6 +239,19 @@ def train(plan: PlanArgument = None, trainer: str | Callable[..., Any] | None = 
         driver.release(close_provider=own_provider)
 
 
+CLOCK_MIN_S = 0.1  # the workers publish their clock marks at most this often
+
+
+def _carried_calibration(folder: Path) -> Calibration | None:
+    """The corrected models a resumed run's earlier sessions ended with (its
+    log's last ``calibration`` event), None when they measured nothing."""
+    log = folder / "run.jsonl"
+    if not log.exists():
+        return None
+    last = [e for e in read_run_log(log) if e["event"] == "calibration"]
+    return Calibration.from_json(last[-1]["factors"]) if last else None
+
+
 def _start_fork_server() -> None:
     """Start this process's worker fork server (`zygote`: it imports torch,
     seconds of CPU) and wait for it, before the run's clock starts. It is this
@@ -276,6 +291,10 @@ class _Driver:
         self.replanner = Replanner(problem, method=config.solver_method, time_limit_s=config.replan_time_limit_s)
         limits = problem.limits
         self.window_s = config.window_for(plan, problem)
+        # the models corrected by what the workers measure; every re-plan solves with them
+        self.calibrator = OnlineCalibrator(lambda: self.replanner.space, catalog, self.window_s,
+                                           _carried_calibration(folder) if carried.segments else None)
+        self.replanner.corrections = self.calibrator
         self.throughput_log_s = config.log_every_s if config.log_every_s is not None else \
             self.window_s / config.window_bins
         self.monitor = ProgressMonitor(problem.iterations, limits.time_s, limits.cost_usd, self.start,
@@ -445,6 +464,14 @@ class _Driver:
             event_at=event_at if event_at is not None else (event.at if event is not None else now), event=event,
             best_effort=self.policy.best_effort(reason))
 
+    def forecast(self, remaining: int, now: float) -> tuple[TrainingProblem, list[dict[str, Any]]] | None:
+        """Whether any plan meets what is left with the corrected models
+        (`replan.Replanner.forecast`): None when one does, else the re-plan
+        problem and the least changes of its limits."""
+        survivors: Counter[Key] = Counter((m.instance_type, m.market) for m in self._held())
+        return self.replanner.forecast(remaining_iterations=remaining, elapsed_s=now - self.start,
+                                       spent_usd=self._spent(now), survivors=survivors, launch_s=self.launch_s)
+
     def commit(self, replan: Replan) -> Plan:
         """Make a re-plan the plan in force (logged, in the run record, told to the hooks)."""
         now = time.time()
@@ -500,9 +527,11 @@ class _Driver:
                       checkpoint_every_s=cfg.checkpoint_every_s, seed=cfg.seed, threads=cfg.threads,
                       backend=backend, timeout_s=cfg.collective_timeout_s, weighting=cfg.weighting,
                       faults=self.injector.worker_faults(len(self.segments), slots, self.done),
-                      machine_ids=tuple(s.machine_id for s in slots))
+                      machine_ids=tuple(s.machine_id for s in slots),
+                      clock_every_s=max(CLOCK_MIN_S, self.window_s / cfg.window_bins))
         watch = SegmentWatch(self, plan, slots, index, acquire_at)
         self.monitor.reset(self.done)
+        self.calibrator.segment_started()
         self.log.write("launch", segment=index, config=plan.config, world_size=len(slots),
                        batches=[s.batch for s in slots], start_iteration=self.done,
                        machines=[s.machine_id for s in slots])

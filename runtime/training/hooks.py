@@ -1,6 +1,6 @@
 """Callbacks on what happens during a run: ``preemption``, ``slowdown``,
-``replanned``, ``finished`` (the re-plan hooks of issue 5, Srifty 4.5) and
-``prediction_off``.
+``replanned``, ``finished`` (the re-plan hooks of issue 5, Srifty 4.5),
+``prediction_off``, ``calibrated`` and ``infeasible_forecast``.
 
 ::
 
@@ -16,7 +16,12 @@
 Payloads: ``preemption`` a `Preemption`; ``slowdown`` the monitor's
 `Verdict`; ``replanned`` a `Replan` (reason, old and new plan, latency);
 ``finished`` the `RunResult`; ``prediction_off`` a `PredictionOff` (the
-measured and predicted iteration time differ by more than 1.5x, once a run). Callbacks run in the driver, in order of
+measured and predicted iteration time differ by more than 1.5x, once a run);
+``calibrated`` the ``calibration`` event of the run log (a dict: a window's
+prior, corrected and measured components and the factors,
+`thrifty.runtime.training.calibration`); ``infeasible_forecast`` an
+`InfeasibleForecast` (the corrected models leave no plan within the limits:
+the least change that admits one). Callbacks run in the driver, in order of
 registration; an exception in one stops the run (its workers are stopped and
 the last checkpoint is kept), so a callback may end a run on purpose.
 """
@@ -30,7 +35,8 @@ from thrifty.core.errors import ProblemError, closest_names
 
 __all__ = ["Hooks", "HOOK_EVENTS"]
 
-HOOK_EVENTS = ("preemption", "slowdown", "replanned", "finished", "prediction_off")
+HOOK_EVENTS = ("preemption", "slowdown", "replanned", "finished", "prediction_off", "calibrated",
+               "infeasible_forecast")
 
 
 class Hooks:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from thrifty.core.errors import ProblemError
 from thrifty.runtime.worlds import Launcher, World, WorldFailed
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
-from thrifty.runtime.ddp.job import METRICS, STOP, JobSpec
+from thrifty.runtime.ddp.job import CLOCK, METRICS, STOP, JobSpec
 from thrifty.runtime.ddp.worker import ENTRY, PRELOAD, job_argv
 from thrifty.runtime.training.errors import StallError, TrainingError, WorkerFailed, WorldFormationError
 
@@ -70,6 +70,7 @@ class SegmentPoll:
     iteration_at: float | None = None  # unix time of that report
     events: list[dict[str, Any]] = field(default_factory=list)  # new worker events
     metrics: dict[str, Any] | None = None  # a new loss and metrics report: iteration, at, loss, metrics
+    clocks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its new cumulative clock marks
     formed: bool = False
     lost: list[tuple[int, int]] = field(default_factory=list)  # (rank, exit code) gone without a report
     ended: Literal["finished", "stopped", "killed"] | None = None
@@ -211,6 +212,11 @@ class Segment:
         look = self.watch.look()
         out = SegmentPoll(events=look.events, formed=len(self._ready) == len(self.slots),
                           metrics=self.world.latest(METRICS))
+        if self.job.clock_every_s is not None and out.formed:
+            for rank in range(len(self.slots)):
+                marks = self.world.latest(CLOCK.format(rank))
+                if marks is not None:
+                    out.clocks[rank] = marks
         progress = self.watch.progress.get(0)
         if progress is not None:
             out.iteration, out.iteration_at = progress

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, computed_field, field_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, computed_field, field_serializer, model_serializer
 from pydantic.dataclasses import dataclass as record_dataclass
 
-from thrifty.core.validation import RECORD_CONFIG
+from thrifty.core.validation import RECORD_CONFIG, without_unset
 from pathlib import Path
 
 from thrifty.runtime.events import Preemption
@@ -40,6 +40,13 @@ class SegmentRecord:
     checkpoint_s: tuple[float, ...]  # seconds per save
     throughput: float | None  # iterations per second in steady state, from the workers' clock
     predicted_iteration_s: float | None = None  # what the segment's plan predicted for one iteration
+    # what the models corrected online predicted for it when the segment ended (None: nothing measured yet)
+    corrected_iteration_s: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _corrected_when_known(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``corrected_iteration_s`` is written only when the models were corrected."""
+        return without_unset(handler(self), "corrected_iteration_s")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -59,18 +59,18 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
-from pydantic import Field, computed_field, field_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, computed_field, field_serializer, model_serializer
 from pydantic.dataclasses import dataclass
 
-from thrifty.core.validation import RECORD_CONFIG
+from thrifty.core.validation import RECORD_CONFIG, without_unset
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.interruptions import Interruption, Notice
 from thrifty.runtime.training.errors import ReplanInfeasible
 from thrifty.solver.plan import Plan
 from thrifty.solver.problem import Limits, Overheads, TrainingProblem
-from thrifty.solver.solve import solve
+from thrifty.solver.solve import search_space, solve
 from thrifty.solver.training import TrainingSpace
 
 __all__ = ["Replan", "replan_changes", "Replanner", "ReplanPolicy", "slowdown_hold_off_s"]
@@ -107,6 +107,13 @@ class Replan:
     event: Annotated[Preemption | None, Field(serialization_alias="trigger")] = None
     depleted: tuple[Key, ...] = field(default_factory=tuple)
     best_effort: str | None = None  # why no plan met the time limit: this one finishes soonest within the budget
+    # what the models it solved with assumed: the online calibration's factors over the prior profile
+    assumed: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _assumed_when_corrected(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``assumed`` is written only when the re-plan solved with corrected models."""
+        return without_unset(handler(self), "assumed")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -158,13 +165,25 @@ def replan_changes(problem: TrainingProblem, *, remaining_iterations: int, elaps
     }
 
 
+class Corrections(Protocol):
+    """The models a re-plan solves with (`calibration.OnlineCalibrator`)."""
+
+    def space(self) -> TrainingSpace:
+        """The problem's space with the corrected models."""
+
+    def assumed(self) -> str:
+        """What the corrected models assume, in words."""
+
+
 class Replanner:
-    """Re-solves a job as it runs, remembering the depleted markets."""
+    """Re-solves a job as it runs, remembering the depleted markets; with
+    `corrections`, with the models corrected online (said in ``assumed``)."""
 
     def __init__(self, problem: TrainingProblem, space: TrainingSpace | None = None, method: str = "auto",
                  time_limit_s: float | None = 1.0):
         self.problem = problem
         self.method, self.time_limit_s = method, time_limit_s
+        self.corrections: Corrections | None = None
         self.depleted: set[Key] = set()
         self._space: TrainingSpace | None = space
         self._error: BaseException | None = None
@@ -213,6 +232,25 @@ class Replanner:
                 raise e from None
             return dataclasses.replace(late, best_effort=str(e))
 
+    def forecast(self, *, remaining_iterations: int, elapsed_s: float, spent_usd: float,
+                 survivors: Mapping[Key, int], launch_s: float) -> tuple[TrainingProblem, list[dict[str, Any]]] | None:
+        """Whether any plan meets what is left with the models in force (the
+        corrected ones): None when one does, or when the search could not
+        prove that none does; else the re-plan problem and the least changes
+        of its limits that admit a plan (`thrifty.solver.explain.limit_relaxations`,
+        quick enough for a window; the full conflict analysis is not).
+        Raises `ReplanInfeasible` when nothing is left to plan with."""
+        from thrifty.solver.explain import limit_relaxations
+
+        changes = replan_changes(self.problem, remaining_iterations=remaining_iterations, elapsed_s=elapsed_s,
+                                 spent_usd=spent_usd, depleted=self.depleted, survivors=survivors, launch_s=launch_s)
+        base = self.corrections.space() if self.corrections is not None else self.space
+        space = base.derive(**changes)
+        result = search_space(space, self.method, self.time_limit_s)
+        if result.best is not None or not result.complete:
+            return None
+        return space.problem, limit_relaxations(space)
+
     def _replan(self, reason: str, *, old_plan: Plan | None, remaining_iterations: int, elapsed_s: float,
                 spent_usd: float, survivors: Mapping[Key, int], launch_s: float, event_at: float,
                 event: Preemption | None = None, without_time_limit: bool = False) -> Replan:
@@ -220,15 +258,18 @@ class Replanner:
         changes = replan_changes(self.problem, remaining_iterations=remaining_iterations, elapsed_s=elapsed_s,
                                  spent_usd=spent_usd, depleted=self.depleted, survivors=survivors, launch_s=launch_s,
                                  without_time_limit=without_time_limit)
-        space = self.space.derive(**changes)
+        base = self.corrections.space() if self.corrections is not None else self.space
+        assumed = self.corrections.assumed() if self.corrections is not None else None
+        space = base.derive(**changes)
         plan = solve(space.problem, method=self.method, time_limit_s=self.time_limit_s, space=space)
         solve_s = time.perf_counter() - start
         if not plan.feasible:
             why = plan.infeasibility.reason if plan.infeasibility else plan.status
+            said = f"; the models assumed {assumed}" if assumed else ""
             raise ReplanInfeasible(f"no plan meets what is left after the {reason} ({remaining_iterations} "
-                                   f"iterations, {_limits_text(space.problem.limits)}): {why}", plan=plan)
+                                   f"iterations, {_limits_text(space.problem.limits)}): {why}{said}", plan=plan)
         return Replan(reason, old_plan, plan, space.problem, time.time() - event_at, solve_s, event,
-                      tuple(sorted(self.depleted)))
+                      tuple(sorted(self.depleted)), assumed=assumed)
 
 
 class ReplanPolicy:
@@ -258,8 +299,9 @@ class ReplanPolicy:
     @staticmethod
     def best_effort(reason: str) -> bool:
         """Machines lost (a preemption, no capacity): go on late rather than stop
-        half done; a slowdown without a plan goes on as planned."""
-        return reason != "slowdown"
+        half done; a slowdown without a plan goes on as planned, and a
+        calibration window's forecast asks whether any plan meets the limits."""
+        return reason not in ("slowdown", "forecast")
 
     def on_slowdown_verdict(self, replan_asked: bool) -> bool:
         """Re-plan on the monitor's slowdown verdict?"""

@@ -13,8 +13,8 @@ from thrifty.runtime.plots import LineStyle, PlotRecord, literal_text, pyplot, s
 
 __all__ = ["timeline", "format_timeline", "plot_run", "run_figure"]
 
-_KEY_EVENTS = ("start", "launch", "world_formed", "preemption", "slowdown", "replan", "replan_kept",
-               "replan_infeasible", "segment_end", "finish", "error")
+_KEY_EVENTS = ("start", "launch", "world_formed", "calibration", "infeasible_forecast", "preemption", "slowdown",
+               "replan", "replan_kept", "replan_infeasible", "segment_end", "finish", "error")
 
 
 def _describe(e: dict[str, Any]) -> str:
@@ -40,13 +40,23 @@ def _describe(e: dict[str, Any]) -> str:
         p = e["plan"]["predicted"]
         limits = e["problem"]["limits"]
         late = f"; best effort, the soonest within the budget: {e['best_effort']}" if e.get("best_effort") else ""
+        assumed = f"; assuming {e['assumed']}" if e.get("assumed") else ""
         return (f"re-planned ({e['reason']}) in {e['latency_s'] * 1e3:.0f} ms: {e['new_config']} for "
                 f"{e['problem']['iterations']} iterations, predicted {p['total_s']:.1f} s (launch "
-                f"{e['problem']['launch_s']:.1f} s) and ${p['cost_usd']:.4f}" + _limits(limits, left=True) + late)
+                f"{e['problem']['launch_s']:.1f} s) and ${p['cost_usd']:.4f}" + _limits(limits, left=True) + late
+                + assumed)
+    if kind == "calibration":
+        return (f"segment {e['segment']} window {e['window']}: iteration " + _iteration_check(
+            e["prior"]["iteration_s"], e["corrected"]["iteration_s"], e["measured"]["iteration_s"])
+            + f"; assuming {e['assumed']}")
+    if kind == "infeasible_forecast":
+        return f"limits out of reach by the corrected models (window {e['window']}): " + "; or ".join(
+            _relaxation_words(r) for r in e["relaxations"])
     if kind == "replan_kept":
         return f"re-planned: keep {e['config']}"
     if kind == "replan_infeasible":
-        return f"re-planned ({e['reason']}): no plan meets what is left; going on as planned"
+        assumed = f" (assuming {e['assumed']})" if e.get("assumed") else ""
+        return f"re-planned ({e['reason']}): no plan meets what is left{assumed}; going on as planned"
     if kind == "segment_end":
         lost = f", {e['lost_iterations']} iterations lost" if e["lost_iterations"] else ""
         check = _prediction_check(e)
@@ -67,11 +77,36 @@ def _config(plan: dict[str, Any]) -> str:
 
 def _prediction_check(segment_end: dict) -> str:
     """``50.0 ms measured, 40.0 ms predicted (1.25x)``: a segment's steady-state
-    iteration time against its plan's prediction ("" when either is unknown)."""
+    iteration time against its plan's prediction ("" when either is unknown),
+    and what the models corrected online predicted for it at its end
+    (``, 49.0 ms corrected``)."""
     actual, predicted = segment_end.get("actual_iteration_s"), segment_end.get("predicted_iteration_s")
     if not actual or not predicted:
         return ""
-    return f"{actual * 1e3:,.1f} ms measured, {predicted * 1e3:,.1f} ms predicted ({actual / predicted:.2f}x)"
+    corrected = segment_end.get("corrected_iteration_s")
+    return (f"{actual * 1e3:,.1f} ms measured, {predicted * 1e3:,.1f} ms predicted ({actual / predicted:.2f}x)"
+            + (f", {corrected * 1e3:,.1f} ms corrected ({actual / corrected:.2f}x)" if corrected else ""))
+
+
+def _iteration_check(prior: float, corrected: float, measured: float | None) -> str:
+    """A calibration window's iteration: prior, corrected and measured."""
+    return (f"{prior * 1e3:,.1f} ms prior, {corrected * 1e3:,.1f} ms corrected"
+            + (f", {measured * 1e3:,.1f} ms measured" if measured else ""))
+
+
+def _relaxation_words(r: dict[str, Any]) -> str:
+    needed = r.get("needed_total")
+    if isinstance(needed, dict):
+        words = " and ".join(_limit_value(f, v) for f, v in needed.items())
+    elif needed is not None:
+        words = _limit_value(r.get("field") or "", needed)
+    else:
+        words = f"{r.get('field') or r.get('fields')} -> {r.get('needed')}"
+    return f"{words} ({r.get('plan')})"
+
+
+def _limit_value(field: str, value: float) -> str:
+    return f"time limit {value:.1f} s" if field == "limits.time_s" else f"budget ${value:.4f}"
 
 
 def format_prediction_check(segments: list[dict]) -> str:
@@ -93,8 +128,15 @@ def _limits(limits: dict[str, Any], left: bool = False) -> str:
 
 
 def timeline(events: Sequence[dict[str, Any]]) -> list[tuple[float, str, str]]:
-    """(elapsed seconds, event, description) for the key events of a run."""
-    return [(e["elapsed_s"], e["event"], _describe(e)) for e in events if e["event"] in _KEY_EVENTS]
+    """(elapsed seconds, event, description) for the key events of a run; of
+    the calibration windows, each segment's first and last."""
+    windows: dict[Any, list[int]] = {}
+    for e in events:
+        if e["event"] == "calibration":
+            windows.setdefault(e["segment"], []).append(e["window"])
+    shown = {w for ws in windows.values() for w in (ws[0], ws[-1])}
+    return [(e["elapsed_s"], e["event"], _describe(e)) for e in events if e["event"] in _KEY_EVENTS
+            and (e["event"] != "calibration" or e["window"] in shown)]
 
 
 def format_timeline(rows: Sequence[tuple[float, str, str]]) -> str:
@@ -110,6 +152,7 @@ _MARKERS: dict[str, tuple[LineStyle, str, str]] = {
     "replan_kept": ({"color": "#937860", "lw": 1.2, "ls": (0, (1, 2))}, "o", "re-plan: plan kept"),
     "replan_infeasible": ({"color": "#937860", "lw": 1.2, "ls": (0, (3, 2))}, "X", "re-plan: no plan fits"),
     "slowdown": ({"color": "#dd8452", "lw": 1.2, "ls": (0, (1, 1))}, "s", "violation certain"),
+    "infeasible_forecast": ({"color": "#c44e52", "lw": 1.2, "ls": (0, (2, 1))}, "P", "limits out of reach (forecast)"),
 }
 _NUDGE_PT = 3.5      # points between event lines that fall at (nearly) the same time
 _CLOSE_SHARE = 0.02  # events closer than this share of the time axis (about a marker's width) are nudged
@@ -194,6 +237,28 @@ def _draw_spent(ax, events: Sequence[dict[str, Any]], budget: float | None, rec,
     ax.set_ylim(0, top * 1.18)
 
 
+def _draw_calibration(ax, events: Sequence[dict[str, Any]], rec, handles: list) -> None:
+    """Iteration time per calibration window: what the prior profile
+    predicted, what the models corrected by the window predict, and what the
+    window measured; each segment's plan prediction as a flat line."""
+    from matplotlib.lines import Line2D
+
+    windows = [e for e in events if e["event"] == "calibration"]
+    series = {"prior": [(e["elapsed_s"], e["prior"]["iteration_s"] * 1e3) for e in windows],
+              "corrected": [(e["elapsed_s"], e["corrected"]["iteration_s"] * 1e3) for e in windows],
+              "measured": [(e["elapsed_s"], e["measured"]["iteration_s"] * 1e3) for e in windows
+                           if e["measured"]["iteration_s"]]}
+    styles = {"prior": ("--", "#55a868", "o"), "corrected": ("-", "#c44e52", "D"), "measured": (":", "#4c72b0", ".")}
+    for name, points in series.items():
+        if not points:
+            continue
+        ls, color, marker = styles[name]
+        ax.plot(*zip(*points), ls=ls, color=color, marker=marker, ms=4, zorder=3)
+        handles.append(Line2D([], [], ls=ls, color=color, marker=marker, label=f"iteration time: {name}"))
+        rec.series[f"iteration {name}"] = points
+    ax.set_ylim(0, max([v for pts in series.values() for _, v in pts] + [1.0]) * 1.2)
+
+
 def _draw_marks(fig, axes, events: Sequence[dict[str, Any]], marks, handles: list) -> None:
     """A vertical line on every panel for each event of `marks`, moved right
     by its offset, with a marker on top (stacked downwards when nudged), and
@@ -229,31 +294,39 @@ def _draw_marks(fig, axes, events: Sequence[dict[str, Any]], marks, handles: lis
 def run_figure(events: Sequence[dict[str, Any]], title: str | None = None):
     """The figure of `plot_run` and a record of what it drew
     (`thrifty.runtime.plots.PlotRecord`: series ``actual``, ``spent`` and
-    ``predicted: CONFIG``; ``notes["marks"]``, the (event, time, offset in
-    points) of each event line; ``notes["handles"]``, the legend's labels)."""
+    ``predicted: CONFIG``; with calibration windows a third panel, series
+    ``iteration prior``, ``iteration corrected`` and ``iteration measured``;
+    ``notes["marks"]``, the (event, time, offset in points) of each event
+    line; ``notes["handles"]``, the legend's labels)."""
     from matplotlib.lines import Line2D
 
     plt = pyplot()
-    fig, (ax_it, ax_cost) = plt.subplots(2, 1, figsize=(8, 7), dpi=120, sharex=True, layout="constrained")
+    calibrated = any(e["event"] == "calibration" for e in events)
+    fig, axes = plt.subplots(3 if calibrated else 2, 1, figsize=(8, 9.5 if calibrated else 7), dpi=120, sharex=True,
+                             layout="constrained")
+    ax_it, ax_cost = axes[0], axes[1]
     rec = PlotRecord()
     handles: list = []
     start = next(e for e in events if e["event"] == "start")
     limits = start.get("limits") or {}
     _draw_progress(ax_it, events, rec, handles)
     _draw_spent(ax_cost, events, limits.get("cost_usd"), rec, handles)
+    if calibrated:
+        _draw_calibration(axes[2], events, rec, handles)
+        axes[2].set_ylabel("iteration time (ms)")
     if limits.get("time_s") is not None:
-        for ax in (ax_it, ax_cost):
+        for ax in axes:
             ax.axvline(limits["time_s"], color="black", ls="--", lw=1)
         handles.append(Line2D([], [], color="black", ls="--", label=f"time limit {limits['time_s']:g} s"))
     times = [e["elapsed_s"] for e in events] + [v for v in (limits.get("time_s"),) if v is not None]
     rec.notes["marks"] = _event_marks(events, max(times) - min(times) or 1.0)
-    _draw_marks(fig, (ax_it, ax_cost), events, rec.notes["marks"], handles)
+    _draw_marks(fig, tuple(axes), events, rec.notes["marks"], handles)
     total = start["iterations"]
     ax_it.set_ylim(-0.03 * total, total * 1.2)  # a band above the finish for the events' names
     ax_it.set_ylabel("iterations done")
     ax_cost.set_ylabel("spent (USD)")
-    ax_cost.set_xlabel("time since start (s)")
-    for ax in (ax_it, ax_cost):
+    axes[-1].set_xlabel("time since start (s)")
+    for ax in axes:
         ax.grid(alpha=0.3)
     rec.title = wrap_title(title or "training run: progress against the plans", 8, 12)
     fig.suptitle(rec.title, fontsize=12)

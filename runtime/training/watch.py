@@ -32,12 +32,14 @@ from thrifty.runtime.metrics import Metrics
 from thrifty.runtime.events import Preemption
 from thrifty.runtime.providers.base import Machine
 from thrifty.runtime.providers.interruptions import CapacityChange, FeedReader, Interruption, MachineLost, Notice
+from thrifty.perfmodels.cluster import MachineGroup
+from thrifty.runtime.training.calibration import OnlineCalibrator
 from thrifty.runtime.training.config import RunConfig
 from thrifty.runtime.training.errors import ReplanInfeasible, TrainingError
 from thrifty.runtime.training.faults import FaultInjector
 from thrifty.runtime.training.hooks import Hooks
 from thrifty.runtime.training.launcher import RankSlot, Segment, SegmentPoll
-from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow
+from thrifty.runtime.training.monitor import ProgressMonitor, ThroughputWindow, projected_cost
 from thrifty.runtime.training.records import SegmentRecord
 from thrifty.runtime.training.replan import Replan, ReplanPolicy
 from thrifty.runtime.training.runlog import RunLog
@@ -68,6 +70,7 @@ class WatchedRun(Protocol):
     metrics: dict[str, Any] | None
     metrics_out: Metrics  # where every reported loss and metric goes (metrics.jsonl, TensorBoard, MLflow)
     throughput_log_s: float
+    calibrator: OnlineCalibrator  # the models corrected online
 
     def announce(self, event: Preemption, **extra: Any) -> None:
         """Record an interruption: deplete its market, log it, tell the hooks."""
@@ -89,6 +92,15 @@ class WatchedRun(Protocol):
                          window: ThroughputWindow | None) -> None:
         """Say (once a run) when the steady iteration time is off the plan's prediction."""
 
+    def forecast(self, remaining: int, now: float) -> tuple[TrainingProblem, list[dict[str, Any]]] | None:
+        """Whether any plan meets what is left with the corrected models (`replan.Replanner.forecast`)."""
+
+
+def _left(limits: Any) -> str:
+    parts = [f"{limits.time_s:.1f} s" if limits.time_s is not None else "",
+             f"${limits.cost_usd:.4f}" if limits.cost_usd is not None else ""]
+    return " and ".join(p for p in parts if p) + " left"
+
 
 class SegmentWatch:
     """The driver's side of one segment: reacts to each poll."""
@@ -105,6 +117,9 @@ class SegmentWatch:
         self.first_progress_at: float | None = None
         self.last_throughput_log = 0.0
         self.timing: dict | None = None
+        catalog = run.calibrator.catalog
+        self.groups = [MachineGroup(catalog.get(a.instance_type), a.count, a.batch_per_instance)
+                       for a in plan.allocation]
 
     def machine_of(self, machine_id: str) -> Machine:
         return self.d.machines[machine_id]
@@ -165,6 +180,8 @@ class SegmentWatch:
                             metrics=poll.metrics.get("metrics", {}))
                 reported = {"loss": poll.metrics.get("loss"), **(poll.metrics.get("metrics") or {})}
                 d.metrics_out.write(int(poll.metrics.get("iteration") or 0), reported)
+            if poll.clocks:
+                d.calibrator.observe(poll.clocks, now)
             if poll.iteration is not None and poll.iteration_at is not None:
                 if self.first_progress_at is None and poll.iteration > d.done:
                     self.first_progress_at = poll.iteration_at
@@ -290,6 +307,8 @@ class SegmentWatch:
         d = self.d
         verdict = d.monitor.check(now, d.machines.values())
         d.check_prediction(self.index, self.plan, self.slots, self.reached, self.start, verdict.window)
+        if d.calibrator.window_due(now, len(self.slots)):
+            self._calibrate(now, verdict.spent_usd)
         if now - self.last_throughput_log >= d.throughput_log_s:
             self.last_throughput_log = now
             d.log.write("throughput", at=now, segment=self.index, **json_object(verdict))
@@ -301,7 +320,7 @@ class SegmentWatch:
         try:
             replan: Replan | None = d.solve("slowdown", self.plan, d.problem.iterations - self.reached, event_at=now)
         except ReplanInfeasible as e:
-            d.log.write("replan_infeasible", reason="slowdown", error=str(e))
+            d.log.write("replan_infeasible", reason="slowdown", error=str(e), assumed=d.calibrator.assumed())
             replan = None
         if not d.policy.switch_on_slowdown(replan, self.plan.config):
             if replan is not None:
@@ -312,6 +331,54 @@ class SegmentWatch:
         self.next_plan = d.commit(replan)
         self.segment.request_stop()
 
+    def _calibrate(self, now: float, spent_usd: float) -> None:
+        """A calibration window ends: correct the models from the workers'
+        clock marks (logged, told to the ``calibrated`` hook), then ask the
+        corrected models whether the limits can still be met: by the plan in
+        force (no switch), else by any plan of what is left (a re-solve); when
+        neither, say so now with the least change that admits a plan
+        (``infeasible_forecast``; once, and again after a window that was
+        feasible)."""
+        d, cal = self.d, self.d.calibrator
+        event = cal.close_window(now, self.groups, [s.instance_type for s in self.slots])
+        if event is None:
+            return
+        d.log.write("calibration", at=now, segment=self.index, config=self.plan.config, **event)
+        d.hooks.emit("calibrated", event)
+        remaining = d.problem.iterations - self.reached
+        if remaining < 1:
+            return
+        elapsed = now - d.start
+        iteration_s = cal.iteration_s(self.groups)
+        kept_s = elapsed + remaining * iteration_s
+        kept_usd = d.monitor.spent_before_usd + projected_cost(d.machines.values(), now, d.start + kept_s,
+                                                              d.problem.overheads.min_billed_s)
+        limits = d.problem.limits
+        if (limits.time_s is None or kept_s <= limits.time_s) and (limits.cost_usd is None
+                                                                   or kept_usd <= limits.cost_usd):
+            cal.infeasible = None
+            return
+        found: tuple[TrainingProblem | None, list[dict[str, Any]]] | None
+        try:
+            found = d.forecast(remaining, now)
+        except ReplanInfeasible as e:  # the time limit has passed, or the budget is spent
+            found = (None, [])
+            why = str(e)
+        else:
+            why = ""
+        if found is None:
+            cal.infeasible = None
+            return  # another plan meets the limits: the slowdown re-plan switches to it when the monitor is sure
+        if cal.infeasible is not None:
+            return  # said already
+        problem, relaxations = found
+        if problem is not None:
+            why = (f"with the corrected models no plan meets what is left ({remaining} iterations, "
+                   f"{_left(problem.limits)})")
+        forecast = cal.forecast(relaxations, why, elapsed_s=elapsed, spent_usd=spent_usd, kept_total_s=kept_s)
+        d.log.write("infeasible_forecast", segment=self.index, **forecast.to_json())  # when it is said
+        d.hooks.emit("infeasible_forecast", forecast)
+
     def _report(self, now: float, state: str) -> None:
         self.d.report(now, state, self.plan)
 
@@ -321,11 +388,12 @@ class SegmentWatch:
         throughput = None
         if self.timing and self.timing["seconds"] > 0:
             throughput = (self.timing["to_iteration"] - self.timing["from_iteration"]) / self.timing["seconds"]
+        corrected = None if d.calibrator.calibration.empty else d.calibrator.iteration_s(self.groups)
         record = SegmentRecord(self.index, self.plan.config, tuple(s.batch for s in self.slots), self.start,
                                self.reached, committed, ended,
                                None if self.first_progress_at is None else self.first_progress_at - self.acquire_at,
                                tuple(c["save_s"] for c in seg.checkpoints), throughput,
-                               self.plan.predicted.iteration_s if self.plan.predicted else None)
+                               self.plan.predicted.iteration_s if self.plan.predicted else None, corrected)
         d.segments.append(record)
         d.log.write("segment_end", **json_object(record))
         d.injector.reached(self.reached)
