@@ -403,12 +403,9 @@ def component_predictions(sim: IterationSimulator, groups: Sequence[MachineGroup
     """The components `sim` predicts for `groups` (see the module docstring),
     as the simulator prices each group's devices (co-located, time-shared)."""
     compute: dict[str, dict[str, float]] = {}
-    for g in groups:
-        base = sim.compute_model(g.instance_type)
-        cm, share = sim.host_model(base, g, groups)
-        compute[g.instance_type.name] = {"forward": float(cm.forward_s(g.device_batch)) * share,
-                                         "backward": float(cm.backward_s(g.device_batch)) * share,
-                                         "step": cm.step_s * share}
+    stats = sim.host_stats([sim.compute_model(g.instance_type) for g in groups], list(groups))
+    for g, (forward, _, backward, _, step) in zip(groups, stats):
+        compute[g.instance_type.name] = {"forward": float(forward), "backward": float(backward), "step": float(step)}
     iteration = sim.simulate(list(groups))
     return ComponentPrediction(compute, iteration.exposed_comm_s, iteration)
 

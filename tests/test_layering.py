@@ -104,6 +104,8 @@ NOT_A_WORKER = {
                                           "which Ray runs and watches itself",
     Path("benchmarks/gpu_check.py"): "a harness outside the library: it runs thrifty's own commands as a user's "
                                      "shell does, each in a session of its own under a time limit",
+    Path("benchmarks/online_calibration.py"): "a harness outside the library: it runs `thrifty run` as a user's "
+                                              "shell does, beside a CPU hog of busy processes it starts and stops",
 }
 
 
