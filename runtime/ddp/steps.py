@@ -1,14 +1,14 @@
 """The pieces of one data-parallel training step (Srifty 4.5), shared by the
-one rank loop (`thrifty.runtime.ddp.loop`) and the single-process reference:
-fetching a rank's batch, an optimizer step, the per-rank loss and metric
-report and its global-batch combination, and DDP's bucket priming.
+`Trainer` short form's loop (`thrifty.runtime.ddp.loop.trainer_loop`) and the
+single-process reference: fetching a batch, an optimizer step, the per-rank
+loss and metric report, and DDP's bucket priming.
 
 This module imports torch at the top: only worker processes import it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from thrifty.runtime.ddp.checkpoint import capture_rng, rank_seed, restore_rng, 
 from thrifty.runtime.ddp.sharding import ShardedStream
 from thrifty.runtime.ddp.trainer import Trainer, load_trainer
 
-__all__ = ["fetch_batch", "train_step", "step_with_outputs", "scaled_loss", "rank_report", "combine_reports",
+__all__ = ["fetch_batch", "train_step", "step_with_outputs", "scaled_loss", "rank_report",
            "prime_buckets", "build_model", "call_factory", "single_process_reference"]
 
 
@@ -75,19 +75,6 @@ def rank_report(trainer: Trainer, spec: str, loss: Any, loss_unscale: float, out
                 raise ProblemError(f"trainer '{spec}': metrics() gave {name!r} = {value!r}, which is not a "
                                    "number") from e
     return float(loss.detach().item()) * loss_unscale, values
-
-
-def combine_reports(reports: Sequence[tuple[float, Mapping[str, float]]], batches: Sequence[int]) -> dict[str, Any]:
-    """The ranks' batch means as global-batch means: each weighted by its
-    rank's batch share (a metric that only some ranks report, over those)."""
-    total = sum(batches)
-    loss = sum(b * r[0] for b, r in zip(batches, reports)) / total
-    names = sorted({name for _, values in reports for name in values})
-    metrics = {}
-    for name in names:
-        pairs = [(b, values[name]) for b, (_, values) in zip(batches, reports) if name in values]
-        metrics[name] = sum(b * v for b, v in pairs) / sum(b for b, _ in pairs)
-    return {"loss": loss, "metrics": metrics}
 
 
 def prime_buckets(ddp: Any, loss_fn: Any, inputs: Any, targets: Any, cuda_device: Any = None) -> None:
