@@ -77,6 +77,7 @@ This module imports torch at the top: only worker processes import it.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -493,12 +494,14 @@ class RankLoader:
         self.ctx = ctx
         options: dict[str, Any] = {}
         if isinstance(data, DataLoader):
-            options = {name: getattr(data, name) for name in ("collate_fn", "num_workers", "pin_memory",
-                                                                "worker_init_fn", "timeout", "prefetch_factor",
-                                                                "persistent_workers", "multiprocessing_context")}
-            if options["num_workers"] == 0:  # DataLoader refuses these without workers
-                options.pop("prefetch_factor")
-                options.pop("persistent_workers")
+            # every option of the user's loader (collate function, workers and their options, pinning, ...)
+            # but the batching and the order, which are the plan's
+            names = [name for name in inspect.signature(DataLoader.__init__).parameters
+                     if name not in _REPLACED and hasattr(data, name)]
+            options = {name: getattr(data, name) for name in names}
+            if not options.get("num_workers"):  # DataLoader refuses these without workers
+                options.pop("prefetch_factor", None)
+                options.pop("persistent_workers", None)
             data = data.dataset
         if isinstance(data, IterableDataset) or not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
             raise ProblemError(f"{ctx._who()} gave prepare_loader a {type(data).__name__}, but it needs a map-style "
@@ -547,6 +550,9 @@ class RankLoader:
             batch = next(source)
             ctx.step += 1
             yield _to(batch, ctx.device) if self.to_device else batch
+
+
+_REPLACED = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
 
 
 class _Batches:

@@ -34,7 +34,7 @@ from typing import Any
 from thrifty.core.errors import ProblemError, ThriftyError
 
 __all__ = ["Trainer", "TunableTrainer", "load_trainer", "load_tunable_trainer", "trainer_spec", "JobCode",
-           "resolve_job", "is_loop_function"]
+           "resolve_job", "is_loop_function", "check_loop_arguments"]
 
 
 @dataclass(frozen=True)
@@ -167,3 +167,13 @@ def resolve_job(spec: str, args: Mapping[str, Any] | None = None, tunable: bool 
     if is_loop_function(function, args):
         return JobCode(spec, args, loop=function)
     return JobCode(spec, args, trainer=load_tunable_trainer(spec, args) if tunable else load_trainer(spec, args))
+
+
+def check_loop_arguments(spec: str, loop: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """A `ProblemError` naming the job when `loop` cannot be called as
+    ``loop(ctx, **args)`` (an unknown argument, a required one missing), so a
+    run says so before it starts any process."""
+    try:
+        inspect.signature(loop).bind(None, **dict(args))
+    except TypeError as e:
+        raise ProblemError(f"job '{spec}' cannot take the arguments {dict(args)}: {e}", path="trainer_args") from None

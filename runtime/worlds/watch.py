@@ -15,7 +15,8 @@ a typed outcome:
   on the collective error that followed;
 - `Killed`: the starter killed every rank on purpose (`Watch.kill`);
 - `Failed`: a rank reported an error (the lowest such rank, its message and
-  traceback), once every rank has exited, or `error_grace_s` has passed and
+  traceback; a rank whose collective broke because a peer left comes after
+  the others), once every rank has exited, or `error_grace_s` has passed and
   every machine has answered since the error (`Launcher.settled`; at most
   `settle_timeout_s`): on a cluster, a rank's error may be its peer's
   machine going away, which is then `Lost`;
@@ -224,7 +225,8 @@ class Watch:
             waited = now - self._error_seen_at
             if (all(c is not None for c in codes) or waited >= self.error_grace_s
                     and (self.world.settled(self._error_seen_at) or waited > self.settle_timeout_s)):
-                rank = min(self.errors)
+                # an error of a collective broken by a peer that left follows from the peer's: report the cause
+                rank = min(self.errors, key=lambda r: (bool(self.errors[r].get("peer")), r))
                 error = self.errors[rank]
                 return Failed(rank, str(error.get("message", "")), error.get("traceback") or "")
             return None
