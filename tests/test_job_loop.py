@@ -187,3 +187,28 @@ def test_prepare_loader_gives_each_rank_its_share_with_the_users_collate_and_wor
         for step, batch in enumerate(got):
             indices = torch.from_numpy(stream.indices(step)).double()
             assert torch.equal(batch["x"][:, 0], indices) and torch.equal(batch["y"], (indices ** 2).long())
+
+
+# -- telling a loop function from a Trainer factory --------------------------------------
+
+def factory_with_a_required_argument(hidden):
+    from thrifty.runtime.training.examples import tiny_mlp
+
+    return tiny_mlp(hidden=hidden)
+
+
+def loop_with_an_annotated_context(context: "JobContext", hidden=16):  # noqa: F821 - only its name is read
+    pass
+
+
+def test_a_job_is_a_loop_function_when_its_first_parameter_takes_the_context():
+    from thrifty.runtime.ddp.trainer import Trainer, is_loop_function, resolve_job
+    from thrifty.runtime.training.examples import mlp_loop, tiny_mlp, zoo
+
+    assert is_loop_function(mlp_loop) and is_loop_function(mlp_loop, {"lr": 0.1})
+    assert is_loop_function(loop_with_an_annotated_context, {"context": 1})
+    assert not is_loop_function(tiny_mlp) and not is_loop_function(zoo, {"model": "mlp"})
+    assert not is_loop_function(factory_with_a_required_argument, {"hidden": 8})
+    code = resolve_job("test_job_loop:factory_with_a_required_argument", {"hidden": 8})
+    assert code.loop is None and isinstance(code.trainer, Trainer)
+    assert resolve_job(LOOP, {"lr": 0.1}).loop is mlp_loop

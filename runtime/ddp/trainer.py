@@ -151,7 +151,7 @@ def is_loop_function(function: Callable[..., Any], args: Mapping[str, Any] | Non
         return False
     first = parameters[0]
     annotation = first.annotation if isinstance(first.annotation, str) else getattr(first.annotation, "__name__", "")
-    if annotation.rsplit(".", 1)[-1] == "JobContext":
+    if annotation.strip("'\"").rsplit(".", 1)[-1] == "JobContext":
         return True
     return first.default is inspect.Parameter.empty and first.name not in (args or {})
 
