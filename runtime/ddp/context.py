@@ -103,6 +103,8 @@ TRIAL_METRIC = "metric"  # in a tuning trial, rank 0's report of this name is th
 # what a checkpoint holds beside the loop's state: a loop's state may not use these names
 RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global_batch", "trainer", "trainer_args",
                           "seed", "rng", "saved_at", "result", "state_keys"})
+_EXCHANGE_S = 0.05  # the ranks exchange flags about this often (every report in a job that awaits decisions)
+_MAX_GAP = 1000  # and at least every this many reports
 _UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports
 
 
@@ -183,7 +185,10 @@ class JobContext:
         self._stopping = False
         self._reports = 0
         self._fired_at = -1  # the iteration whose faults fired
-        self._flags = torch.zeros(3, dtype=torch.int64, device=device)  # [stop, checkpoint now, record next]
+        # [stop, checkpoint now, record next, reports until the next exchange] (`_exchange`)
+        self._flags = torch.zeros(4, dtype=torch.int64, device=device)
+        self._next_exchange = 1  # the report at which the ranks next exchange flags
+        self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
         self._last_checkpoint_at = self._last_record_at = time.monotonic()
         self._record_next = job.metrics_every_s is not None  # a world's first iteration records its metrics
         self._records: list[tuple[int, dict[str, float]]] = []
@@ -278,6 +283,7 @@ class JobContext:
                                               if not (job.evaluate and k == TRIAL_METRIC)}))
         if self._record_next or last:
             self._flush_records()
+            self._record_next = False
         due = advanced and job.checkpoint_every is not None and \
             iteration // job.checkpoint_every > self._reported_iteration // job.checkpoint_every
         saved = False
@@ -291,16 +297,10 @@ class JobContext:
         self._reported_iteration = iteration
         if iteration == self._start + TIMING_WARMUP and self._timing_from is None:
             self._timing_from = (iteration, time.perf_counter())
-        flags = self._flags
-        flags.zero_()
-        if self.rank == 0:
-            stop, save = self._decide(advanced)
-            flags[0], flags[1] = int(stop), int(save)
-            flags[2] = int(job.metrics_every_s is not None
-                           and time.monotonic() - self._last_record_at >= job.metrics_every_s)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stopped, self._record_next = bool(flags[0].item()), bool(flags[2].item())
-        if (bool(flags[1].item()) or due or last) and not saved and self._checkpointed != iteration:
+        stopped = save_now = False
+        if job.await_decision or self._reports >= self._next_exchange:
+            stopped, save_now = self._exchange(advanced)
+        if (save_now or due or last) and not saved and self._checkpointed != iteration:
             self._checkpoint()
         if self.rank == 0 and advanced:
             self._channel.progress(iteration)
@@ -429,6 +429,31 @@ class JobContext:
             out.append({"at": at, "iteration": iteration, "loss": values.pop("loss", None), "metrics": values})
         for sink in self._sinks:
             sink.write(out)
+
+    def _exchange(self, advanced: bool) -> tuple[bool, bool]:
+        """The ranks agree, in one all-reduce of flags that rank 0 sets, on
+        (stop after this report, checkpoint now), on recording metrics at the
+        next report, and on how many reports until the next exchange: about
+        `_EXCHANGE_S` of them (one, in a job that awaits its starter's
+        decisions), so that a small all-reduce and the starter's command check
+        cost little on short iterations while a stop still comes within
+        `_EXCHANGE_S` of being asked."""
+        job, flags = self.job, self._flags
+        flags.zero_()
+        if self.rank == 0:
+            stop, save = self._decide(advanced)
+            now, reports = time.perf_counter(), self._reports - self._exchanged[0]
+            per_report = (now - self._exchanged[1]) / max(1, reports)
+            flags[0], flags[1] = int(stop), int(save)
+            flags[2] = int(job.metrics_every_s is not None
+                           and time.monotonic() - self._last_record_at >= job.metrics_every_s)
+            flags[3] = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop_now, save_now, record, gap = (int(v) for v in flags.tolist())
+        self._record_next = bool(record)
+        self._next_exchange = self._reports + gap
+        self._exchanged = (self._reports, time.perf_counter())
+        return bool(stop_now), bool(save_now)
 
     def _decide(self, advanced: bool) -> tuple[bool, bool]:
         """Rank 0: (stop after this iteration, checkpoint now). An awaiting job

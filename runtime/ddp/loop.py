@@ -14,7 +14,8 @@ short form) through the same context:
   the model the single-process reference trains;
 - one iteration is `steps_per_iteration` optimizer steps (a training job:
   one; a tuning trial: the trainer's, else one pass over the data);
-- at each report the ranks agree, in one small all-reduce of flags, on
+- at a report, about every 0.05 s (every iteration in a tuning trial), the
+  ranks agree, in one small all-reduce of flags, on
   whether to stop, to checkpoint now and to record metrics next. Rank 0 sets
   the flags: from the starter's ``stop`` command, read without waiting, and the
   checkpoint and metrics clocks (a training job), or from the starter's
