@@ -222,8 +222,9 @@ class JobContext:
         """`model` on this rank's device, wrapped in DDP, its gradients
         reweighted by batch share: by the communication hook, or, with
         `scale_loss`, by the loop itself multiplying its loss by `loss_scale`
-        (cheaper; the `Trainer` short form does it). Call it once, after
-        loading a restored state into the model."""
+        (cheaper; the `Trainer` short form does it); with equal local batches
+        DDP's own average is the same weighting, and no hook is installed.
+        Call it once, after loading a restored state into the model."""
         if self._ddp is not None:
             raise ProblemError(f"{self._who()} called prepare_model twice; a job trains one model")
         if not isinstance(model, torch.nn.Module):
@@ -232,7 +233,8 @@ class JobContext:
         model = model.to(self.device)
         ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
         weighting = self.job.weighting
-        if weighting == "hook" or (weighting == "batch" and not scale_loss):
+        # equal local batches: DDP's own averaging is the reweighting (b_r / B = 1 / W), in C++ without a hook
+        if weighting == "hook" or (weighting == "batch" and not scale_loss and len(set(self.batches)) > 1):
             register_reweighting(ddp, self.local_batch, self.global_batch)
         ddp.register_forward_pre_hook(self._check_batch, with_kwargs=True)
         self._ddp = ddp
