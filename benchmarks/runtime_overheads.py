@@ -21,7 +21,8 @@
    and budget. Printed as a timeline, drawn to ``--plot``.
 5. The job contract's paths (`thrifty.runtime.ddp.context`) against a
    hand-written DDP loop, on the same model, data and batches (2 workers,
-   32 + 32 and 24 + 40, gloo here): a loop function as a user writes it (the comm hook, the
+   32 + 32 and 24 + 40, gloo here; ``tiny-mlp``, almost no compute, shows
+   the fixed cost of an iteration): a loop function as a user writes it (the comm hook, the
    prepared loader, a report with the loss and the state every iteration),
    the four-factory Trainer run as a loop function, and plain DDP. All three
    on one process group in rounds whose order rotates; the time of an
@@ -226,12 +227,18 @@ def paths_rank(argv: list[str]) -> None:
     serve_rank(lambda channel: channel.finish(paths_worker(channel, model, iterations, rounds, batches)))
 
 
+def _made(model: str) -> "object":
+    """The Trainer of a zoo model, or of ``tiny-mlp`` (8 -> 16 -> 4, float32: almost no compute, so its
+    iteration is the runtime's and DDP's fixed cost)."""
+    from thrifty.runtime.training.examples import tiny_mlp, zoo
+
+    return tiny_mlp(dtype="float32", samples=4096) if model == "tiny-mlp" else zoo(model=model)
+
+
 def bench_loop(ctx, model: str = "mlp") -> None:
     """A loop function as a user writes one: the zoo model, its optimizer,
     its data, the loss reported every iteration with the state as checkpoint."""
-    from thrifty.runtime.training.examples import zoo
-
-    made = zoo(model=model)
+    made = _made(model)
     net = made.model()
     optimizer = made.optimizer(net.parameters())
     net = ctx.prepare_model(net)
@@ -305,7 +312,6 @@ def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
     from thrifty.runtime.ddp.context import JobContext, metric_sinks
     from thrifty.runtime.ddp.job import JobSpec
     from thrifty.runtime.ddp.loop import trainer_loop
-    from thrifty.runtime.training.examples import zoo
     from thrifty.runtime.worlds import join_world
 
     torch.set_num_threads(1)
@@ -316,7 +322,7 @@ def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
             order = PATHS[r % 3:] + PATHS[:r % 3]
             for name in order:
                 arrivals: list[tuple[float, float]] = []
-                made = zoo(model=model)
+                made = _made(model)
                 if name == "plain DDP":
                     plain_ddp(made, batches, channel.rank, iterations + 1, arrivals)
                 else:  # one more iteration: the job's last report writes a checkpoint, after the last arrival
@@ -340,14 +346,16 @@ def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
     return means
 
 
-def section_paths(iterations: int, rounds: int) -> list[tuple[str, str, str]]:
+def section_paths(iterations: int, rounds: int, only: list[str] | None = None) -> list[tuple[str, str, str]]:
     from thrifty.runtime.worlds import World
 
     rows = []
     # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work;
     # plain DDP's average is wrong there, but costs what it costs)
-    for model, batches in (("small-cnn", "32,32"), ("tiny-transformer", "32,32"), ("mlp", "32,32"), ("mlp", "24,40"),
-                           ("small-cnn", "24,40")):
+    for model, batches in (("tiny-mlp", "32,32"), ("tiny-mlp", "24,40"), ("small-cnn", "32,32"),
+                           ("tiny-transformer", "32,32"), ("mlp", "32,32"), ("mlp", "24,40"), ("small-cnn", "24,40")):
+        if only and model not in only:
+            continue
         world = World(2, f"{Path(__file__).stem}:paths_rank", [model, str(iterations), str(rounds), batches],
                       where="the paths world")
         per_rank = world.run(stall_timeout_s=600)
@@ -452,6 +460,7 @@ def main() -> None:
     parser.add_argument("--only-paths", action="store_true",
                         help="only section 5: the loop-function and Trainer paths against plain DDP")
     parser.add_argument("--rounds", type=int, default=15, help="section 5: interleaved rounds per model")
+    parser.add_argument("--models", nargs="+", default=None, help="section 5: only these models (e.g. tiny-mlp)")
     parser.add_argument("--profile-now", action="store_true",
                         help="miniature: plan with a profile measured now instead of the shipped one (a busy host)")
     args = parser.parse_args()
@@ -463,7 +472,7 @@ def main() -> None:
         rows += section_miniature(args.plot, args.kill_at, args.profile_now)
         if not args.skip_throughput:
             rows += section_reweighting(args.iterations)
-    rows += section_paths(args.iterations, args.rounds)
+    rows += section_paths(args.iterations, args.rounds, args.models)
     table = Table(title="training runtime overheads (this host)")
     for column in ("figure", "measured", "target"):
         table.add_column(column)
