@@ -19,10 +19,20 @@
    notice half way (as the paper cancelled a p3 spot instance), the runtime
    re-plans with what is left and the job must finish within its time limit
    and budget. Printed as a timeline, drawn to ``--plot``.
+5. The job contract's paths (`thrifty.runtime.ddp.context`) against a
+   hand-written DDP loop, on the same model, data and batches (2 workers,
+   32 + 32 and 24 + 40, gloo here; ``tiny-mlp``, almost no compute, shows
+   the fixed cost of an iteration): a loop function as a user writes it (the comm hook, the
+   prepared loader, a report with the loss and the state every iteration),
+   the four-factory Trainer run as a loop function, and plain DDP. All three
+   on one process group in rounds whose order rotates; the time of an
+   iteration is the time between batches reaching the job's code; target for
+   the loop-function path: within 3% of plain DDP.
 
 Everything runs on this host (2 CPU cores): timings move with the load of
 other processes, which the table reports. Run:
-``python benchmarks/runtime_overheads.py [--repeats 3] [--plot out/runtime-srifty54.png]``;
+``python benchmarks/runtime_overheads.py [--repeats 3] [--plot out/runtime-srifty54.png]``
+(``--only-paths [--rounds 15 --iterations 200]``: section 5 alone);
 ``--profile-now`` plans the miniature with a profile measured at the start
 (for a host busier than the idle one the shipped profile was measured on).
 """
@@ -203,6 +213,169 @@ def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
     return rows
 
 
+# -- 5. the job contract's paths against a hand-written DDP loop -------------------------
+
+PATHS = ("plain DDP", "loop function", "Trainer")
+
+
+def paths_rank(argv: list[str]) -> None:
+    """One rank of the paths world (a worker world's rank)."""
+    from thrifty.runtime.worlds import serve_rank
+
+    model, iterations, rounds = argv[0], int(argv[1]), int(argv[2])
+    batches = [int(b) for b in argv[3].split(",")]
+    serve_rank(lambda channel: channel.finish(paths_worker(channel, model, iterations, rounds, batches)))
+
+
+def _made(model: str) -> "object":
+    """The Trainer of a zoo model, or of ``tiny-mlp`` (8 -> 16 -> 4, float32: almost no compute, so its
+    iteration is the runtime's and DDP's fixed cost)."""
+    from thrifty.runtime.training.examples import tiny_mlp, zoo
+
+    return tiny_mlp(dtype="float32", samples=4096) if model == "tiny-mlp" else zoo(model=model)
+
+
+def bench_loop(ctx, model: str = "mlp") -> None:
+    """A loop function as a user writes one: the zoo model, its optimizer,
+    its data, the loss reported every iteration with the state as checkpoint."""
+    made = _made(model)
+    net = made.model()
+    optimizer = made.optimizer(net.parameters())
+    net = ctx.prepare_model(net)
+    state = {"model": net, "optimizer": optimizer}
+    for inputs, targets in ctx.prepare_loader(made.dataset()):
+        optimizer.zero_grad()
+        loss = made.loss(net(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        ctx.report({"loss": loss.item()}, checkpoint=state)
+
+
+def plain_ddp(made: "object", batches: list[int], rank: int, iterations: int,
+              arrivals: list[tuple[float, float]]) -> None:
+    """The same training by hand: DDP's own averaging, the same batches of the same data, the loss read
+    every iteration (as a loop that logs it does)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
+
+    net = DistributedDataParallel(made.model())
+    optimizer = made.optimizer(net.parameters())
+    data = made.dataset()
+    stream = ShardedStream(len(data), sum(batches), rank_offsets(batches)[rank], batches[rank], 0)
+    losses = []
+    for step in range(iterations):
+        index = torch.from_numpy(stream.indices(step))
+        inputs, targets = data.tensors[0][index], data.tensors[1][index]
+        arrivals.append((time.perf_counter(), time.process_time()))
+        optimizer.zero_grad()
+        loss = made.loss(net(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+
+
+def _timed(ctx: "object", arrivals: list[tuple[float, float]]) -> None:
+    """Record when each batch reaches the job's code, in wall and in the
+    process's CPU time (the same clocks for every path)."""
+    prepare = ctx.prepare_loader
+
+    class Timed:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __len__(self):
+            return len(self.loader)
+
+        def __iter__(self):
+            for batch in self.loader:
+                arrivals.append((time.perf_counter(), time.process_time()))
+                yield batch
+
+    ctx.prepare_loader = lambda data, **options: Timed(prepare(data, **options))
+
+
+def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
+                 batches: list[int]) -> dict[str, list[list[float]]]:
+    """The three paths on one process group, in turns whose order rotates
+    every round, so that load drifts on the host hit all alike: per round
+    and path, the mean wall and CPU time between batches after the first 3
+    (the step, the runtime's report and the next batch: one iteration). CPU
+    time is what the runtime's work costs whatever the host's load; wall time
+    adds its waits (the flags' all-reduce) and the host's load."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    from thrifty.runtime.ddp.context import JobContext, metric_sinks
+    from thrifty.runtime.ddp.job import JobSpec
+    from thrifty.runtime.ddp.loop import trainer_loop
+    from thrifty.runtime.worlds import join_world
+
+    torch.set_num_threads(1)
+    device = join_world(channel, "gloo", 300.0)
+    means: dict[str, list[list[float]]] = {name: [] for name in PATHS}
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(rounds):
+            order = PATHS[r % 3:] + PATHS[:r % 3]
+            for name in order:
+                arrivals: list[tuple[float, float]] = []
+                made = _made(model)
+                if name == "plain DDP":
+                    plain_ddp(made, batches, channel.rank, iterations + 1, arrivals)
+                else:  # one more iteration: the job's last report writes a checkpoint, after the last arrival
+                    job = JobSpec(trainer=f"{Path(__file__).stem}:bench_loop", trainer_args={"model": model},
+                                  global_batch=sum(batches), iterations=iterations + 1, batches=tuple(batches),
+                                  checkpoint_path=str(Path(folder) / "c.pt"), checkpoint_every=None,
+                                  restore="never", backend="gloo")
+                    ctx = JobContext(job, channel, device, False, sum(batches), batches, (),
+                                     metric_sinks(job, channel) if channel.rank == 0 else [],
+                                     check_finite=name == "loop function")
+                    _timed(ctx, arrivals)
+                    if name == "loop function":
+                        bench_loop(ctx, model)
+                    else:
+                        trainer_loop(ctx, made)
+                means[name].append([statistics.fmean(b[k] - a[k] for a, b in zip(arrivals[3:], arrivals[4:]))
+                                    for k in (0, 1)])
+                dist.barrier()
+    dist.barrier()
+    dist.destroy_process_group()
+    return means
+
+
+def section_paths(iterations: int, rounds: int, only: list[str] | None = None) -> list[tuple[str, str, str]]:
+    from thrifty.runtime.worlds import World
+
+    rows = []
+    # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work;
+    # plain DDP's average is wrong there, but costs what it costs)
+    for model, batches in (("tiny-mlp", "32,32"), ("tiny-mlp", "24,40"), ("small-cnn", "32,32"),
+                           ("tiny-transformer", "32,32"), ("mlp", "32,32"), ("mlp", "24,40"), ("small-cnn", "24,40")):
+        if only and model not in only:
+            continue
+        world = World(2, f"{Path(__file__).stem}:paths_rank", [model, str(iterations), str(rounds), batches],
+                      where="the paths world")
+        per_rank = world.run(stall_timeout_s=600)
+        # an iteration is as slow as its slower rank: per round and path, the ranks' larger wall mean; the
+        # CPU time of an iteration, the ranks' mean
+        wall = {name: [max(r[name][i][0] for r in per_rank) for i in range(rounds)] for name in PATHS}
+        cpu = {name: [statistics.fmean(r[name][i][1] for r in per_rank) for i in range(rounds)] for name in PATHS}
+        for name, target in (("loop function", "<= 3%"), ("Trainer", "-")):
+            figures = []
+            for label, times in (("wall", wall), ("CPU", cpu)):
+                # the paired ratio per round is steadier on a shared host than a ratio of medians
+                paired = statistics.median(a / b for a, b in zip(times[name], times["plain DDP"]))
+                figures.append(f"{label} {statistics.median(times[name]) * 1e3:.2f} vs "
+                               f"{statistics.median(times['plain DDP']) * 1e3:.2f} ms/it ({(paired - 1) * 100:+.1f}%)")
+            rows.append((f"{name} path vs plain DDP: {model}, batches {batches}",
+                         "; ".join(figures) + f" (paired medians of {rounds} interleaved rounds of {iterations} "
+                         "iterations)", target))
+    return rows
+
+
 # -- 4. Srifty 5.4 in miniature -----------------------------------------------------------
 
 def profile_now(folder: str) -> str:
@@ -284,15 +457,22 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=210, help="miniature: iteration of the preemption")
     parser.add_argument("--plot", type=Path, default=Path("out/runtime-srifty54.png"))
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--only-paths", action="store_true",
+                        help="only section 5: the loop-function and Trainer paths against plain DDP")
+    parser.add_argument("--rounds", type=int, default=15, help="section 5: interleaved rounds per model")
+    parser.add_argument("--models", nargs="+", default=None, help="section 5: only these models (e.g. tiny-mlp)")
     parser.add_argument("--profile-now", action="store_true",
                         help="miniature: plan with a profile measured now instead of the shipped one (a busy host)")
     args = parser.parse_args()
     console.print(f"host: {load_average()}")
-    rows = section_replan(max(args.repeats, 3))
-    rows += section_checkpoints(args.repeats)
-    rows += section_miniature(args.plot, args.kill_at, args.profile_now)
-    if not args.skip_throughput:
-        rows += section_reweighting(args.iterations)
+    rows = []
+    if not args.only_paths:
+        rows += section_replan(max(args.repeats, 3))
+        rows += section_checkpoints(args.repeats)
+        rows += section_miniature(args.plot, args.kill_at, args.profile_now)
+        if not args.skip_throughput:
+            rows += section_reweighting(args.iterations)
+    rows += section_paths(args.iterations, args.rounds, args.models)
     table = Table(title="training runtime overheads (this host)")
     for column in ("figure", "measured", "target"):
         table.add_column(column)

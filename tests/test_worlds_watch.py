@@ -108,6 +108,21 @@ def test_an_error_fails_the_world_at_once_when_every_rank_has_exited():
     assert watch.look().outcome == Failed(0, "peer boom", "")  # the lowest rank that reported
 
 
+def test_an_error_that_a_peer_caused_comes_after_the_peers_own():
+    from thrifty.runtime.worlds.rank import broken_by_peer
+
+    world = FakeWorld(2)
+    watch = watch_of(world, error_grace_s=60)
+    world.post("error", 0, message="RuntimeError: Connection closed by peer", peer=True)
+    world.post("error", 1, message="KeyError: 'no such column'")
+    world.procs[0].exitcode = world.procs[1].exitcode = 1
+    assert watch.look().outcome == Failed(1, "KeyError: 'no such column'", "")
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:58597")
+    wrapped = ValueError("job 'm:f' raised RuntimeError")
+    wrapped.__cause__ = gloo
+    assert broken_by_peer(gloo) and broken_by_peer(wrapped) and not broken_by_peer(KeyError("no such column"))
+
+
 def test_an_exit_without_a_report_after_a_lost_store_is_not_a_loss():
     world = FakeWorld(2)
     watch = watch_of(world)

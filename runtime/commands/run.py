@@ -2,7 +2,8 @@
 live progress bar (predicted against actual), re-planning on preemption or a
 certain slowdown (Srifty 4.5), a JSON-lines run log and a timeline at the end.
 
-``thrifty run PLAN.json --problem PROBLEM.json --trainer MODULE:FACTORY``; a
+``thrifty run PLAN.json --problem PROBLEM.json --job MODULE:FUNCTION`` (a loop function, or a
+`Trainer` factory; ``--trainer`` is the same); a
 problem file (JSON or YAML) in place of the plan is solved first.
 ``thrifty run --resume [RUN_DIR]`` continues a run from its checkpoint with
 what its run record holds (plan, problem, trainer, settings, cluster, plot);
@@ -108,11 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", nargs="?",
                         help="a plan from `thrifty solve --out`, or a training problem (JSON or YAML) to solve "
                              "first; not needed with --resume RUN_DIR")
-    parser.add_argument("--trainer", metavar="MODULE:FACTORY",
-                        help="a function returning thrifty.runtime.training.Trainer "
-                             "(e.g. thrifty.runtime.training.examples:zoo)")
-    parser.add_argument("--trainer-args", type=_json_object, default=None, metavar="JSON",
-                        help="keyword arguments of the trainer factory, as a JSON object")
+    parser.add_argument("--job", "--trainer", dest="trainer", metavar="MODULE:FUNCTION",
+                        help="the job: a loop function `def train(ctx, **args)` run once per rank "
+                             "(thrifty.runtime.ddp.context states the contract; e.g. "
+                             "thrifty.runtime.training.examples:mlp_loop), or a function returning a "
+                             "thrifty.runtime.training.Trainer (e.g. thrifty.runtime.training.examples:zoo)")
+    parser.add_argument("--job-args", "--trainer-args", dest="trainer_args", type=_json_object, default=None,
+                        metavar="JSON", help="keyword arguments of the job's function, as a JSON object")
     parser.add_argument("--problem", metavar="PROBLEM.json", help="the plan's problem (needed to re-plan)")
     parser.add_argument("--out", "--run-dir", dest="out", metavar="DIR",
                         help="the run's folder: run record, checkpoint, run log and worker logs "

@@ -1,15 +1,14 @@
 """The pieces of one data-parallel training step (Srifty 4.5), shared by the
-one rank loop (`thrifty.runtime.ddp.loop`) and the single-process reference:
-fetching a rank's batch, an optimizer step, the per-rank loss and metric
-report and its global-batch combination, and DDP's bucket priming.
+`Trainer` short form's loop (`thrifty.runtime.ddp.loop.trainer_loop`) and the
+single-process reference: fetching a batch, an optimizer step, the per-rank
+loss and metric report, and DDP's bucket priming.
 
 This module imports torch at the top: only worker processes import it.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,8 +19,8 @@ from thrifty.runtime.ddp.checkpoint import capture_rng, rank_seed, restore_rng, 
 from thrifty.runtime.ddp.sharding import ShardedStream
 from thrifty.runtime.ddp.trainer import Trainer, load_trainer
 
-__all__ = ["fetch_batch", "train_step", "step_with_outputs", "GradClock", "scaled_loss", "rank_report",
-           "combine_reports", "prime_buckets", "build_model", "call_factory", "single_process_reference"]
+__all__ = ["fetch_batch", "train_step", "step_with_outputs", "scaled_loss", "rank_report",
+           "prime_buckets", "build_model", "call_factory", "single_process_reference"]
 
 
 def fetch_batch(dataset: Any, indices: np.ndarray, device: Any) -> tuple[Any, Any]:
@@ -48,47 +47,14 @@ def train_step(model: Any, optimizer: Any, loss_fn: Any, inputs: Any, targets: A
     return step_with_outputs(model, optimizer, loss_fn, inputs, targets)[0]
 
 
-def step_with_outputs(model: Any, optimizer: Any, loss_fn: Any, inputs: Any, targets: Any,
-                      marks: list[float] | None = None) -> tuple[Any, Any]:
-    """One optimizer step; (the loss, the detached outputs) for reports. With
-    `marks`, the clock (``time.perf_counter``) is read before the gradients
-    are zeroed, before the forward pass, before and after the backward pass
-    and after the optimizer step, and the five readings are appended."""
-    t0 = time.perf_counter()
+def step_with_outputs(model: Any, optimizer: Any, loss_fn: Any, inputs: Any, targets: Any) -> tuple[Any, Any]:
+    """One optimizer step; (the loss, the detached outputs) for reports."""
     optimizer.zero_grad(set_to_none=True)
-    t1 = time.perf_counter()
     outputs = model(inputs)
     loss = loss_fn(outputs, targets)
-    t2 = time.perf_counter()
     loss.backward()
-    t3 = time.perf_counter()
     optimizer.step()
-    if marks is not None:
-        marks.extend((t0, t1, t2, t3, time.perf_counter()))
     return loss, outputs.detach() if isinstance(outputs, torch.Tensor) else outputs
-
-
-class GradClock:
-    """When the last gradient of this rank's backward pass was ready
-    (``last``, `time.perf_counter`): a hook after every parameter's gradient
-    is accumulated. What follows it in DDP's backward is the exchange: the
-    buckets' allreduce not yet done, DDP's copy back, waiting for slower ranks."""
-
-    def __init__(self, module: Any):
-        self.last = 0.0
-        for p in module.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._ready)
-
-    def _ready(self, _param: Any) -> None:
-        self.last = time.perf_counter()
-
-    def components(self, marks: Sequence[float]) -> tuple[float, float, float, float]:
-        """(forward, backward, exchange, step) seconds of one step's `marks`
-        (`step_with_outputs`); the gradient zeroing counts as step."""
-        t0, t1, t2, t3, t4 = marks
-        ready = self.last if t2 <= self.last <= t3 else t3
-        return t2 - t1, ready - t2, t3 - ready, (t4 - t3) + (t1 - t0)
 
 
 def rank_report(trainer: Trainer, spec: str, loss: Any, loss_unscale: float, outputs: Any,
@@ -109,19 +75,6 @@ def rank_report(trainer: Trainer, spec: str, loss: Any, loss_unscale: float, out
                 raise ProblemError(f"trainer '{spec}': metrics() gave {name!r} = {value!r}, which is not a "
                                    "number") from e
     return float(loss.detach().item()) * loss_unscale, values
-
-
-def combine_reports(reports: Sequence[tuple[float, Mapping[str, float]]], batches: Sequence[int]) -> dict[str, Any]:
-    """The ranks' batch means as global-batch means: each weighted by its
-    rank's batch share (a metric that only some ranks report, over those)."""
-    total = sum(batches)
-    loss = sum(b * r[0] for b, r in zip(batches, reports)) / total
-    names = sorted({name for _, values in reports for name in values})
-    metrics = {}
-    for name in names:
-        pairs = [(b, values[name]) for b, (_, values) in zip(batches, reports) if name in values]
-        metrics[name] = sum(b * v for b, v in pairs) / sum(b for b, _ in pairs)
-    return {"loss": loss, "metrics": metrics}
 
 
 def prime_buckets(ddp: Any, loss_fn: Any, inputs: Any, targets: Any, cuda_device: Any = None) -> None:

@@ -1,4 +1,9 @@
-"""What the runtime trains: a `Trainer`, four factories given by the user.
+"""What the runtime trains: a job named ``MODULE:FUNCTION``, written one of
+two ways: a loop function (the user's own training code, run once per rank
+with a `thrifty.runtime.ddp.context.JobContext`; that module states the
+contract), or a `Trainer`, four factories given by the user, the short form,
+which the runtime runs as a loop function of its own
+(`thrifty.runtime.ddp.loop.trainer_loop`). `resolve_job` tells the two apart.
 
 As RubberBand's trials do, a trainer says how to build the model, the
 optimizer, the dataset and the loss; the runtime builds them in every worker
@@ -21,13 +26,15 @@ nothing on the others, and weights each rank's values by its batch share.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from thrifty.core.errors import ProblemError, ThriftyError
 
-__all__ = ["Trainer", "TunableTrainer", "load_trainer", "load_tunable_trainer", "trainer_spec"]
+__all__ = ["Trainer", "TunableTrainer", "load_trainer", "load_tunable_trainer", "trainer_spec", "JobCode",
+           "resolve_job", "is_loop_function", "check_loop_arguments"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +123,57 @@ def load_tunable_trainer(spec: str, config: Mapping[str, Any] | None = None) -> 
         raise ProblemError(f"trainer '{spec}': steps_per_iteration is {steps!r}, but must be a positive integer "
                            "or None")
     return made
+
+
+@dataclass(frozen=True)
+class JobCode:
+    """What a job's name resolved to: a loop function (`loop`, called as
+    ``loop(ctx, **args)``) or the `Trainer` its factory returned (`trainer`)."""
+
+    spec: str
+    args: Mapping[str, Any]
+    loop: Callable[..., Any] | None = None
+    trainer: Trainer | None = None
+
+
+def is_loop_function(function: Callable[..., Any], args: Mapping[str, Any] | None = None) -> bool:
+    """Is `function` a loop function rather than a `Trainer` factory? A loop
+    function takes the job's context as its first parameter: one annotated
+    ``JobContext``, or else a positional parameter without a default that
+    `args` does not name. A factory takes only its keyword arguments (all of
+    them given in `args` or defaulted)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a class without a signature: a factory
+        return False
+    if not parameters or parameters[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                    inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return False
+    first = parameters[0]
+    annotation = first.annotation if isinstance(first.annotation, str) else getattr(first.annotation, "__name__", "")
+    if annotation.strip("'\"").rsplit(".", 1)[-1] == "JobContext":
+        return True
+    return first.default is inspect.Parameter.empty and first.name not in (args or {})
+
+
+def resolve_job(spec: str, args: Mapping[str, Any] | None = None, tunable: bool = False) -> JobCode:
+    """The code a job names: its loop function, or the `Trainer` (a
+    `TunableTrainer` when `tunable`) its factory returns; every failure is a
+    `ProblemError` naming the spec. Imports the user's module, but no torch."""
+    from thrifty.runtime.worlds import resolve_factory
+
+    args = dict(args or {})
+    function = resolve_factory(spec, returns="a Trainer, or a loop function taking the job's context")
+    if is_loop_function(function, args):
+        return JobCode(spec, args, loop=function)
+    return JobCode(spec, args, trainer=load_tunable_trainer(spec, args) if tunable else load_trainer(spec, args))
+
+
+def check_loop_arguments(spec: str, loop: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """A `ProblemError` naming the job when `loop` cannot be called as
+    ``loop(ctx, **args)`` (an unknown argument, a required one missing), so a
+    run says so before it starts any process."""
+    try:
+        inspect.signature(loop).bind(None, **dict(args))
+    except TypeError as e:
+        raise ProblemError(f"job '{spec}' cannot take the arguments {dict(args)}: {e}", path="trainer_args") from None

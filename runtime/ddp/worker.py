@@ -38,7 +38,7 @@ __all__ = ["main", "ENTRY", "PRELOAD", "job_argv"]
 
 ENTRY = "thrifty.runtime.ddp.worker:main"
 # what the fork server imports before forking ranks: this entry and the loop it runs
-PRELOAD = ("thrifty.runtime.ddp.worker", "thrifty.runtime.ddp.loop")
+PRELOAD = ("thrifty.runtime.ddp.worker", "thrifty.runtime.ddp.loop", "thrifty.runtime.ddp.context")
 
 
 def job_argv(job: JobSpec) -> list[str]:

@@ -13,8 +13,9 @@ one):
   them (`Provider.check_plan`: the local provider runs CPU types in the
   markets the catalog prices; a Ray cluster's live nodes must carry them; a
   cluster config file must be valid);
-- the trainer: ``MODULE:FACTORY`` imports, and the factory returns a
-  `Trainer` with the given arguments;
+- the job (``--trainer``): ``MODULE:FUNCTION`` imports, and is a loop
+  function whose parameters take the given arguments, or a factory that
+  returns a `Trainer` with them (`thrifty.runtime.ddp.trainer.resolve_job`);
 - the checkpoint location: it parses, and holds no checkpoint for a new run,
   one for a resumed run;
 - the injected faults (`faults.fault_problems`): they name machines the plan
@@ -147,11 +148,13 @@ def _check_machines(run: RunInputs, catalog: Catalog, provider: Provider | None)
 
 def _check_trainer(run: RunInputs) -> None:
     if run.trainer is None:
-        raise ProblemError("is required: give MODULE:FACTORY (e.g. thrifty.runtime.training.examples:zoo)",
-                           path="trainer")
-    from thrifty.runtime.ddp.trainer import load_trainer, trainer_spec
+        raise ProblemError("is required: give MODULE:FUNCTION, a loop function or a Trainer factory (e.g. "
+                           "thrifty.runtime.training.examples:zoo)", path="trainer")
+    from thrifty.runtime.ddp.trainer import check_loop_arguments, resolve_job, trainer_spec
 
-    load_trainer(trainer_spec(run.trainer), run.trainer_args)  # a factory that raises is bad input
+    code = resolve_job(trainer_spec(run.trainer), run.trainer_args)  # a factory that raises is bad input
+    if code.loop is not None:
+        check_loop_arguments(code.spec, code.loop, run.trainer_args)
 
 
 def _check_checkpoint(run: RunInputs) -> None:

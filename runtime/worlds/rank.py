@@ -8,7 +8,8 @@ and gives each rank the torchrun environment (``MASTER_ADDR``,
 that store, in one protocol:
 
 - events: JSON lines ``{"event": kind, "rank": r, "at": unix time, ...}``
-  appended to one key (`post`); ``error`` (``message``, ``traceback``) and
+  appended to one key (`post`); ``error`` (``message``, ``traceback``,
+  ``peer`` when a collective broke because a peer left: `broken_by_peer`) and
   ``finished`` (``value``: the rank's result) are the kinds every world
   knows, its users add their own;
 - progress: each rank's ``"<count> <unix time>"``, overwritten (`progress`):
@@ -42,7 +43,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 __all__ = ["RankChannel", "serve_rank", "configure_logging", "join_world", "world_barrier", "KEY_EVENTS",
-           "progress_key", "latest_key", "command_key", "DEFAULT_TIMEOUT_S", "leave", "STACKS_SIGNAL",
+           "broken_by_peer", "progress_key", "latest_key", "command_key", "DEFAULT_TIMEOUT_S", "leave", "STACKS_SIGNAL",
            "dump_stacks_on_signal"]
 
 log = logging.getLogger(__name__)
@@ -188,13 +189,30 @@ def serve_rank(body: Callable[[RankChannel], Any]) -> NoReturn:
         text = traceback.format_exc()
         log.error("failed:\n%s", text)
         try:
-            channel.post("error", message=f"{type(e).__name__}: {e}", traceback=text)
+            channel.post("error", message=f"{type(e).__name__}: {e}", traceback=text,
+                         **({"peer": True} if broken_by_peer(e) else {}))
         except Exception:  # noqa: BLE001 - the starter also sees the exit code
             pass
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+# what a collective raises on a rank whose peer left the world (gloo's TCP pairs, NCCL's watchdog)
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited")
+
+
+def broken_by_peer(error: BaseException) -> bool:
+    """Did `error` (or what caused it) come from a collective broken by a peer
+    that left the world? Such an error follows from its peer's own failure,
+    which is the one to report (`thrifty.runtime.worlds.watch`'s `Failed`)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if any(text in str(seen) for text in _PEER_GONE):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def join_world(channel: RankChannel, backend: str, timeout_s: float | None = None) -> Any:

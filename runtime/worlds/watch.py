@@ -19,7 +19,8 @@ a typed outcome:
   a loss does not hide it: a rank whose machine the launcher knows is gone is
   lost even if the starter killed it too;
 - `Failed`: a rank reported an error (the lowest such rank, its message and
-  traceback), once every rank has exited, or `error_grace_s` has passed and
+  traceback; a rank whose collective broke because a peer left comes after
+  the others), once every rank has exited, or `error_grace_s` has passed and
   every machine has answered since the error (`Launcher.settled`; at most
   `settle_timeout_s`): on a cluster, a rank's error may be its peer's
   machine going away, which is then `Lost`;
@@ -234,7 +235,8 @@ class Watch:
             waited = now - self._error_seen_at
             if (all(c is not None for c in codes) or waited >= self.error_grace_s
                     and (self.world.settled(self._error_seen_at) or waited > self.settle_timeout_s)):
-                rank = min(self.errors)
+                # an error of a collective broken by a peer that left follows from the peer's: report the cause
+                rank = min(self.errors, key=lambda r: (bool(self.errors[r].get("peer")), r))
                 error = self.errors[rank]
                 return Failed(rank, str(error.get("message", "")), error.get("traceback") or "")
             return None

@@ -1,0 +1,684 @@
+"""The job contract: a loop function, run once per rank with a `JobContext`.
+
+A job is the user's own training code, named ``MODULE:FUNCTION``
+(``thrifty run --trainer mypkg.jobs:train``) and called in every rank as
+``train(ctx, **args)`` (`args`: the job's JSON keyword arguments, such as
+``--trainer-args``). The context gives the loop what the plan decided and
+takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
+
+    def train(ctx, lr=0.1):
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=ctx.iterations)
+        state = ctx.restore()                      # None on a fresh start
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            schedule.load_state_dict(state["schedule"])
+        model = ctx.prepare_model(model)           # DDP with batch-share reweighting
+        for inputs, targets in ctx.prepare_loader(dataset):   # this rank's share, to the job's end
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), targets)    # a batch mean
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            ctx.report({"loss": loss.item()},
+                       checkpoint={"model": model, "optimizer": optimizer, "schedule": schedule})
+
+- `JobContext.local_batch` is this rank's batch in the plan (`batches`,
+  `global_batch`, `rank`, `world_size`, `device` beside it), `iterations`
+  the job's end (None in a tuning trial, whose scheduler ends it) and
+  `iteration` the iterations done, the data position.
+- `JobContext.prepare_model` wraps the model in DDP with Srifty 4.5's
+  gradient reweighting as a communication hook (`thrifty.runtime.ddp.reweight`):
+  rank r's gradient bucket is weighted ``b_r / B`` and the buckets summed, so
+  with unequal local batches the update is the single-device update on the
+  global batch, whatever the loss, as long as it is a batch mean.
+- `JobContext.prepare_loader` takes a map-style dataset or a ``DataLoader``
+  (whose dataset, ``collate_fn``, workers and their options it keeps, and
+  whose batch size and sampler it replaces) and iterates this rank's share of
+  each global batch (`thrifty.runtime.ddp.sharding`: the same global batches in
+  the same order whatever the machines) from the data position to the job's
+  end, on the context's device.
+- `JobContext.report` is the iteration boundary. Its metrics (numbers, batch
+  means on this rank's batch) are combined over the ranks by batch share and
+  written to the job's metric sinks (`MetricsSink`, `metric_sinks`) about every
+  ``metrics_every_s``, in batches; its `checkpoint` is the loop's state, a
+  mapping of names to objects with ``state_dict()`` (model, optimizer, schedule,
+  scaler) or plain values, which the runtime keeps a reference to and writes to
+  the job's storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
+  checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
+  before a stop and at the job's end. Every rank must report at the same
+  iterations (one all-reduce of flags per report).
+- `JobContext.restore` is the state of the latest checkpoint (the loop's
+  mapping, each object's ``state_dict()``) when the job resumes or a re-plan
+  relaunched it, else None; the data position, the learning-rate schedule and
+  the optimizer continue from it, and each rank's random state is restored
+  (same world) or reseeded from ``(seed, step, rank)`` (a new world).
+- When the runtime stops the job (a re-plan, a spot notice, an interruption,
+  a scheduler's pause) `report` checkpoints and then raises `StopJob`, a
+  ``BaseException`` that a loop's ``except Exception`` does not catch; the
+  runtime ends the rank. The loop need not handle it.
+
+A bad job gets one line naming the job (and, from the driver, the rank's
+log), and loses nothing already checkpointed: a loop that raises, that never
+calls `prepare_model`, that reports a non-finite metric, that never reports
+(or draws many batches between reports), that returns before the job's end,
+or whose model is called on another batch size than the plan's.
+
+The four-factory `Trainer` is the short form of a job: the runtime runs it as
+a loop function of its own (`thrifty.runtime.ddp.loop.trainer_loop`), which
+also uses what a loop function cannot: it scales its known loss instead of
+the hook (``scale_loss``), reports lazily (a callable), and primes DDP's
+buckets so a resumed world sums bit for bit as the uninterrupted one.
+
+This module imports torch at the top: only worker processes import it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from thrifty.core.errors import ProblemError
+from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_seed, restore_rng, save_checkpoint, \
+    seed_everything
+from thrifty.runtime.ddp.clock import ClockMarks
+from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, JobSpec, WorkerFault
+from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
+from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
+from thrifty.runtime.worlds import RankChannel
+
+__all__ = ["JobContext", "StopJob", "MetricsSink", "ChannelSink", "metric_sinks", "RankLoader", "combine_metrics",
+           "TRIAL_METRIC", "TIMING_WARMUP", "RUNTIME_KEYS"]
+
+TIMING_WARMUP = 3  # iterations left out of the throughput a finished world reports
+TRIAL_METRIC = "metric"  # in a tuning trial, rank 0's report of this name is the scheduler's metric
+# what a checkpoint holds beside the loop's state: a loop's state may not use these names
+RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global_batch", "trainer", "trainer_args",
+                          "seed", "rng", "saved_at", "result", "state_keys"})
+_EXCHANGE_S = 0.05  # the ranks exchange flags about this often (every report in a job that awaits decisions)
+_MAX_GAP = 1000  # and at least every this many reports
+_UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports
+
+
+class StopJob(BaseException):
+    """The runtime stops the job at this iteration boundary (after
+    checkpointing it): a re-plan, a spot notice, an interruption or a
+    scheduler's pause. Raised by `JobContext.report`; the runtime catches it."""
+
+
+class MetricsSink(Protocol):
+    """Where the combined metrics go, on rank 0: `write` gets records
+    ``{"at": unix time, "iteration": n, "loss": float | None, "metrics":
+    {name: float}}``, in iteration order, in batches about every
+    ``metrics_every_s`` (every reported iteration, combined over the ranks by
+    batch share)."""
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+class ChannelSink:
+    """The starter's view: the latest record, published under `METRICS`
+    (the live progress bar and the run log read it)."""
+
+    def __init__(self, channel: RankChannel):
+        self.channel = channel
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> None:
+        if records:
+            self.channel.publish(METRICS, dict(records[-1]))
+
+
+def metric_sinks(job: JobSpec, channel: RankChannel) -> list[MetricsSink]:
+    """The sinks of a job's metrics on rank 0: the starter's channel, and the
+    ones the job's settings ask for (this is where file sinks plug in)."""
+    return [ChannelSink(channel)]
+
+
+def combine_metrics(per_rank: Sequence[Mapping[str, float]], batches: Sequence[int]) -> dict[str, float]:
+    """The ranks' batch means as global-batch means: each weighted by its
+    rank's batch share (a name that only some ranks report, over those)."""
+    names = sorted({name for values in per_rank for name in values})
+    out = {}
+    for name in names:
+        pairs = [(b, values[name]) for b, values in zip(batches, per_rank) if name in values]
+        out[name] = sum(b * v for b, v in pairs) / sum(b for b, _ in pairs)
+    return out
+
+
+Metrics = Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
+
+
+class JobContext:
+    """One rank's side of the job contract (module docstring). Built by the
+    rank loop (`thrifty.runtime.ddp.loop.run_rank`) after the rank joined its
+    world and before the job's code runs."""
+
+    def __init__(self, job: JobSpec, channel: RankChannel, device: Any, cuda: bool, global_batch: int,
+                 batches: Sequence[int], faults: Sequence[WorkerFault] = (), sinks: Sequence[MetricsSink] = (),
+                 check_finite: bool = True):
+        self.job, self.device, self.global_batch, self.batches = job, device, global_batch, list(batches)
+        self.rank, self.world_size = channel.rank, channel.world_size
+        self.local_batch = self.batches[self.rank]
+        self.iterations = job.iterations
+        self.steps_per_iteration = job.steps_per_iteration or 1  # batches per iteration (the Trainer's may set it)
+        self._channel, self._cuda, self._faults, self._sinks = channel, cuda, list(faults), list(sinks)
+        self._check_finite = check_finite
+        started = time.perf_counter()
+        self._saved = _load_state(job, global_batch)
+        self.restore_s = time.perf_counter() - started if self._saved is not None else 0.0
+        self.step = int(self._saved.get("step", self._saved["iteration"])) if self._saved is not None else 0
+        self._start_step = self.step
+        # the last boundary (where this world starts) and the latest checkpoint, in iterations
+        self._reported_iteration = self._start = self._checkpointed = \
+            int(self._saved["iteration"]) if self._saved is not None else 0
+        self._state: Mapping[str, Any] | None = None
+        self._ddp: Any = None
+        self._began = False
+        self._stopping = False
+        self._reports = 0
+        self._fired_at = -1  # the iteration whose faults fired
+        # [stop, checkpoint now, record next, reports until the next exchange] (`_exchange`)
+        self._flags = torch.zeros(4, dtype=torch.int64, device=device)
+        self._next_exchange = 1  # the report at which the ranks next exchange flags
+        self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
+        self._last_checkpoint_at = self._last_record_at = time.monotonic()
+        self._record_next = job.metrics_every_s is not None  # a world's first iteration records its metrics
+        self._records: list[tuple[int, dict[str, float]]] = []
+        self._timing_from: tuple[int, float] | None = None
+        self._iteration_started = (time.time(), time.perf_counter())
+        self._first_result = True
+        self._clock: ClockMarks | None = None
+        self.rng = "seeded"
+        seed_everything(job.seed)  # the loop builds its model from the job's seed on every rank
+
+    # -- what the plan gave this rank ------------------------------------------------------
+    @property
+    def iteration(self) -> int:
+        """Iterations done: the data position (batches drawn) over the batches of an iteration."""
+        return self.step // self.steps_per_iteration
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor a loop that scales its own loss (``prepare_model(model,
+        scale_loss=True)``) multiplies its batch-mean loss by: ``b_r * W / B``."""
+        if self.job.weighting == "mean":
+            return 1.0
+        return loss_scale(self.local_batch, self.global_batch, self.world_size)
+
+    @property
+    def model(self) -> Any:
+        """The prepared (DDP) model, or None before `prepare_model`."""
+        return self._ddp
+
+    # -- the contract ----------------------------------------------------------------------
+    def prepare_model(self, model: Any, *, scale_loss: bool = False) -> Any:
+        """`model` on this rank's device, wrapped in DDP, its gradients
+        reweighted by batch share: by the communication hook, or, with
+        `scale_loss`, by the loop itself multiplying its loss by `loss_scale`
+        (cheaper; the `Trainer` short form does it); with equal local batches
+        DDP's own average is the same weighting, and no hook is installed.
+        Call it once, after loading a restored state into the model."""
+        if self._ddp is not None:
+            raise ProblemError(f"{self._who()} called prepare_model twice; a job trains one model")
+        if not isinstance(model, torch.nn.Module):
+            raise ProblemError(f"{self._who()} gave prepare_model a {type(model).__name__}, but it takes a "
+                               "torch.nn.Module")
+        model = model.to(self.device)
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
+        weighting = self.job.weighting
+        # equal local batches: DDP's own averaging is the reweighting (b_r / B = 1 / W), in C++ without a hook
+        if weighting == "hook" or (weighting == "batch" and not scale_loss and len(set(self.batches)) > 1):
+            register_reweighting(ddp, self.local_batch, self.global_batch)
+        ddp.register_forward_pre_hook(self._check_batch, with_kwargs=True)
+        if self.job.clock_every_s is not None:  # a training job's clock marks, for its online calibration
+            self._clock = ClockMarks(model, ddp, self.job.clock_every_s)
+        self._ddp = ddp
+        return ddp
+
+    def prepare_loader(self, data: Any, *, to_device: bool = True) -> "RankLoader":
+        """This rank's share of each global batch of `data` (a map-style
+        dataset, or a ``DataLoader`` whose dataset, collate function, workers
+        and worker options are kept), from the data position to the job's
+        end; batches moved to the context's device unless `to_device` is False."""
+        return RankLoader(self, data, to_device)
+
+    def restore(self) -> dict[str, Any] | None:
+        """The state the loop checkpointed (its mapping, each object's
+        ``state_dict()``), when this world resumes from a checkpoint; else None."""
+        saved = self._saved
+        if saved is None:
+            return None
+        keys = saved.get("state_keys", [k for k in ("model", "optimizer") if k in saved])
+        return {key: saved[key] for key in keys}
+
+    def report(self, metrics: Metrics = None, checkpoint: Mapping[str, Any] | None = None) -> None:
+        """The iteration boundary: `metrics` of this rank's batch (numbers;
+        or a callable that returns them, called only when the runtime records
+        them), `checkpoint` the loop's state (kept by reference, written when a
+        checkpoint is due). Raises `StopJob` when the runtime stops the job."""
+        if self._stopping:
+            raise StopJob()
+        if self._ddp is None:
+            raise ProblemError(f"{self._who()} reported without calling ctx.prepare_model(model): its "
+                               "gradients would not be averaged over the ranks")
+        if not self._began:
+            raise ProblemError(f"{self._who()} reported before drawing a batch from ctx.prepare_loader(...): "
+                               "the plan's batches reach a job only through it")
+        if checkpoint is not None:
+            self._state = _checked_state(checkpoint, self._who())
+        self._reports += 1
+        iteration = self.iteration
+        advanced = iteration > self._reported_iteration
+        job = self.job
+        last = job.iterations is not None and iteration >= job.iterations
+        values: dict[str, float] | None = None
+        if not callable(metrics) or (job.evaluate and self.rank == 0 and advanced):
+            values = self._values(metrics)  # numbers are checked at every report; a callable only when needed
+        if job.metrics_every_s is not None and (self._record_next or last or not callable(metrics)):
+            values = values if values is not None else self._values(metrics)
+            self._records.append((iteration, {k: v for k, v in values.items()
+                                              if not (job.evaluate and k == TRIAL_METRIC)}))
+        if self._record_next or last:
+            self._flush_records()
+            self._record_next = False
+        due = advanced and job.checkpoint_every is not None and \
+            iteration // job.checkpoint_every > self._reported_iteration // job.checkpoint_every
+        saved = False
+        if job.evaluate and advanced:  # a trial's result is posted once its iteration is durable
+            metric = self._trial_metric(values) if self.rank == 0 else math.nan
+            if due:
+                self._checkpoint({"metric": metric, "iteration_s": time.perf_counter() - self._iteration_started[1]})
+                saved = True
+            if self.rank == 0:
+                self._post_result(metric, saved)
+        self._reported_iteration = iteration
+        if self._clock is not None and advanced:
+            self._clock.iteration_done()
+            self._clock.on = self._clock.on or iteration >= self._start + TIMING_WARMUP
+        if iteration == self._start + TIMING_WARMUP and self._timing_from is None:
+            self._timing_from = (iteration, time.perf_counter())
+        stopped = save_now = False
+        if job.await_decision or self._reports >= self._next_exchange:
+            stopped, save_now = self._exchange(advanced)
+        if (save_now or due or last) and not saved and self._checkpointed != iteration:
+            self._checkpoint()
+        if self.rank == 0 and advanced:
+            self._channel.progress(iteration)
+        if self._clock is not None:
+            self._clock.publish(self._channel, iteration, force=stopped or last)
+        self._iteration_started = (time.time(), time.perf_counter())
+        if stopped:
+            self._stopping = True
+            raise StopJob()
+
+    # -- the runtime's side ----------------------------------------------------------------
+    def finish(self, returned: Any) -> str:
+        """After the loop returned: check it, checkpoint an end not yet
+        checkpointed, and say how the world ended (``done`` or ``stopped``)."""
+        if returned is not None:
+            raise ProblemError(f"{self._who()} returned a {type(returned).__name__}; a loop function returns "
+                               "nothing (a Trainer factory takes only keyword arguments, all given or defaulted)")
+        if not self._began:  # a world that starts at the job's end: nothing to train
+            self._begin()
+        if self._reports == 0 and self.step > self._start_step:
+            raise ProblemError(f"{self._who()} returned without calling ctx.report(): the runtime checkpoints, "
+                               "stops and re-plans a job only at its reports")
+        iteration, end = self.iteration, self.job.iterations
+        if end is not None and iteration < end:
+            raise ProblemError(f"{self._who()} returned after iteration {iteration} of {end}: iterate "
+                               "ctx.prepare_loader(...) to its end (the job's last iteration)")
+        if self._checkpointed != iteration:
+            self._flush_records()
+            self._checkpoint()
+        return "done" if end is not None and iteration >= end else "stopped"
+
+    def timing(self) -> dict[str, Any] | None:
+        """The throughput of this world's iterations after the first `TIMING_WARMUP`."""
+        start = self._timing_from
+        if start is None or self.iteration <= start[0]:
+            return None
+        return {"from_iteration": start[0], "to_iteration": self.iteration, "seconds": time.perf_counter() - start[1]}
+
+    def _who(self) -> str:
+        return f"job '{self.job.trainer}' (rank {self.rank})"
+
+    def _begin(self) -> None:
+        """Before the first batch: the world is ready to train; each rank's
+        random state restored (the world that wrote the checkpoint) or seeded
+        from ``(seed, step, rank)``."""
+        self._began = True
+        saved_rng = self._saved.get("rng") if self._saved is not None else None
+        if saved_rng is not None and saved_rng["batches"] == self.batches:
+            restore_rng(saved_rng["states"][self.rank], self.device if self._cuda else None)
+            self.rng = "restored"
+        else:
+            seed_everything(rank_seed(self.job.seed, self.step, self.rank))
+        self._channel.post("ready", start_iteration=self.iteration, rng=self.rng, world_size=self.world_size,
+                           batch=self.local_batch)
+        self._iteration_started = (time.time(), time.perf_counter())
+
+    def _before_batch(self) -> None:
+        """The runtime's work before each batch: the world's start, injected
+        faults, and the check that the loop reports."""
+        if self._stopping:
+            raise StopJob()
+        if not self._began:
+            self._begin()
+        iteration = self.iteration
+        if self.step % self.steps_per_iteration == 0 and self._fired_at != iteration:
+            self._fired_at = iteration
+            _fire_faults(self, iteration)
+        limit = max(_UNREPORTED_ITERATIONS, self.job.checkpoint_every or 0)
+        if iteration - self._reported_iteration >= limit:
+            raise ProblemError(f"{self._who()} drew {iteration - self._reported_iteration} iterations without "
+                               "calling ctx.report(); the runtime checkpoints, stops and re-plans a job only at "
+                               "its reports: report every iteration (or every few)")
+
+    def _check_batch(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A forward pre-hook of the prepared model: in training (train mode,
+        gradients on), its input must hold the plan's local batch."""
+        if not module.training or not torch.is_grad_enabled():
+            return
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+        # the local batch, or a part of it (micro-batches), along some dimension
+        if first is not None and not any(s == self.local_batch or (1 < s and self.local_batch % s == 0)
+                                         for s in first.shape):
+            raise ProblemError(f"{self._who()} trained on a batch of shape {tuple(first.shape)}, but the plan gives "
+                               f"this rank {self.local_batch} samples (ctx.local_batch): train on the batches of "
+                               "ctx.prepare_loader(...) as they come")
+
+    def _values(self, metrics: Metrics) -> dict[str, float]:
+        got = metrics() if callable(metrics) else metrics
+        if got is None:
+            return {}
+        if not isinstance(got, Mapping):
+            raise ProblemError(f"{self._who()} reported a {type(got).__name__}, but metrics must be a mapping "
+                               "of names to numbers")
+        values = {}
+        for name, value in got.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ProblemError(f"{self._who()} reported {name!r} = {value!r}, which is not a number") from e
+            if self._check_finite and not math.isfinite(number):
+                raise ProblemError(f"{self._who()} reported {name} = {number} at iteration {self.iteration}; the "
+                                   f"checkpoint of iteration {self._checkpointed} is kept")
+            values[str(name)] = number
+        return values
+
+    def _trial_metric(self, values: Mapping[str, float] | None) -> float:
+        if values is None or TRIAL_METRIC not in values:
+            raise ProblemError(f"{self._who()}: a tuning trial's rank 0 must report {TRIAL_METRIC!r} (the "
+                               "scheduler's metric) every iteration")
+        return values[TRIAL_METRIC]
+
+    def _flush_records(self) -> None:
+        """Every rank's buffered metrics to rank 0, combined per iteration and written to the sinks."""
+        if self.job.metrics_every_s is None:
+            return
+        mine, self._records = self._records, []
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        self._last_record_at = time.monotonic()
+        if gathered is None:
+            return
+        at = time.time()
+        out: list[dict[str, Any]] = []
+        by_rank = [dict(buffered) for buffered in gathered]  # iteration -> values (a later report of one wins)
+        for iteration in sorted({i for buffered in by_rank for i in buffered}):
+            per_rank: list[Mapping[str, float]] = [buffered.get(iteration, {}) for buffered in by_rank]
+            values = combine_metrics(per_rank, self.batches)
+            out.append({"at": at, "iteration": iteration, "loss": values.pop("loss", None), "metrics": values})
+        for sink in self._sinks:
+            sink.write(out)
+
+    def _exchange(self, advanced: bool) -> tuple[bool, bool]:
+        """The ranks agree, in one all-reduce of flags that rank 0 sets, on
+        (stop after this report, checkpoint now), on recording metrics at the
+        next report, and on how many reports until the next exchange: about
+        `_EXCHANGE_S` of them (one, in a job that awaits its starter's
+        decisions), so that a small all-reduce and the starter's command check
+        cost little on short iterations while a stop still comes within
+        `_EXCHANGE_S` of being asked."""
+        job, flags = self.job, self._flags
+        flags.zero_()
+        if self.rank == 0:
+            stop, save = self._decide(advanced)
+            now, reports = time.perf_counter(), self._reports - self._exchanged[0]
+            per_report = (now - self._exchanged[1]) / max(1, reports)
+            flags[0], flags[1] = int(stop), int(save)
+            flags[2] = int(job.metrics_every_s is not None
+                           and time.monotonic() - self._last_record_at >= job.metrics_every_s)
+            flags[3] = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop_now, save_now, record, gap = (int(v) for v in flags.tolist())
+        self._record_next = bool(record)
+        self._next_exchange = self._reports + gap
+        self._exchanged = (self._reports, time.perf_counter())
+        return bool(stop_now), bool(save_now)
+
+    def _decide(self, advanced: bool) -> tuple[bool, bool]:
+        """Rank 0: (stop after this iteration, checkpoint now). An awaiting job
+        waits for the starter's decision for this iteration (go, save:
+        checkpoint and stop, anything else: stop); any other job stops, with a
+        checkpoint, when the starter has asked, and checkpoints when its clock
+        says so."""
+        job = self.job
+        if job.await_decision and advanced:
+            decision = self._channel.wait_command(DECISION.format(self.iteration), job.timeout_s)
+            return decision != "go", decision == "save"
+        stop = self._channel.command(STOP) is not None
+        timed = job.checkpoint_every_s is not None and \
+            time.monotonic() - self._last_checkpoint_at >= job.checkpoint_every_s
+        return stop, stop or timed
+
+    def _post_result(self, metric: float, saved: bool) -> None:
+        """Rank 0: the iteration's result, posted with its time (checkpoint
+        included), whether it is `checkpointed` (then the checkpoint holds it),
+        and, after a launch's first iteration, when it started and what the
+        restore cost."""
+        started_at, t0 = self._iteration_started
+        extra = {"started_at": started_at, "restore_s": self.restore_s} if self._first_result else {}
+        self._first_result = False
+        self._channel.post("result", iteration=self.iteration, metric=metric, iteration_s=time.perf_counter() - t0,
+                           checkpointed=saved, **extra)
+
+    def _checkpoint(self, result: dict[str, float] | None = None) -> None:
+        """Every rank's random state to rank 0, which writes the checkpoint
+        atomically: the loop's state, the data position and the random states;
+        with the iteration's `result` (metric, time) when it is written before
+        the result is posted, so that a starter killed in between finds it."""
+        if self._state is None:
+            raise ProblemError(f"{self._who()}: a checkpoint is due at iteration {self.iteration}, but the loop "
+                               "has not given its state: ctx.report(metrics, checkpoint={'model': model, "
+                               "'optimizer': optimizer, ...})")
+        job = self.job
+        states: list[Any] = [None] * self.world_size
+        dist.all_gather_object(states, capture_rng(self.device if self._cuda else None))
+        self._checkpointed = self.iteration
+        self._last_checkpoint_at = time.monotonic()
+        if self.rank != 0:
+            return
+        state = {key: _state_of(value) for key, value in self._state.items()}
+        seconds, size = save_checkpoint(job.checkpoint_path, {
+            **state, "state_keys": list(state), "iteration": self.iteration, "step": self.step,
+            "samples_seen": self.step * self.global_batch, "global_batch": self.global_batch, "trainer": job.trainer,
+            "trainer_args": job.trainer_args, "seed": job.seed, "rng": {"batches": self.batches, "states": states},
+            "saved_at": time.time(), **({"result": result} if result is not None else {}),
+        })
+        self._channel.post("checkpoint", iteration=self.iteration, save_s=seconds, bytes=size)
+
+
+class RankLoader:
+    """This rank's batches of the job's data stream (`JobContext.prepare_loader`):
+    iterating it draws batch after batch from the data position to the job's
+    end (without end in a tuning trial); several loops over it, or several
+    loaders, share the one position."""
+
+    def __init__(self, ctx: JobContext, data: Any, to_device: bool):
+        from torch.utils.data import DataLoader, IterableDataset
+
+        self.ctx = ctx
+        options: dict[str, Any] = {}
+        if isinstance(data, DataLoader):
+            # every option of the user's loader (collate function, workers and their options, pinning, ...)
+            # but the batching and the order, which are the plan's
+            names = [name for name in inspect.signature(DataLoader.__init__).parameters
+                     if name not in _REPLACED and hasattr(data, name)]
+            options = {name: getattr(data, name) for name in names}
+            if not options.get("num_workers"):  # DataLoader refuses these without workers
+                options.pop("prefetch_factor", None)
+                options.pop("persistent_workers", None)
+            data = data.dataset
+        if isinstance(data, IterableDataset) or not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
+            raise ProblemError(f"{ctx._who()} gave prepare_loader a {type(data).__name__}, but it needs a map-style "
+                               "dataset (len and [i]) or a DataLoader over one, to share each global batch by index")
+        if len(data) < 1:
+            raise ProblemError(f"{ctx._who()} gave prepare_loader an empty dataset")
+        self.dataset, self.options, self.to_device = data, options, to_device
+        self.stream = ShardedStream(len(data), ctx.global_batch, rank_offsets(ctx.batches)[ctx.rank], ctx.local_batch,
+                                    ctx.job.seed)
+        tensors = getattr(data, "tensors", None)
+        self._sliced = isinstance(tensors, (tuple, list)) and len(tensors) >= 1 \
+            and all(isinstance(t, torch.Tensor) for t in tensors) and not options.get("num_workers") \
+            and options.get("collate_fn") in (None, _default_collate())
+        self.batches_per_epoch = math.ceil(len(data) / ctx.global_batch)
+
+    def __len__(self) -> int:
+        """Batches left to the job's end (a tuning trial's loader has no end: 0)."""
+        end = self._end()
+        return max(0, end - self.ctx.step) if end is not None else 0
+
+    def _end(self) -> int | None:
+        iterations = self.ctx.iterations
+        return iterations * self.ctx.steps_per_iteration if iterations is not None else None
+
+    def _steps(self) -> Iterator[int]:
+        step, end = self.ctx.step, self._end()
+        while end is None or step < end:
+            yield step
+            step += 1
+
+    def __iter__(self) -> Iterator[Any]:
+        ctx = self.ctx
+        if self._sliced:
+            source: Iterator[Any] = (tuple(t[torch.from_numpy(self.stream.indices(step))] for t in self.dataset.tensors)
+                                     for step in self._steps())
+        else:
+            from torch.utils.data import DataLoader
+
+            sampler = (self.stream.indices(step).tolist() for step in self._steps())
+            source = iter(DataLoader(self.dataset, batch_sampler=_Batches(sampler), **self.options))
+        while True:
+            end = self._end()
+            if end is not None and ctx.step >= end:
+                return
+            ctx._before_batch()
+            batch = next(source)
+            ctx.step += 1
+            yield _to(batch, ctx.device) if self.to_device else batch
+
+
+_REPLACED = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
+
+
+class _Batches:
+    """A batch sampler over a generator of index lists (DataLoader's protocol)."""
+
+    def __init__(self, batches: Iterator[list[int]]):
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.batches
+
+
+def _default_collate() -> Any:
+    from torch.utils.data import default_collate
+
+    return default_collate
+
+
+def _to(batch: Any, device: Any) -> Any:
+    """`batch` (tensors in tuples, lists and mappings) on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _to(v, device) for k, v in batch.items()}) if type(batch) is dict \
+            else {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(_to(v, device) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch
+
+
+def _checked_state(state: Any, who: str) -> Mapping[str, Any]:
+    if not isinstance(state, Mapping):
+        raise ProblemError(f"{who} gave checkpoint= a {type(state).__name__}, but it takes a mapping of names to "
+                           "objects with state_dict() or plain values")
+    clash = sorted(RUNTIME_KEYS & set(map(str, state)))
+    if clash:
+        raise ProblemError(f"{who}: checkpoint= uses the names {clash}, which the runtime keeps for itself")
+    return state
+
+
+def _state_of(value: Any) -> Any:
+    """What a checkpoint keeps of one entry of the loop's state."""
+    if isinstance(value, DistributedDataParallel):
+        value = value.module
+    if hasattr(value, "state_dict") and callable(value.state_dict):
+        return value.state_dict()
+    return value
+
+
+def _load_state(job: JobSpec, global_batch: int) -> dict[str, Any] | None:
+    """The job's checkpoint, checked against the job (None: start fresh)."""
+    if job.restore == "never":
+        return None
+    where = job.checkpoint_path
+    state = load_checkpoint(where)
+    if state is None:
+        if job.restore == "required":
+            raise ProblemError("the checkpoint to resume from is missing", source=where)
+        return None
+    if state.get("global_batch", global_batch) != global_batch:
+        raise ProblemError(f"was written with global batch {state['global_batch']}, but this job's is "
+                           f"{global_batch}", source=where)
+    if state["trainer"] != job.trainer or state.get("trainer_args", {}) != job.trainer_args:
+        raise ProblemError(f"was written by trainer '{state['trainer']}' {state.get('trainer_args', {})}, "
+                           f"not '{job.trainer}' {job.trainer_args}", source=where)
+    if job.iterations is not None and state["iteration"] > job.iterations:
+        raise ProblemError(f"is at iteration {state['iteration']}, past this job's {job.iterations}", source=where)
+    return state
+
+
+def _fire_faults(ctx: JobContext, iteration: int) -> None:
+    """The injected faults due before this iteration (tests and demos)."""
+    import os
+    import signal
+    import sys
+
+    slow = sum(f.seconds for f in ctx._faults if f.kind == "slow" and f.active(iteration))
+    if slow > 0:
+        time.sleep(slow)
+    for fault in ctx._faults:
+        if fault.at_iteration != iteration:
+            continue
+        if fault.kind == "kill":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # a preemption without notice
+        elif fault.kind == "notice":
+            machine = ctx.job.machine_ids[fault.rank] if ctx.job.machine_ids else None
+            ctx._channel.post("notice", machine_id=machine, time_left_s=fault.seconds, iteration=fault.at_iteration)
+        elif fault.kind == "hang":
+            time.sleep(10 * ctx.job.timeout_s)
