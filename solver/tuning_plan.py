@@ -6,8 +6,11 @@ JSON keys every consumer may rely on: ``kind``, ``status``
 (plus ``instance_type``, ``start_s``, ``end_s``),
 ``predicted: {jct_s, cost_usd, jct_s_p95}`` (plus ``cost_usd_p95``),
 ``baselines: {static, naive_elastic, greedy}`` (each ``{status, stages,
-predicted}``), ``solver: {method, chosen, note, wall_s, planning_s}`` and, for
-infeasible problems, ``infeasibility: {conflict_sets, conflict_reasons,
+predicted}``), ``provenance: {instance_type: {compute, allreduce,
+scale_latency, init_latency}}`` (where each type's scaling profile and SCALE
+and INIT latencies came from: `thrifty.solver.plan.TypeProvenance`),
+``solver: {method, chosen, note, wall_s, planning_s}`` and, for infeasible
+problems, ``infeasibility: {conflict_sets, conflict_reasons,
 conflict_sets_complete, conflicts, relaxations, reason}`` whose relaxations
 give the shortest feasible deadline and the least fleet bounds, each with the
 plan it admits (`thrifty.solver.explain.explain_tuning_infeasibility`).
@@ -31,11 +34,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus
+from thrifty.solver.plan import Count, Infeasibility, LatencyProvenance, PlanRecord, PlanStatus, TypeProvenance
 from thrifty.solver.tuning import Candidate, TuningSpace
 
 __all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo",
-           "candidate_answer"]
+           "candidate_answer", "tuning_provenance"]
 
 
 class TuningStage(PlanRecord):
@@ -109,7 +112,7 @@ class TuningPlan(PlanRecord):
     plan written by hand). `problem_name` is the problem's ``name``, written
     as ``name``."""
 
-    _omit_empty = frozenset({"infeasibility", "name"})
+    _omit_empty = frozenset({"infeasibility", "name", "provenance"})
 
     kind: Literal["tuning"]
     status: PlanStatus
@@ -119,6 +122,7 @@ class TuningPlan(PlanRecord):
     stages: list[TuningStage]
     predicted: TuningPrediction | None = None
     baselines: dict[str, TuningBaseline] = Field(default_factory=dict)
+    provenance: dict[str, TypeProvenance] | None = None
     solver: TuningSolverInfo | None = None
     infeasibility: Infeasibility | None = None
     problem_name: str | None = Field(default=None, alias="name")
@@ -147,3 +151,13 @@ def candidate_answer(space: TuningSpace, c: Candidate | None) -> TuningBaseline:
                                  cost_usd_p95=r.cost_usd_p95, data_usd=r.data_usd)
     return TuningBaseline(status="feasible", stages=stages, predicted=predicted)
 
+
+
+def tuning_provenance(space: TuningSpace) -> dict[str, TypeProvenance]:
+    """Where each type's figures came from (`TuningSpace.provenance`), as the plan records it."""
+    out = {}
+    for name, (sources, latencies) in space.provenance().items():
+        out[name] = TypeProvenance.of(sources, **{
+            f"{which}_latency": LatencyProvenance(kind=lat.kind, seconds=lat.seconds, file=lat.file)
+            for which, lat in latencies.items()})
+    return out
