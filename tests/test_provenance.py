@@ -87,6 +87,13 @@ def test_the_text_plan_says_where_the_figures_came_from_and_the_fallback(tmp_pat
         "p5.48xlarge compute: measured (datasets/profiles/measured/resnet50__H100.json) on ")
 
 
+def test_simulate_says_it_too_for_p4d(capsys):
+    assert main(["simulate", "--model", "resnet50", "--config", "2xp4d.24xlarge@256", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)["provenance"]["p4d.24xlarge"]
+    assert (said["allreduce"]["kind"], said["allreduce"]["fallback"]) == ("analytic", True)
+    assert said["compute"]["file"] == "datasets/profiles/derived/resnet50__A100.json"
+
+
 def test_an_infeasible_plan_says_it_too(tmp_path, capsys):
     path = gpu_problem(tmp_path / "p.json", limits={"time_s": 0.001})
     assert main(["solve", str(path), "--json"]) == 3
