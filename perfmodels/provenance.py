@@ -9,8 +9,11 @@ allreduce model). A `FigureSource` says where one of them came from:
   a learned allreduce model fitted on probes of the type); `file` is what
   holds it and `machine`/`command` where and how it was measured;
 - ``corrected``: corrected online from what a run measured, starting from
-  `prior` (the online calibration of ``thrifty run`` builds these: a model
-  whose provenance record has ``kind: "corrected"`` is reported so);
+  `prior` (the online calibration of ``thrifty run`` builds these: a compute
+  model added to the library whose provenance record has ``kind:
+  "corrected"`` is reported so, with the record's ``notes`` and ``prior``;
+  a corrected allreduce model answers ``provenance_of(itype)`` with its
+  base model's answer ``.corrected(note)``);
 - ``derived``: computed by a script from published figures (`script`);
 - ``published``: a published measurement (`source` in `note`);
 - ``analytic``: a formula on the catalog's rated figures, with no
