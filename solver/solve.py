@@ -154,7 +154,7 @@ def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
     verified against the greedy one, the baselines' answers beside it, and for
     an infeasible problem the `Infeasibility` (`thrifty.solver.explain`)."""
     from thrifty.solver.tuning import TuningSpace, plan_tuning
-    from thrifty.solver.tuning_plan import TuningPlan, TuningSolverInfo, candidate_answer, tuning_provenance
+    from thrifty.solver.tuning_plan import TuningPlan, TuningSolverInfo, candidate_answer
 
     start = time.perf_counter()
     space = space or TuningSpace(problem)
@@ -167,7 +167,7 @@ def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
                               exact_model_cost_usd=res.exact.model_cost_usd, exact_model_jct_s=res.exact.model_jct_s,
                               simulations=space.simulated, samples=problem.samples, **res.exact.details)
     common = dict(problem_name=problem.name, experiment=space.spec.description,
-                  deadline_s=problem.deadline_s, billing=problem.billing, provenance=tuning_provenance(space))
+                  deadline_s=problem.deadline_s, billing=problem.billing, provenance=space.provenance())
     if res.best is not None:
         body = candidate_answer(space, res.best)
         status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"

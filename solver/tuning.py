@@ -78,7 +78,7 @@ import math
 from collections.abc import Sequence
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -87,8 +87,9 @@ from thrifty.core.errors import ProblemError, SolverError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
 from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, slots
 from thrifty.perfmodels.bundle import scaling_profile_of
-from thrifty.perfmodels.provenance import FigureSource, TypeSources, display_path, from_record
+from thrifty.perfmodels.provenance import FigureSource, display_path, from_record
 from thrifty.perfmodels.scaling import SCALING_DIR, CloudProfile, ScalingProfile
+from thrifty.solver.plan import LatencyProvenance, TypeProvenance
 from thrifty.solver.problem import TuningProblem
 
 __all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elastic", "plan_greedy",
@@ -97,15 +98,6 @@ __all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elas
 MAX_STATIC_WORK = 2 * 10**9  # trial-samples of the static sweep: seconds of simulation, not minutes
 TIME_SCALE = 1000.0       # ms
 COST_SCALE = 1_000_000.0  # micro-USD
-
-
-class Latency(NamedTuple):
-    """A SCALE or INIT latency and where it came from: ``measured`` (the
-    profile bundle `file`), ``stated`` (the problem's ``cloud``) or ``default``."""
-
-    kind: str
-    seconds: float
-    file: str | None
 
 
 @dataclass(frozen=True)
@@ -157,7 +149,7 @@ class TuningSpace:
         catalog = load_catalog(problem.catalog)
         profiles, clouds = {}, {}
         # per type: where its scaling profile and its SCALE and INIT latencies came from (`provenance`)
-        self.sources: dict[str, tuple[FigureSource, dict[str, Latency]]] = {}
+        self.sources: dict[str, tuple[FigureSource, dict[str, LatencyProvenance]]] = {}
         for i, name in enumerate(problem.instance_types):
             path = "instance_type" if isinstance(problem.instance_type, str) else f"instance_type[{i}]"
             try:
@@ -201,26 +193,29 @@ class TuningSpace:
             source = source.with_note(f"the bundle's profile of {instance_type}")
         return source
 
-    def _latency_source(self, which: str, measured: Any) -> "Latency":
+    def _latency_source(self, which: str, measured: Any) -> LatencyProvenance:
         """The SCALE (`which` "scale") or INIT latency of a type and where it
         came from: the problem's ``cloud`` when it states it, else the
         launch-to-ready time a bundle measured on the type's machines
         (``thrifty profile-scaling --cluster``), else the schema's default."""
         key = f"{which}_latency_s"
         if key in self.problem.cloud.model_fields_set:
-            return Latency("stated", float(getattr(self.problem.cloud, key)), None)
+            return LatencyProvenance(kind="stated", seconds=float(getattr(self.problem.cloud, key)))
         if measured is not None:
-            return Latency("measured", float(getattr(measured, key)), display_path(self.problem.model))
-        return Latency("default", float(getattr(self.problem.cloud, key)), None)
+            return LatencyProvenance(kind="measured", seconds=float(getattr(measured, key)),
+                                     file=display_path(self.problem.model))
+        return LatencyProvenance(kind="default", seconds=float(getattr(self.problem.cloud, key)))
 
-    def provenance(self) -> dict[str, Any]:
-        """Per type: (compute source, allreduce source, {"scale": Latency, "init": Latency}).
-        A scaling profile's iteration times at each GPU count include the
-        gradient exchange, so its allreduce figures are the profile's."""
-        out: dict[str, Any] = {}
+    def provenance(self) -> dict[str, TypeProvenance]:
+        """Where each type's figures came from, as a tuning plan records it:
+        its scaling profile, whose iteration times at each GPU count include
+        the gradient exchange (so its allreduce figures are the profile's),
+        and its SCALE and INIT latencies."""
+        out = {}
         for name, (source, latencies) in self.sources.items():
             exchange = source.with_note("the profile's iteration times at each GPU count include the gradient exchange")
-            out[name] = (TypeSources(compute=source, allreduce=exchange), latencies)
+            out[name] = TypeProvenance(compute=source, allreduce=exchange, scale_latency=latencies["scale"],
+                                       init_latency=latencies["init"])
         return out
 
     def _check_static_sweep(self) -> None:

@@ -8,7 +8,8 @@ JSON keys every consumer may rely on: ``kind``, ``status``
 ``baselines: {static, naive_elastic, greedy}`` (each ``{status, stages,
 predicted}``), ``provenance: {instance_type: {compute, allreduce,
 scale_latency, init_latency}}`` (where each type's scaling profile and SCALE
-and INIT latencies came from: `thrifty.solver.plan.TypeProvenance`),
+and INIT latencies came from: `thrifty.solver.plan.TypeProvenance`,
+`thrifty.solver.tuning.TuningSpace.provenance`),
 ``solver: {method, chosen, note, wall_s, planning_s}`` and, for infeasible
 problems, ``infeasibility: {conflict_sets, conflict_reasons,
 conflict_sets_complete, conflicts, relaxations, reason}`` whose relaxations
@@ -34,11 +35,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from thrifty.solver.plan import Count, Infeasibility, LatencyProvenance, PlanRecord, PlanStatus, TypeProvenance
+from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus, TypeProvenance
 from thrifty.solver.tuning import Candidate, TuningSpace
 
 __all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo",
-           "candidate_answer", "tuning_provenance"]
+           "candidate_answer"]
 
 
 class TuningStage(PlanRecord):
@@ -152,12 +153,3 @@ def candidate_answer(space: TuningSpace, c: Candidate | None) -> TuningBaseline:
     return TuningBaseline(status="feasible", stages=stages, predicted=predicted)
 
 
-
-def tuning_provenance(space: TuningSpace) -> dict[str, TypeProvenance]:
-    """Where each type's figures came from (`TuningSpace.provenance`), as the plan records it."""
-    out = {}
-    for name, (sources, latencies) in space.provenance().items():
-        out[name] = TypeProvenance.of(sources, **{
-            f"{which}_latency": LatencyProvenance(kind=lat.kind, seconds=lat.seconds, file=lat.file)
-            for which, lat in latencies.items()})
-    return out

@@ -267,7 +267,6 @@ def test_profile_scaling_on_the_cluster_spans_machines_and_measures_their_launch
     from thrifty.runtime.cli import main
     from thrifty.solver.problem import parse_problem
     from thrifty.solver.tuning import TuningSpace
-    from thrifty.solver.tuning_plan import tuning_provenance
 
     nodes.refill()
     out = tmp_path / "scaling.json"
@@ -295,7 +294,7 @@ def test_profile_scaling_on_the_cluster_spans_machines_and_measures_their_launch
     stated = TuningSpace(parse_problem({**tuning, "cloud": {"init_latency_s": 7}})).clouds["local-a"]
     assert (stated.scale_latency_s, stated.init_latency_s) == (measured.scale_latency_s, 7)
     # and the tuning plan says where each came from
-    said = tuning_provenance(TuningSpace(parse_problem({**tuning, "cloud": {"init_latency_s": 7}})))["local-a"]
+    said = TuningSpace(parse_problem({**tuning, "cloud": {"init_latency_s": 7}})).provenance()["local-a"]
     assert (said.scale_latency.kind, said.scale_latency.seconds) == ("measured", measured.scale_latency_s)
     assert (said.init_latency.kind, said.compute.kind) == ("stated", "measured")
 

@@ -24,7 +24,6 @@ from thrifty.perfmodels.simulator import IterationSimulator
 from thrifty.runtime.cli import main
 from thrifty.solver.problem import parse_problem
 from thrifty.solver.tuning import TuningSpace
-from thrifty.solver.tuning_plan import tuning_provenance
 
 from helpers import profile_dict
 
@@ -174,16 +173,16 @@ def test_a_tuning_plan_says_where_its_profile_and_its_scale_and_init_latencies_c
     tuning = {"kind": "tuning", "model": str(bundle), "instance_type": "local-a", "catalog": str(DEMO_CATALOG),
               "deadline_s": 3600, "samples": 10, "cloud": {"init_latency_s": 7},
               "experiment": {"algorithm": "sha", "trials": 2, "min_iters": 1, "max_iters": 2, "eta": 2}}
-    provenance = tuning_provenance(TuningSpace(parse_problem(tuning)))["local-a"]
+    provenance = TuningSpace(parse_problem(tuning)).provenance()["local-a"]
     assert (provenance.scale_latency.kind, provenance.scale_latency.seconds, provenance.scale_latency.file) == (
         "measured", 2.0, str(bundle.resolve()))  # the launch-to-ready time profile-scaling --cluster measured
     assert (provenance.init_latency.kind, provenance.init_latency.seconds) == ("stated", 7.0)
     assert (provenance.compute.kind, provenance.compute.machine) == ("measured", "here")
     assert provenance.allreduce.kind == "measured" and "include the gradient exchange" in provenance.allreduce.note
     shipped = parse_problem(json.loads((EXAMPLES / "rubberband-sha32-resnet101.json").read_text()))
-    p3 = tuning_provenance(TuningSpace(shipped))["p3.8xlarge"]
+    p3 = TuningSpace(shipped).provenance()["p3.8xlarge"]
     assert p3.compute.kind == "derived" and p3.compute.file == "datasets/profiles/scaling/resnet101__p3.8xlarge.json"
-    rescaled = tuning_provenance(TuningSpace(parse_problem({**tuning, "profile": {"base_iteration_s": 1.5}})))
+    rescaled = TuningSpace(parse_problem({**tuning, "profile": {"base_iteration_s": 1.5}})).provenance()
     assert rescaled["local-a"].compute.kind == "stated" and rescaled["local-a"].compute.prior.kind == "measured"
 
 
