@@ -29,6 +29,7 @@ from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, allr
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary, shipped_library
+from thrifty.perfmodels.provenance import FigureSource
 from thrifty.perfmodels.simulator import IterationPrediction
 
 __all__ = ["AlphaBetaAllreduce", "ApmSimulator", "linear_fit"]
@@ -77,6 +78,14 @@ class AlphaBetaAllreduce:
 
     def source(self, itype: InstanceType) -> str:
         return "alpha-beta fit" if itype.name in self.params else self.fallback.source(itype)
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource:
+        if itype.name not in self.params:
+            why = f"the alpha-beta fit has no measurements of {itype.name}"
+            return self.fallback.provenance_of(itype).passed_on(why)
+        alpha, beta = self.params[itype.name]
+        return FigureSource(kind="measured", model="alpha-beta fit (APM)",
+                            note=f"alpha {alpha * 1e6:.3g} us, beta {beta / 1e9:.3g} GB/s fitted on allreduce times")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,10 @@ A model answers two queries for one instance type:
   bandwidth all concurrent transfers of one machine can share;
 
 and says how it answers for a type (``source(itype)``: ``"learned"`` or
-``"analytic"``). A model that knows how a transfer's bus bandwidth changes
+``"analytic"``) and, with the files and the reasons behind that,
+``provenance_of(itype)``: a `thrifty.perfmodels.provenance.FigureSource` that
+says where the figures came from, and says FALLBACK when the models with a
+basis passed the type on to the analytic ring. A model that knows how a transfer's bus bandwidth changes
 with the number of transfers in flight (Srifty 4.2's "number of asynchronous
 transfers" feature) also has ``concurrency_levels(itype)``, the largest
 ``c`` it was probed at, and takes ``bus_bandwidth(..., concurrent=c)``
@@ -45,12 +48,14 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from thrifty.datasets.catalog import InstanceType
+from thrifty.perfmodels.provenance import FigureSource
 
 __all__ = [
     "MTU_BYTES",
     "BandwidthModel",
     "ConcurrentBandwidthModel",
     "AnalyticAllreduce",
+    "OnOneMachine",
     "bus_bandwidth_from_time",
     "allreduce_time",
 ]
@@ -79,6 +84,8 @@ class BandwidthModel(Protocol):
     def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float: ...
 
     def source(self, itype: InstanceType) -> str: ...
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource: ...
 
 
 class ConcurrentBandwidthModel(BandwidthModel, Protocol):
@@ -129,3 +136,37 @@ class AnalyticAllreduce:
 
     def source(self, itype: InstanceType) -> str:
         return "analytic"
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource:
+        gbps = getattr(itype, "interconnect_gbps", None) or self.default_interconnect_gbps
+        return FigureSource(
+            kind="analytic", model="analytic ring",
+            note=(f"alpha-beta ring: across machines the catalog's rated {itype.network_gbps:g} Gbit/s at "
+                  f"{self.network_efficiency:g} efficiency and {self.alpha_s * 1e6:g} us per step; within one "
+                  f"{gbps:g} Gbit/s and {self.intra_alpha_s * 1e6:g} us per step"))
+
+
+class OnOneMachine:
+    """A model's answers for one machine of `itype`, whatever type and
+    machine count it is asked about: ranks that are the GPUs of one host
+    (``thrifty validate --device cuda``: each rank a ``local`` machine to the
+    simulator, all of them one machine of the host's type) exchange over
+    that machine's interconnect, priced by the model of that type."""
+
+    def __init__(self, model: BandwidthModel, itype: InstanceType):
+        self.model = model
+        self.itype = itype
+
+    def bus_bandwidth(self, itype: InstanceType, sizes: np.ndarray, world_size: int, instances: int) -> np.ndarray:
+        return self.model.bus_bandwidth(self.itype, sizes, world_size, 1)
+
+    def bandwidth_cap(self, itype: InstanceType, world_size: int, instances: int) -> float:
+        return self.model.bandwidth_cap(self.itype, world_size, 1)
+
+    def source(self, itype: InstanceType) -> str:
+        return self.model.source(self.itype)
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource:
+        answer = self.model.provenance_of(self.itype)
+        said = f"the ranks are GPUs of one machine, priced as one {self.itype.name}"
+        return answer.with_note(f"{answer.note}; {said}" if answer.note else said)

@@ -14,6 +14,11 @@ one device. A device that one type of the bundle has also answers for the
 other types of that device (a V100 measured on p3.2xlarge prices a
 p3.8xlarge's V100s); a device that several have answers for none of the
 others (an error, not a shipped profile of that device).
+
+`source_of` says where the profile `get` answers with came from (a
+`thrifty.perfmodels.provenance.FigureSource`: the profile's own provenance
+record and the file that holds it), and says FALLBACK when a bundle a
+problem named has no profile of the type and another profile answers it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from thrifty.core.errors import ProblemError, closest_names
 from thrifty.core.io import read_json
 from thrifty.datasets.paths import profile_files
 from thrifty.perfmodels.compute import ComputeModel, load_compute_model
+from thrifty.perfmodels.provenance import FigureSource, display_path, from_record
 
 __all__ = ["ModelLibrary", "shipped_library"]
 
@@ -46,14 +52,23 @@ class ModelLibrary:
         self._models: dict[tuple[str, str], ComputeModel] = {}
         self._typed: dict[tuple[str, str], ComputeModel] = {}  # (model, instance type) -> from a bundle
         self._shared: dict[tuple[str, str], list[str]] = {}  # (model, device) -> the bundle's types of that device
+        self._files: dict[tuple[str, str], str] = {}  # (model, device or instance type) -> the file of its profile
+        self._carried: dict[tuple[str, str], str] = {}  # (model, device) -> the bundle's type it was measured on
         for p in paths if paths is not None else profile_files():
             key = _key_of(p)
             if key is not None and key not in self._paths:
                 self._paths[key] = p
 
-    def add(self, model: ComputeModel) -> None:
-        """Add (or override) a compute model, e.g. one loaded from a user's file."""
-        self._models[(model.model, model.device)] = model
+    def add(self, model: ComputeModel, file: str | Path | None = None) -> None:
+        """Add (or override) a compute model, e.g. one loaded from a user's
+        `file`, or one corrected online (its provenance record says so)."""
+        key = (model.model, model.device)
+        self._models[key] = model
+        self._carried.pop(key, None)
+        if file is None:
+            self._files.pop(key, None)
+        else:
+            self._files[key] = display_path(file)
 
     def add_file(self, path: str | Path) -> ComputeModel:
         """Add a profile or compute model file, or every profile of a bundle
@@ -64,7 +79,7 @@ class ModelLibrary:
         if is_bundle(data):
             return self._add_bundle(data, str(path))
         model = load_compute_model(path)
-        self.add(model)
+        self.add(model, file=path)
         return model
 
     def _add_bundle(self, data: dict, source: str) -> ComputeModel:
@@ -79,9 +94,11 @@ class ModelLibrary:
         for name, model in typed.items():
             devices.setdefault(model.device, []).append(model)
             self._typed[(model.model, name)] = replace(model, device=f"{model.device}@{name}")
+            self._files[(model.model, name)] = display_path(source)
         for device, models in devices.items():
             if len(models) == 1:
-                self.add(models[0])
+                self.add(models[0], file=source)
+                self._carried[(models[0].model, device)] = next(n for n, m in typed.items() if m is models[0])
             else:
                 self._shared[(models[0].model, device)] = [n for n, m in typed.items() if m.device == device]
         return next(iter(typed.values()))
@@ -120,7 +137,27 @@ class ModelLibrary:
                 source=str(self._paths[key]),
             )
         self._models[key] = loaded
+        self._files[key] = display_path(self._paths[key])
         return loaded
+
+    def source_of(self, model: str, device: str, instance_type: str | None = None) -> FigureSource:
+        """Where the compute profile `get` answers with for `instance_type`
+        came from (the module docstring): its provenance record, its file,
+        the bundle type a device was measured on, and a FALLBACK when a
+        bundle of `model` lacks the type."""
+        cm = self.get(model, device, instance_type)
+        if instance_type is not None and (model, instance_type) in self._typed:
+            return from_record(cm.provenance, "compute profile", self._files.get((model, instance_type)))
+        key = (model, device)
+        source = from_record(cm.provenance, "compute profile", self._files.get(key))
+        carried = self._carried.get(key)
+        if carried is not None and carried != instance_type:
+            source = source.with_note(f"measured on {carried}, a type of the same device ({device})")
+        bundles = sorted({self._files[(m, t)] for m, t in self._typed if m == model})
+        if instance_type is not None and bundles and carried is None:
+            why = f"the profile bundle {', '.join(bundles)} has no profile of {instance_type}"
+            source = source.passed_on(why, named=True)
+        return source
 
     def _missing(self, model: str, device: str) -> ProblemError:
         if model not in self.models():

@@ -38,16 +38,21 @@ def cloud_bandwidth_model() -> BandwidthModel:
     return load_cloud_allreduce_model(SHIPPED_CLOUD_MODEL, fallback=AnalyticAllreduce())
 
 
-def load_bandwidth_model(path: str | Path, fallback: BandwidthModel | None = None) -> BandwidthModel:
+def load_bandwidth_model(path: str | Path, fallback: BandwidthModel | None = None,
+                         named: bool = True) -> BandwidthModel:
     """A learned allreduce model file (``thrifty fit-allreduce``); types it has
-    no probes for go to `fallback` (default: `cloud_bandwidth_model`)."""
+    no probes for go to `fallback` (default: `cloud_bandwidth_model`). A file
+    a problem or a command `named` reports each type it lacks as a fallback
+    (``provenance_of``); the shipped model of this host's ``local`` type does not."""
     from thrifty.perfmodels.allreduce import load_allreduce_model
 
-    return load_allreduce_model(path, fallback=fallback if fallback is not None else cloud_bandwidth_model())
+    model = load_allreduce_model(path, fallback=fallback if fallback is not None else cloud_bandwidth_model())
+    model.named = named
+    return model
 
 
 def default_bandwidth_model() -> BandwidthModel:
     cloud = cloud_bandwidth_model()
     if SHIPPED_LOCAL_MODEL.exists():
-        return load_bandwidth_model(SHIPPED_LOCAL_MODEL, fallback=cloud)
+        return load_bandwidth_model(SHIPPED_LOCAL_MODEL, fallback=cloud, named=False)
     return cloud

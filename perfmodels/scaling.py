@@ -100,6 +100,7 @@ class ScalingProfile:
     startup_s: float = 0.0
     batch: int | None = None
     source: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict, compare=False)  # the file's record ({}: none)
     # the interpolation tables of `iteration`, built once (it runs for every simulated trial)
     _gpus: np.ndarray = field(init=False, repr=False, compare=False)
     _rates: np.ndarray = field(init=False, repr=False, compare=False)
@@ -118,6 +119,7 @@ class ScalingProfile:
             iteration_s=tuple(p.iteration_s for p in file.points),
             iteration_sd_s=tuple(p.iteration_sd_s for p in file.points),
             startup_s=file.startup_s, batch=file.batch, source=source,
+            provenance=file.provenance.model_dump(exclude_none=True) if file.provenance is not None else {},
         )
 
     @property

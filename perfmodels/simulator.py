@@ -97,6 +97,7 @@ from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary, shipped_library
 from thrifty.perfmodels.normal import normal_quantile
+from thrifty.perfmodels.provenance import TypeSources
 
 __all__ = [
     "IterationPrediction",
@@ -383,6 +384,12 @@ class IterationSimulator:
     # -- pieces ---------------------------------------------------------------
     def compute_model(self, itype: InstanceType) -> ComputeModel:
         return self.library.get(self.model, itype.device, itype.name)
+
+    def sources(self, itype: InstanceType) -> TypeSources:
+        """Where the compute and allreduce figures of `itype` come from
+        (`thrifty.perfmodels.provenance`): a plan reports them per type."""
+        return TypeSources(compute=self.library.source_of(self.model, itype.device, itype.name),
+                           allreduce=self.bandwidth.provenance_of(itype))
 
     def transfers(self, cm: ComputeModel) -> tuple[np.ndarray, np.ndarray]:
         """(bytes, ready fraction) of each transfer of one iteration, in ready order."""

@@ -7,7 +7,15 @@ JSON keys every consumer may rely on (docs/architecture.md, "Plan JSON"): ``kind
 ``solver: {method, wall_s, gap}``, and for infeasible problems
 ``infeasibility: {conflicts: [...], relaxations: [...]}`` (with
 ``conflict_sets``, ``conflict_reasons``, ``conflict_sets_complete`` and
-``reason``; `Infeasibility`).
+``reason``; `Infeasibility`). A plan the solver wrote also has
+``provenance: {instance_type: {compute: {...}, allreduce: {...}}}`` for every
+instance type of its problem (`TypeProvenance`): where each kind of figure
+came from (``kind``: ``measured``, ``corrected``, ``derived``, ``published``
+or ``analytic``; ``model``; ``fallback``; where known ``file``, ``machine``,
+``command``, ``script``, ``date``, ``note``; ``passed_over``: why the models
+asked first passed the type on; ``prior``: what a corrected figure started
+from). A tuning plan's types also say where their SCALE and INIT latencies
+came from (``scale_latency``, ``init_latency``: `LatencyProvenance`).
 
 The plan is a frozen pydantic model owned by this layer: the solver builds it,
 ``plan.model_dump()`` is its JSON object (`Plan.to_json` its text), and the
@@ -34,9 +42,10 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from thrifty.core.validation import validate_model
+from thrifty.perfmodels.provenance import FigureSource, TypeSources
 
 __all__ = ["PlanRecord", "Allocation", "Prediction", "SolverInfo", "Infeasibility", "Plan", "PlanStatus",
-           "Count"]
+           "Count", "FigureProvenance", "LatencyProvenance", "TypeProvenance", "provenance_lines"]
 
 R = TypeVar("R", bound="PlanRecord")
 
@@ -81,9 +90,65 @@ class PlanRecord(BaseModel):
         for name, info in type(self).model_fields.items():
             key = info.alias or name
             value = getattr(self, name)
-            if key in self._omit_empty and (value is None or value == ""):
+            if key in self._omit_empty and (value is None or value == "" or value == []):
                 out |= {key, name}
         return out
+
+
+FigureProvenance = FigureSource  # a plan holds the models' own record of where a figure came from
+
+
+class LatencyProvenance(PlanRecord):
+    """Where a tuning plan's SCALE or INIT latency of a type came from:
+    ``measured`` by ``thrifty profile-scaling --cluster`` (the bundle
+    `file` the problem names: the launch-to-ready time of that type's
+    machines), ``stated`` in the problem's ``cloud``, or the schema's
+    ``default`` (nothing said it)."""
+
+    _omit_empty = frozenset({"file"})
+
+    kind: Literal["measured", "stated", "default"]
+    seconds: float
+    file: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.seconds:g} s {self.kind}" + (f" ({self.file})" if self.file else "")
+
+
+class TypeProvenance(PlanRecord):
+    """Where one instance type's figures came from: its compute figures
+    (a compute profile; a tuning plan's scaling profile), its allreduce
+    figures (an allreduce model; in a tuning plan the scaling profile's
+    iteration times, which include the exchange) and, in a tuning plan, its
+    SCALE and INIT latencies."""
+
+    _omit_empty = frozenset({"scale_latency", "init_latency"})
+
+    compute: FigureProvenance
+    allreduce: FigureProvenance
+    scale_latency: LatencyProvenance | None = None
+    init_latency: LatencyProvenance | None = None
+
+    @classmethod
+    def of(cls, sources: TypeSources, **latencies: LatencyProvenance) -> "TypeProvenance":
+        return cls(compute=sources.compute, allreduce=sources.allreduce, **latencies)
+
+    @property
+    def fallback(self) -> bool:
+        return self.compute.fallback or self.allreduce.fallback
+
+
+def provenance_lines(provenance: dict[str, TypeProvenance] | None) -> list[str]:
+    """The provenance of a plan in words, one line per type and kind of figure:
+    ``g5.12xlarge compute: derived (...)``; nothing for a plan without it."""
+    lines = []
+    for name, p in (provenance or {}).items():
+        lines.append(f"{name} compute: {p.compute.describe()}")
+        lines.append(f"{name} allreduce: {p.allreduce.describe()}")
+        if p.scale_latency is not None and p.init_latency is not None:
+            lines.append(f"{name} SCALE latency {p.scale_latency.describe()}, INIT latency "
+                         f"{p.init_latency.describe()}")
+    return lines
 
 
 class Allocation(PlanRecord):
@@ -156,7 +221,7 @@ class Plan(PlanRecord):
     """A training plan (module docstring). `solver` is None for a plan written
     by hand; `problem_name` is the problem's ``name``, written as ``name``."""
 
-    _omit_empty = frozenset({"infeasibility", "name"})
+    _omit_empty = frozenset({"infeasibility", "name", "provenance"})
 
     kind: Literal["training"]
     status: PlanStatus
@@ -164,6 +229,7 @@ class Plan(PlanRecord):
     objective_value: float | None = None
     allocation: list[Allocation]
     predicted: Prediction | None = None
+    provenance: dict[str, TypeProvenance] | None = None
     solver: SolverInfo | None = None
     infeasibility: Infeasibility | None = None
     problem_name: str | None = Field(default=None, alias="name")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from thrifty.core.errors import ProblemError, SolverError
-from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo
+from thrifty.solver.plan import Allocation, Plan, Prediction, SolverInfo, TypeProvenance
 from thrifty.solver.problem import Problem, TrainingProblem, TuningProblem, load_problem, parse_problem
 from thrifty.solver.search import SearchResult, search_exhaustive
 from thrifty.solver.training import Evaluation, TrainingSpace
@@ -115,12 +115,23 @@ def solve(problem: Problem | dict[str, Any] | str | Path, method: str = "auto",
     why = explain_infeasibility(space, proven=result.complete)
     return Plan(
         kind="training", status="infeasible", objective=problem.objective, objective_value=None,
-        allocation=[], predicted=None,
+        allocation=[], predicted=None, provenance=plan_provenance(space),
         solver=SolverInfo(method=chosen, wall_s=time.perf_counter() - start, gap=None,
                           candidates_simulated=result.simulated,
                           details={**result.details, "proven": result.complete, "space_size": space.size}),
         infeasibility=why, problem_name=problem.name,
     )
+
+
+def plan_provenance(space: TrainingSpace) -> dict[str, TypeProvenance]:
+    """Where the figures of each instance type of the problem came from
+    (`thrifty.perfmodels.provenance`), by type in the problem's order: a
+    plan, and a proof that none exists, rest on all of them."""
+    out: dict[str, TypeProvenance] = {}
+    for choice in space.choices:
+        if choice.itype.name not in out:
+            out[choice.itype.name] = TypeProvenance.of(space.simulator.sources(choice.itype))
+    return out
 
 
 def _plan(space: TrainingSpace, result: SearchResult, ev: Evaluation, method: str, wall_s: float) -> Plan:
@@ -138,7 +149,7 @@ def _plan(space: TrainingSpace, result: SearchResult, ev: Evaluation, method: st
     return Plan(
         kind="training", status="optimal" if result.complete else "feasible",
         objective=space.problem.objective, objective_value=ev.objective_value,
-        allocation=allocation, predicted=predicted,
+        allocation=allocation, predicted=predicted, provenance=plan_provenance(space),
         solver=SolverInfo(method=method, wall_s=wall_s, gap=result.gap, candidates_simulated=result.simulated,
                           details={**result.details, "space_size": space.size}),
         problem_name=space.problem.name,
@@ -164,7 +175,7 @@ def solve_tuning(problem: TuningProblem, time_limit_s: float | None = None,
                               exact_model_cost_usd=res.exact.model_cost_usd, exact_model_jct_s=res.exact.model_jct_s,
                               simulations=space.simulated, samples=problem.samples, **res.exact.details)
     common = dict(problem_name=problem.name, experiment=space.spec.description,
-                  deadline_s=problem.deadline_s, billing=problem.billing)
+                  deadline_s=problem.deadline_s, billing=problem.billing, provenance=space.provenance())
     if res.best is not None:
         body = candidate_answer(space, res.best)
         status = "optimal" if res.chosen == "exact" and res.exact.status == "optimal" else "feasible"

@@ -87,7 +87,9 @@ from thrifty.core.errors import ProblemError, SolverError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
 from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, slots
 from thrifty.perfmodels.bundle import scaling_profile_of
-from thrifty.perfmodels.scaling import CloudProfile
+from thrifty.perfmodels.provenance import FigureSource, display_path, from_record
+from thrifty.perfmodels.scaling import SCALING_DIR, CloudProfile, ScalingProfile
+from thrifty.solver.plan import LatencyProvenance, TypeProvenance
 from thrifty.solver.problem import TuningProblem
 
 __all__ = ["TuningSpace", "Option", "Candidate", "plan_static", "plan_naive_elastic", "plan_greedy",
@@ -146,6 +148,8 @@ class TuningSpace:
         self.spec = build_spec(problem)
         catalog = load_catalog(problem.catalog)
         profiles, clouds = {}, {}
+        # per type: where its scaling profile and its SCALE and INIT latencies came from (`provenance`)
+        self.sources: dict[str, tuple[FigureSource, dict[str, LatencyProvenance]]] = {}
         for i, name in enumerate(problem.instance_types):
             path = "instance_type" if isinstance(problem.instance_type, str) else f"instance_type[{i}]"
             try:
@@ -153,16 +157,20 @@ class TuningSpace:
             except ProblemError as e:
                 raise ProblemError(e.message, path=path) from None
             prof, measured = scaling_profile_of(problem.model, name)
+            source = self._profile_source(prof, name)
             ov = problem.profile
             if ov.base_iteration_s is not None or ov.iteration_sd_s is not None:
                 prof = prof.scaled(ov.base_iteration_s, ov.iteration_sd_s)
+                said = ", ".join(f"{k} {v:g} s" for k, v in (("base_iteration_s", ov.base_iteration_s),
+                                                              ("iteration_sd_s", ov.iteration_sd_s)) if v is not None)
+                source = FigureSource(kind="stated", model="scaling profile", prior=source,
+                                      note=f"the profile rescaled by the problem's profile ({said})")
             c = problem.cloud
             price = itype.price(problem.market)
             # SCALE and INIT: the problem's, else what a bundle measured on this type's machines
-            scale_s, init_s = c.scale_latency_s, c.init_latency_s
-            if measured is not None:
-                scale_s = scale_s if "scale_latency_s" in c.model_fields_set else measured.scale_latency_s
-                init_s = init_s if "init_latency_s" in c.model_fields_set else measured.init_latency_s
+            latencies = {which: self._latency_source(which, measured) for which in ("scale", "init")}
+            scale_s, init_s = latencies["scale"].seconds, latencies["init"].seconds
+            self.sources[name] = (source, latencies)
             clouds[name] = CloudProfile(
                 name, itype.gpus, price, problem.billing, c.min_billed_s, scale_s,
                 c.scale_latency_sd_s, init_s, c.init_latency_sd_s, c.data_usd_per_gb,
@@ -175,6 +183,40 @@ class TuningSpace:
         self._options: dict[int, list[Option]] | None = None
         self.simulated = 0
         self._check_static_sweep()
+
+    def _profile_source(self, profile: ScalingProfile, instance_type: str) -> FigureSource:
+        """Where a type's scaling profile came from: its file's provenance record."""
+        model = self.problem.model
+        file = model if model.endswith(".json") else str(SCALING_DIR / f"{model}__{instance_type}.json")
+        source = from_record(profile.provenance, "scaling profile", display_path(file))
+        if model.endswith(".json") and profile.source != model:  # a bundle
+            source = source.with_note(f"the bundle's profile of {instance_type}")
+        return source
+
+    def _latency_source(self, which: str, measured: Any) -> LatencyProvenance:
+        """The SCALE (`which` "scale") or INIT latency of a type and where it
+        came from: the problem's ``cloud`` when it states it, else the
+        launch-to-ready time a bundle measured on the type's machines
+        (``thrifty profile-scaling --cluster``), else the schema's default."""
+        key = f"{which}_latency_s"
+        if key in self.problem.cloud.model_fields_set:
+            return LatencyProvenance(kind="stated", seconds=float(getattr(self.problem.cloud, key)))
+        if measured is not None:
+            return LatencyProvenance(kind="measured", seconds=float(getattr(measured, key)),
+                                     file=display_path(self.problem.model))
+        return LatencyProvenance(kind="default", seconds=float(getattr(self.problem.cloud, key)))
+
+    def provenance(self) -> dict[str, TypeProvenance]:
+        """Where each type's figures came from, as a tuning plan records it:
+        its scaling profile, whose iteration times at each GPU count include
+        the gradient exchange (so its allreduce figures are the profile's),
+        and its SCALE and INIT latencies."""
+        out = {}
+        for name, (source, latencies) in self.sources.items():
+            exchange = source.with_note("the profile's iteration times at each GPU count include the gradient exchange")
+            out[name] = TypeProvenance(compute=source, allreduce=exchange, scale_latency=latencies["scale"],
+                                       init_latency=latencies["init"])
+        return out
 
     def _check_static_sweep(self) -> None:
         """The static baseline (greedy's warm start) simulates every cluster size of

@@ -6,8 +6,12 @@ JSON keys every consumer may rely on: ``kind``, ``status``
 (plus ``instance_type``, ``start_s``, ``end_s``),
 ``predicted: {jct_s, cost_usd, jct_s_p95}`` (plus ``cost_usd_p95``),
 ``baselines: {static, naive_elastic, greedy}`` (each ``{status, stages,
-predicted}``), ``solver: {method, chosen, note, wall_s, planning_s}`` and, for
-infeasible problems, ``infeasibility: {conflict_sets, conflict_reasons,
+predicted}``), ``provenance: {instance_type: {compute, allreduce,
+scale_latency, init_latency}}`` (where each type's scaling profile and SCALE
+and INIT latencies came from: `thrifty.solver.plan.TypeProvenance`,
+`thrifty.solver.tuning.TuningSpace.provenance`),
+``solver: {method, chosen, note, wall_s, planning_s}`` and, for infeasible
+problems, ``infeasibility: {conflict_sets, conflict_reasons,
 conflict_sets_complete, conflicts, relaxations, reason}`` whose relaxations
 give the shortest feasible deadline and the least fleet bounds, each with the
 plan it admits (`thrifty.solver.explain.explain_tuning_infeasibility`).
@@ -31,7 +35,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus
+from thrifty.solver.plan import Count, Infeasibility, PlanRecord, PlanStatus, TypeProvenance
 from thrifty.solver.tuning import Candidate, TuningSpace
 
 __all__ = ["TuningPlan", "TuningStage", "TuningPrediction", "TuningBaseline", "TuningSolverInfo",
@@ -109,7 +113,7 @@ class TuningPlan(PlanRecord):
     plan written by hand). `problem_name` is the problem's ``name``, written
     as ``name``."""
 
-    _omit_empty = frozenset({"infeasibility", "name"})
+    _omit_empty = frozenset({"infeasibility", "name", "provenance"})
 
     kind: Literal["tuning"]
     status: PlanStatus
@@ -119,6 +123,7 @@ class TuningPlan(PlanRecord):
     stages: list[TuningStage]
     predicted: TuningPrediction | None = None
     baselines: dict[str, TuningBaseline] = Field(default_factory=dict)
+    provenance: dict[str, TypeProvenance] | None = None
     solver: TuningSolverInfo | None = None
     infeasibility: Infeasibility | None = None
     problem_name: str | None = Field(default=None, alias="name")
@@ -146,4 +151,5 @@ def candidate_answer(space: TuningSpace, c: Candidate | None) -> TuningBaseline:
     predicted = TuningPrediction(jct_s=r.jct_s, cost_usd=r.cost_usd, jct_s_p95=r.jct_s_p95,
                                  cost_usd_p95=r.cost_usd_p95, data_usd=r.data_usd)
     return TuningBaseline(status="feasible", stages=stages, predicted=predicted)
+
 

@@ -58,6 +58,12 @@ class FixedBandwidth:
     def source(self, itype):
         return "fixed"
 
+    def provenance_of(self, itype):
+        from thrifty.perfmodels.provenance import FigureSource
+
+        return FigureSource(kind="analytic", model="fixed bus bandwidth",
+                            note=f"{self.bus:g} B/s, cap {self.cap:g} B/s")
+
 
 def load_script(path: str | Path) -> ModuleType:
     """Import a script of `datasets/scripts/` as a module (registered in

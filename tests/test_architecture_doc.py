@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from thrifty.runtime.commands._args import EXIT_CODES
-from thrifty.solver.plan import Allocation, Infeasibility, Plan, PlanRecord, Prediction, SolverInfo
+from thrifty.solver.plan import (Allocation, FigureProvenance, Infeasibility, LatencyProvenance, Plan, PlanRecord,
+                                 Prediction, SolverInfo, TypeProvenance)
 from thrifty.solver.tuning_plan import TuningBaseline, TuningPlan, TuningPrediction, TuningSolverInfo, TuningStage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,9 @@ PLAN_MODELS: dict[str, type[PlanRecord]] = {
     "training plan": Plan, "training plan allocation[]": Allocation, "training plan predicted": Prediction,
     "training plan solver": SolverInfo, "infeasibility (both kinds)": Infeasibility, "tuning plan": TuningPlan,
     "tuning plan stages[]": TuningStage, "tuning plan predicted": TuningPrediction,
-    "tuning plan baselines.*": TuningBaseline, "tuning plan solver": TuningSolverInfo}
+    "tuning plan baselines.*": TuningBaseline, "tuning plan solver": TuningSolverInfo,
+    "provenance.TYPE (both kinds)": TypeProvenance, "provenance.TYPE.compute, .allreduce": FigureProvenance,
+    "provenance.TYPE.scale_latency, .init_latency (tuning)": LatencyProvenance}
 
 
 def repository_files() -> list[Path]:

@@ -133,10 +133,12 @@ def test_run_dry_run_prints_the_machines_and_prediction_and_starts_nothing(capsy
     assert out["cluster_kind"] == "local" and out["config"] == "2xlocal-a@32"
     assert out["machines"] == [{"instance_type": "local-a", "market": "spot", "count": 2, "batch_per_machine": 32}]
     assert out["predicted_total_s"] > 0 and out["time_limit_s"] == 30
+    assert out["provenance"]["local-a"]["compute"]["kind"] == "measured"  # the solved plan's own
     assert not (tmp_path / "thrifty-runs").exists()
     assert main(["run", problem, "--dry-run", *zoo]) == 0
     text = capsys.readouterr().out
     assert "2 x local-a (spot), batch 32 per machine" in text and "nothing was started" in text
+    assert "local-b allreduce: measured (datasets/allreduce/local-gloo-model.json)" in text
 
 
 def test_run_dry_run_refuses_the_plan_a_run_would_refuse(capsys, tmp_path, monkeypatch):

@@ -293,6 +293,10 @@ def test_profile_scaling_on_the_cluster_spans_machines_and_measures_their_launch
     assert (cloud.scale_latency_s, cloud.init_latency_s) == (measured.scale_latency_s, measured.init_latency_s)
     stated = TuningSpace(parse_problem({**tuning, "cloud": {"init_latency_s": 7}})).clouds["local-a"]
     assert (stated.scale_latency_s, stated.init_latency_s) == (measured.scale_latency_s, 7)
+    # and the tuning plan says where each came from
+    said = TuningSpace(parse_problem({**tuning, "cloud": {"init_latency_s": 7}})).provenance()["local-a"]
+    assert (said.scale_latency.kind, said.scale_latency.seconds) == ("measured", measured.scale_latency_s)
+    assert (said.init_latency.kind, said.compute.kind) == ("stated", "measured")
 
 
 def test_profiling_a_type_the_cluster_lacks_is_a_one_line_error_before_any_machine_is_taken(nodes, providers,

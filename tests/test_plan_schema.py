@@ -23,9 +23,10 @@ DEMO = EXAMPLES / "local-demo-srifty54.json"
 SHA = EXAMPLES / "rubberband-sha32-resnet101.json"
 TINY = "thrifty.runtime.training.examples:tiny_mlp"
 
-TRAINING_KEYS = ["kind", "status", "objective", "objective_value", "allocation", "predicted", "solver", "name"]
-TUNING_KEYS = ["kind", "status", "experiment", "deadline_s", "billing", "stages", "predicted", "baselines", "solver",
-               "name"]
+TRAINING_KEYS = ["kind", "status", "objective", "objective_value", "allocation", "predicted", "provenance", "solver",
+                 "name"]
+TUNING_KEYS = ["kind", "status", "experiment", "deadline_s", "billing", "stages", "predicted", "baselines",
+               "provenance", "solver", "name"]
 
 
 def sha(**changes) -> dict:

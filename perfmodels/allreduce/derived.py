@@ -74,6 +74,7 @@ from thrifty.core.io import read_json
 from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, allreduce_time, bus_bandwidth_from_time
 from thrifty.perfmodels.profile import Provenance
+from thrifty.perfmodels.provenance import FigureSource, display_path
 
 __all__ = [
     "CLOUD_MODEL_FORMAT",
@@ -164,10 +165,11 @@ class DerivedCloudAllreduce:
     `CloudAllreduceParams`; `provenance` is the file's record of where it came from."""
 
     def __init__(self, params: CloudAllreduceParams, fallback: BandwidthModel | None = None,
-                 provenance: dict[str, Any] | None = None):
+                 provenance: dict[str, Any] | None = None, path: str | None = None):
         self.params = params
         self.fallback: BandwidthModel = fallback if fallback is not None else AnalyticAllreduce()
-        self.provenance = dict(provenance or {})
+        self.provenance = dict(provenance or {})  # the file's provenance record
+        self.path = path  # the file it was read from, if any
 
     def covers(self, itype: InstanceType) -> bool:
         """Whether the model has a basis for `itype`: a device whose machines
@@ -177,6 +179,24 @@ class DerivedCloudAllreduce:
 
     def source(self, itype: InstanceType) -> str:
         return "derived" if self.covers(itype) else self.fallback.source(itype)
+
+    def why_not(self, itype: InstanceType) -> str | None:
+        """Why the model has no basis for `itype` (None when it has)."""
+        if itype.device not in self.params.devices:
+            return (f"the derived cloud allreduce model has no basis for {itype.device} machines "
+                    f"(it covers {', '.join(sorted(self.params.devices))}: TCP over ENA)")
+        if itype.network_gbps <= 0:
+            return f"the catalog rates no network for {itype.name}"
+        if itype.gpus > 1 and not itype.interconnect_gbps:
+            return f"the catalog has no interconnect figure for the {itype.gpus} GPUs of {itype.name}"
+        return None
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource:
+        why = self.why_not(itype)
+        if why is not None:
+            return self.fallback.provenance_of(itype).passed_on(why)
+        return FigureSource(kind="derived", model="derived cloud allreduce model", file=self.path,
+                            script=self.provenance.get("script"), date=self.provenance.get("date"))
 
     def _alpha_beta(self, itype: InstanceType, world_size: int, instances: int) -> tuple[float, float]:
         p = self.params
@@ -207,21 +227,21 @@ class DerivedCloudAllreduce:
     # -- loading ------------------------------------------------------------------------
 
     @classmethod
-    def from_file(cls, file: "CloudAllreduceModelFile", fallback: BandwidthModel | None = None
-                  ) -> "DerivedCloudAllreduce":
+    def from_file(cls, file: "CloudAllreduceModelFile", fallback: BandwidthModel | None = None,
+                  path: str | None = None) -> "DerivedCloudAllreduce":
         return cls(file.parameters.params(), fallback=fallback,
-                   provenance=file.provenance.model_dump(mode="json", exclude_unset=True))
+                   provenance=file.provenance.model_dump(mode="json", exclude_unset=True), path=path)
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "cloud allreduce model", fallback: BandwidthModel | None = None
-                  ) -> "DerivedCloudAllreduce":
+    def from_json(cls, data: Any, source: str = "cloud allreduce model", fallback: BandwidthModel | None = None,
+                  path: str | None = None) -> "DerivedCloudAllreduce":
         """A model file (parsed JSON), checked against `CloudAllreduceModelFile`;
         an error names the JSON path of the bad field."""
-        return cls.from_file(validate_model(CloudAllreduceModelFile, data, source=source), fallback)
+        return cls.from_file(validate_model(CloudAllreduceModelFile, data, source=source), fallback, path)
 
     @classmethod
     def load(cls, path: str | Path, fallback: BandwidthModel | None = None) -> "DerivedCloudAllreduce":
-        return cls.from_json(read_json(path), source=str(path), fallback=fallback)
+        return cls.from_json(read_json(path), source=str(path), fallback=fallback, path=display_path(path))
 
 
 def load_cloud_allreduce_model(path: str | Path, fallback: BandwidthModel | None = None) -> DerivedCloudAllreduce:

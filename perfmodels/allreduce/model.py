@@ -54,6 +54,7 @@ from thrifty.core.validation import FieldPathError, FileSchema, validate_model
 from thrifty.perfmodels.allreduce.table import ProbeTable
 from thrifty.perfmodels.allreduce.trees import TreeEnsemble, TreeModelError
 from thrifty.perfmodels.bandwidth import MTU_BYTES, AnalyticAllreduce, BandwidthModel
+from thrifty.perfmodels.provenance import FigureSource, display_path
 
 __all__ = [
     "MODEL_FORMAT",
@@ -316,6 +317,8 @@ class LearnedAllreduce:
         self.provenance = dict(provenance)
         self.fallback: BandwidthModel = fallback if fallback is not None else AnalyticAllreduce()
         self.mtu_bytes = mtu_bytes
+        self.path: str | None = None  # the file it was loaded from (`load`), for `provenance_of`
+        self.named = False  # a problem named it: a type it lacks is a fallback (`provenance_of`)
         self._size_cache: dict[tuple[str, int, int, int, float], float] = {}
         self._array_cache: dict[tuple[Any, ...], np.ndarray] = {}
 
@@ -337,6 +340,30 @@ class LearnedAllreduce:
         if self.covers(itype):
             return "learned"
         return self.fallback.source(itype) if isinstance(itype, InstanceType) else "analytic"  # a name: no fields
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource:
+        """Measured, for a type the probes cover (the model's file, the
+        probes it was fitted on); else the fallback's answer, saying that
+        this model has no probes of the type (unless the model is the shipped
+        one of this host and another model with a basis answers: it was
+        never meant for other types)."""
+        if not self.covers(itype):
+            answer = self.fallback.provenance_of(itype)
+            if not self.named and answer.kind != "analytic":
+                return answer
+            what = self.path or "the learned allreduce model"
+            why = f"{what} has no probes of {itype.name} (it has {', '.join(sorted(self.coverage)) or 'none'})"
+            return answer.passed_on(why, named=self.named)
+        probed = self._probed_name(itype)
+        c = self.coverage[probed]
+        inputs = [str(i.get("path")) for i in self.provenance.get("inputs") or [] if isinstance(i, dict)]
+        note = (f"fitted on {c.rows} probe cells of {probed} (world sizes {', '.join(map(str, c.world_sizes))}, "
+                f"{c.first_probe} to {c.last_probe})" + (f" in {', '.join(inputs)}" if inputs else ""))
+        if probed != _name(itype):
+            note += f"; {_name(itype)} runs worker processes of this host, as {probed} does"
+        return FigureSource(kind="measured", model="learned allreduce model", file=self.path,
+                            machine=self.provenance.get("machine"), script=self.provenance.get("script"),
+                            date=self.provenance.get("date"), note=note)
 
     @property
     def heldout_mape(self) -> dict[str, float]:
@@ -571,7 +598,9 @@ class LearnedAllreduce:
     @classmethod
     def load(cls, path: str | Path, fallback: BandwidthModel | None = None) -> "LearnedAllreduce":
         """Load a model saved by `save`."""
-        return cls.from_json(read_json(path), source=str(path), fallback=fallback)
+        model = cls.from_json(read_json(path), source=str(path), fallback=fallback)
+        model.path = display_path(path)
+        return model
 
 
 def load_allreduce_model(path: str | Path, fallback: BandwidthModel | None = None) -> LearnedAllreduce:

@@ -444,6 +444,8 @@ def _dry_run(prepared: Any, as_json: bool) -> int:
         summary.update(provider=config.provider, region=config.region, head=head)
         where = (f"{config.provider} machines in {config.region} ({cluster}) joining a Ray head at {head} "
                  f"(thrifty installed: {config.install})")
+    provenance = _plan_provenance(plan, problem)
+    summary["provenance"] = {name: p.model_dump() for name, p in provenance.items()}
     if as_json:
         print(json.dumps(summary, indent=1))
         return EXIT_OK
@@ -456,8 +458,25 @@ def _dry_run(prepared: Any, as_json: bool) -> int:
                   f"cost <= ${problem.limits.cost_usd:g}" if problem.limits.cost_usd is not None else ""]
         print(f"predicted: {p.total_s:,.1f} s, ${p.cost_usd:,.4f}; iteration {p.iteration_s * 1e3:.1f} ms"
               + (f" (limits: {', '.join(x for x in limits if x)})" if any(limits) else ""))
+    from thrifty.solver.plan import provenance_lines
+
+    print("where the figures came from:")
+    for line in provenance_lines(provenance):
+        print(f"  {line}")
     print("every check a run makes before it starts passed; nothing was started (--dry-run)")
     return EXIT_OK
+
+
+def _plan_provenance(plan: Any, problem: Any) -> dict[str, Any]:
+    """Where the plan's figures came from: as `thrifty solve` recorded it in
+    the plan, or (a plan written by hand, or before plans said) as the
+    problem's models give them for each of its types."""
+    if plan.provenance is not None:
+        return dict(plan.provenance)
+    from thrifty.solver.solve import plan_provenance
+    from thrifty.solver.training import TrainingSpace
+
+    return plan_provenance(TrainingSpace(problem))
 
 
 def _kept(error: Any) -> str:

@@ -52,18 +52,21 @@ def run(args: argparse.Namespace) -> int:
 
         apm = ApmSimulator(model, library=library, bandwidth=bandwidth).simulate(groups)
     global_batch = sum(g.count * g.batch for g in groups)
+    sources = {g.instance_type.name: sim.sources(g.instance_type) for g in groups}
     if args.json:
         out = {"model": model, "config": format_cluster(groups), "global_batch": global_batch,
-               "prediction": prediction.to_json()}
+               "prediction": prediction.to_json(),
+               "provenance": {name: {"compute": s.compute.model_dump(), "allreduce": s.allreduce.model_dump()}
+                              for name, s in sources.items()}}
         if apm is not None:
             out["apm"] = apm.to_json()
         print(json.dumps(out, indent=1))
         return 0
-    _print_human(model, format_cluster(groups), global_batch, prediction, apm)
+    _print_human(model, format_cluster(groups), global_batch, prediction, apm, sources)
     return 0
 
 
-def _print_human(model, config, global_batch, p, apm) -> None:
+def _print_human(model, config, global_batch, p, apm, sources) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -88,8 +91,12 @@ def _print_human(model, config, global_batch, p, apm) -> None:
         cells.append(f"{global_batch / apm.mean_s:,.1f} samples/s")
     table.add_row(*cells)
     console.print(table)
-    sources = ", ".join(f"{k}: {v}" for k, v in p.bandwidth_sources.items())
-    console.print(f"allreduce model: {sources}")
+    said = ", ".join(f"{k}: {v}" for k, v in p.bandwidth_sources.items())
+    console.print(f"allreduce model: {said}")
+    for name, s in sources.items():
+        for what, source in (("compute", s.compute), ("allreduce", s.allreduce)):
+            console.print(f"  {name} {what}: {source.describe()}", markup=False, highlight=False, soft_wrap=True,
+                          style="bold" if source.fallback else None)
 
 
 def _ms(seconds: float) -> str:

@@ -88,6 +88,7 @@ def _print_human(problem, plan) -> None:
     if not plan.feasible:
         for line in infeasibility_lines(plan.infeasibility):
             console.print(line, highlight=False)
+        print_provenance(console, plan)
         console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s[/dim]")
         return
     table = Table(title=f"plan ({plan.status})")
@@ -100,10 +101,24 @@ def _print_human(problem, plan) -> None:
     console.print(f"iteration {p.iteration_s * 1e3:,.1f} ms (p95 {p.iteration_s_p95 * 1e3:,.1f} ms), "
                   f"{p.throughput_samples_s:,.0f} samples/s")
     console.print(f"total {p.total_s:,.1f} s (p95 {p.total_s_p95:,.1f} s), cost ${p.cost_usd:,.4f}")
+    print_provenance(console, plan)
     gap = ("proven optimal" if plan.solver.gap == 0 else f"gap {plan.solver.gap:.2%}" if plan.solver.gap
            else "gap unknown")
     console.print(f"[dim]solver: {plan.solver.method}, {plan.solver.wall_s:.2f} s, "
                   f"{plan.solver.candidates_simulated} candidates simulated, {gap}[/dim]")
+
+
+def print_provenance(console, plan) -> None:
+    """Where the plan's figures came from, per type (`provenance_lines`):
+    a FALLBACK line in bold."""
+    from thrifty.solver.plan import provenance_lines
+
+    lines = provenance_lines(plan.provenance)
+    if lines:
+        console.print("where the figures came from:", highlight=False)
+    for line in lines:
+        console.print("  " + line, markup=False, highlight=False, soft_wrap=True,
+                      style="bold" if "FALLBACK" in line else None)
 
 
 def infeasibility_lines(why: Infeasibility) -> list[str]:
@@ -228,6 +243,7 @@ def _print_tuning(problem, plan) -> None:
     if not plan.feasible:
         for line in infeasibility_lines(plan.infeasibility):
             console.print(line, highlight=False)
+        print_provenance(console, plan)
         console.print(f"[dim]solver: {plan.solver.wall_s:.2f} s[/dim]")
         return
     table = Table(title=f"tuning plan ({plan.status}, {plan.solver.chosen})")
@@ -240,6 +256,7 @@ def _print_tuning(problem, plan) -> None:
     p = plan.predicted
     console.print(f"JCT {p.jct_s:,.1f} s (p95 {p.jct_s_p95:,.1f} s), cost ${p.cost_usd:,.2f} "
                   f"(p95 ${p.cost_usd_p95:,.2f})")
+    print_provenance(console, plan)
     base = Table(title="against baselines (simulated)")
     for col in ("planner", "JCT s", "cost $", "vs thrifty"):
         base.add_column(col, justify="left" if col == "planner" else "right")

@@ -96,6 +96,12 @@ def _preview_text(shown: Any, e: Any) -> str:
         for k, s in enumerate(shown.plan.stages):
             lines.append(f"  stage {k}: {s.trials} trials x {s.iters_per_trial} iterations on "
                          f"{s.instances} x {s.instance_type}, {s.gpus_per_trial} per trial")
+        from thrifty.solver.plan import provenance_lines
+
+        said = provenance_lines(shown.plan.provenance)
+        if said:
+            lines.append("where the figures came from:")
+            lines += [f"  {line}" for line in said]
     if shown.predicted_s is not None:
         what = "predicted" if shown.plan is not None else "at most (the time limit)"
         cost = f", ${shown.predicted_usd:.4f}" if shown.predicted_usd is not None else ""

@@ -29,9 +29,15 @@ their own would take hooks or a barrier inside the loop, and change what it
 costs.
 
 On CUDA the compute profile is the GPU's (device key as `thrifty profile`
-names it), and NCCL is priced by the analytic ring model over the ``local``
-type's nominal network unless ``--allreduce`` gives a model fitted on this
-host's probes (the shipped learned model is of gloo on CPU).
+names it), and NCCL is priced, unless ``--allreduce`` gives a model fitted on
+this host's probes (the shipped learned model is of gloo on CPU), by the
+allreduce model of the catalog type this host is (`host_instance_type`: a
+type of this GPU, one machine holding every rank): the derived cloud model
+where it has a basis for that type, else the analytic ring over that
+type's interconnect, which the output calls a FALLBACK. Where no catalog
+type has this GPU, communication cannot be priced here: a configuration of
+one rank (which exchanges nothing) is still validated, and one of several
+ranks is an error that says so.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from thrifty.runtime.commands._args import int_at_least, output_file, with_exit_
 
 HELP = "check thrifty's iteration prediction for a model here: real DDP iterations against the prediction"
 
-__all__ = ["HELP", "add_arguments", "run", "FORMAT"]
+__all__ = ["HELP", "add_arguments", "run", "FORMAT", "host_instance_type"]
 
 FORMAT = "thrifty.validation/1"
 SPREAD_WARNING = 0.2  # round means further apart than this: the host's speed moved while measuring
@@ -75,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to keep the profile measured here (for --profile next time)")
     parser.add_argument("--allreduce", metavar="MODEL.json",
                         help="a learned allreduce model (thrifty fit-allreduce); default: the shipped local "
-                             "gloo model on CPU, the analytic ring model on CUDA")
+                             "gloo model on CPU, on CUDA the model of the catalog type of this host's GPUs")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="cpu (gloo) or cuda (NCCL, one GPU per rank); default auto")
     parser.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per rank (default 1)")
@@ -107,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
     load_workload(args.factory)  # a bad factory is a clear error here, not a traceback from every rank
     device_key = device_label(device)
     model, profile_info = _compute_model(args, device, device_key, configs)
-    predictions, sources = _predict(model, configs, device_key, args.allreduce)
+    gpus = _cuda_gpus() if device == "cuda" else 0
+    predictions, sources, provenance = _predict(model, configs, device_key, args.allreduce, gpus)
     truths = _measure(args, device, configs)
     document = _document(args, device, model, profile_info, sources, configs, predictions, truths)
+    document["allreduce_provenance"] = provenance
     if args.out:
         write_json(args.out, document)
     if args.json:
@@ -213,21 +221,66 @@ def _profile_here(args: argparse.Namespace, device: str, device_key: str,
                                                 "path": args.save_profile}
 
 
-def _predict(model: Any, configs: list[_Config], device_key: str,
-             allreduce: str | None) -> tuple[list[Any], dict[str, str]]:
-    from thrifty.perfmodels.bandwidth import AnalyticAllreduce
-    from thrifty.perfmodels.library import ModelLibrary
+def _cuda_gpus() -> int:
+    from thrifty.core.optional import require
+
+    return int(require("torch", "torch").cuda.device_count())
+
+
+def host_instance_type(catalog: Any, device_key: str, host_gpus: int, world: int) -> Any:
+    """The catalog type this host is, to price the allreduce of `world`
+    ranks on its GPUs (all on one machine): among the types of device
+    `device_key` with at least `world` GPUs, the one with exactly the
+    host's GPU count, else the fewest GPUs above it, else the most below
+    it (the host may have GPUs no type has in that number); of those, the
+    cheapest on demand (the smallest host, when sizes differ in CPUs and
+    memory alone), then by name. None when no type has that GPU (or none has
+    `world` of them)."""
+    fits = [t for t in catalog.types.values() if t.device == device_key and t.gpus >= world]
+    if not fits:
+        return None
+
+    def rank(t: Any) -> tuple[int, int, float, str]:
+        price = t.on_demand_usd_per_hour if t.on_demand_usd_per_hour is not None else float("inf")
+        if t.gpus == host_gpus:
+            return (0, 0, price, t.name)
+        return (1, t.gpus, price, t.name) if t.gpus > host_gpus else (2, -t.gpus, price, t.name)
+
+    return min(fits, key=rank)
+
+
+def _bandwidth(device_key: str, configs: list[_Config], allreduce: str | None, gpus: int) -> Any:
+    """The allreduce model the prediction uses (module docstring)."""
+    from thrifty.perfmodels.bandwidth import AnalyticAllreduce, OnOneMachine
     from thrifty.perfmodels.loading import default_bandwidth_model, load_bandwidth_model
-    from thrifty.perfmodels.simulator import IterationSimulator
 
     if allreduce:
-        bandwidth = load_bandwidth_model(allreduce)
-    else:
-        bandwidth = default_bandwidth_model() if device_key == "cpu" else AnalyticAllreduce()
+        return load_bandwidth_model(allreduce)
+    if device_key == "cpu":
+        return default_bandwidth_model()
+    from thrifty.datasets.catalog import load_catalog
+
+    world = max(len(config.batches) for config in configs)
+    itype = host_instance_type(load_catalog(), device_key, gpus, world)
+    if itype is not None:
+        return OnOneMachine(default_bandwidth_model(), itype)
+    if world > 1:
+        raise ProblemError(f"cannot price communication on this host's {device_key} GPUs: no type of the catalog "
+                           f"has {world} or more of them; give --allreduce MODEL.json (thrifty probe-allreduce and "
+                           "fit-allreduce on this host), or validate configurations of one rank")
+    return AnalyticAllreduce()  # one rank exchanges nothing: never asked
+
+
+def _predict(model: Any, configs: list[_Config], device_key: str, allreduce: str | None,
+             gpus: int = 0) -> tuple[list[Any], dict[str, str], dict[str, Any]]:
+    from thrifty.perfmodels.library import ModelLibrary
+    from thrifty.perfmodels.simulator import IterationSimulator
+
+    bandwidth = _bandwidth(device_key, configs, allreduce, gpus)
     library = ModelLibrary(paths=[])
     library.add(model)
     simulator = IterationSimulator(model.model, library=library, bandwidth=bandwidth)
-    predictions, sources = [], {}
+    predictions, sources, provenance = [], {}, {}
     for config in configs:
         groups = config.groups
         if device_key != "cpu":  # a local rank on this host's GPU
@@ -238,8 +291,11 @@ def _predict(model: Any, configs: list[_Config], device_key: str,
         except ProblemError as e:
             raise ProblemError(f"config '{config.text}': {e.message}") from None
         predictions.append(prediction)
-        sources.update(prediction.bandwidth_sources)
-    return predictions, sources
+        if prediction.world_size > 1:
+            sources.update(prediction.bandwidth_sources)
+            provenance.update({g.instance_type.name: bandwidth.provenance_of(g.instance_type).model_dump()
+                               for g in groups})
+    return predictions, sources, provenance
 
 
 # --- the measurement ----------------------------------------------------------------------
@@ -319,13 +375,22 @@ def _document(args: argparse.Namespace, device: str, model: Any, profile: dict[s
 def _print_human(document: dict[str, Any], out: str | None) -> None:
     from rich.console import Console
 
+    from thrifty.perfmodels.provenance import FigureSource
+
     console = Console()
     for result in document["configs"]:
         _print_config(console, document, result)
     profile = document["profile"]
     where = profile.get("path") or profile.get("command") or ""
     console.print(f"compute profile: {profile['source']}{f' ({where})' if where else ''}", markup=False)
-    console.print("allreduce model: " + ", ".join(f"{k}: {v}" for k, v in document["allreduce"].items()))
+    if document["allreduce"]:
+        console.print("allreduce model: " + ", ".join(f"{k}: {v}" for k, v in document["allreduce"].items()))
+    else:
+        console.print("allreduce model: none needed (one rank exchanges nothing)")
+    for name, where in document.get("allreduce_provenance", {}).items():
+        source = FigureSource.model_validate(where)
+        line = f"  {name}: {source.describe()}" + (f" ({source.note})" if source.note else "")
+        console.print(line, markup=False, highlight=False, soft_wrap=True, style="bold" if source.fallback else None)
     if out:
         console.print(f"wrote {out}", markup=False)
 
