@@ -112,6 +112,7 @@ from thrifty.datasets.catalog import InstanceType
 from thrifty.perfmodels.bandwidth import BandwidthModel
 from thrifty.perfmodels.cluster import MachineGroup
 from thrifty.perfmodels.compute import ComputeModel, PiecewiseLinear
+from thrifty.perfmodels.provenance import FigureSource
 from thrifty.perfmodels.library import ModelLibrary
 from thrifty.perfmodels.profile import ColocatedPoints, ComputeProfile, LayerGrad, ProfilePoint, Provenance
 from thrifty.perfmodels.simulator import IterationPrediction, IterationSimulator
@@ -324,8 +325,8 @@ class CorrectedLibrary(ModelLibrary):
         self.inner, self.calibration = inner, calibration
         self._corrected: dict[tuple[str, str, str | None], ComputeModel] = {}
 
-    def add(self, model: ComputeModel) -> None:
-        self.inner.add(model)
+    def add(self, model: ComputeModel, file: str | Path | None = None) -> None:
+        self.inner.add(model, file)
 
     def add_file(self, path: str | Path) -> ComputeModel:
         return self.inner.add_file(path)
@@ -348,6 +349,17 @@ class CorrectedLibrary(ModelLibrary):
                                device=f"{base.device}@{instance_type or ''}~corrected")
         self._corrected[key] = out
         return out
+
+    def source_of(self, model: str, device: str, instance_type: str | None = None) -> FigureSource:
+        """`inner`'s source, said to be corrected online (with it as the
+        prior) when the type's device or exchange carries a correction."""
+        base = self.inner.source_of(model, device, instance_type)
+        f = self.calibration.compute_factors(device)
+        ddp = self.calibration.exchange_factor(instance_type) if instance_type is not None else 1.0
+        if all(v == 1.0 for v in f.values()) and ddp == 1.0:
+            return base
+        factors = ", ".join(f"{k} x{v:.3g}" for k, v in f.items())
+        return base.corrected(f"{factors}; DDP overhead x{ddp:.3g}, from the run's clock marks")
 
 
 class CorrectedBandwidth:
@@ -374,6 +386,14 @@ class CorrectedBandwidth:
     def source(self, itype: InstanceType) -> str:
         base = self.inner.source(itype)
         return f"{base}, corrected online" if itype.name in self.calibration.exchange else base
+
+    def provenance_of(self, itype: InstanceType) -> FigureSource:
+        """`inner`'s provenance, corrected online (with it as the prior) when the type's exchange is corrected."""
+        base = self.inner.provenance_of(itype)
+        if itype.name not in self.calibration.exchange:
+            return base
+        return base.corrected(f"bus bandwidth / {self.calibration.exchange_factor(itype.name):.3g}, from the run's "
+                              "clock marks")
 
 
 def corrected_simulator(base: IterationSimulator, calibration: Calibration) -> IterationSimulator:

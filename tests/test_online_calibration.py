@@ -120,6 +120,20 @@ def test_the_exchange_correction_scales_the_exposed_exchange_where_nothing_overl
     assert after.compute == prior.compute
 
 
+def test_a_plan_on_corrected_models_says_corrected_online_with_its_prior(demo):
+    """Provenance: a type whose device or exchange was corrected says so,
+    with the figure it was corrected from as its prior; others are as before."""
+    problem, space, catalog = demo
+    cal = slower(Calibration(), 2.0, windows=2)
+    sim = corrected_simulator(space.simulator, cal)
+    local_a = catalog.get("local-a")
+    before, after = space.simulator.sources(local_a), sim.sources(local_a)
+    assert after.compute.kind == "corrected" and after.compute.prior == before.compute
+    assert after.allreduce.kind == "corrected" and after.allreduce.prior == before.allreduce
+    plain = Calibration()
+    assert corrected_simulator(space.simulator, plain).sources(local_a) == before
+
+
 # -- re-planning and forecasting with the corrected models -----------------------------
 
 def slower(cal: Calibration, factor: float, windows: int = 6) -> Calibration:
