@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from thrifty.runtime.ddp.job import CLOCK
 from thrifty.runtime.worlds import RankChannel
@@ -62,8 +63,8 @@ class ClockMarks:
         self._handles = [
             wrapped.register_forward_pre_hook(self._before_forward),
             wrapped.register_forward_hook(self._after_forward),
-            torch.optim.optimizer.register_optimizer_step_pre_hook(self._before_step),
-            torch.optim.optimizer.register_optimizer_step_post_hook(self._after_step),
+            register_optimizer_step_pre_hook(self._before_step),
+            register_optimizer_step_post_hook(self._after_step),
         ]
         for p in model.parameters():
             if p.requires_grad:
