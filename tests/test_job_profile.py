@@ -144,3 +144,33 @@ def test_solve_with_a_job_imports_neither_torch_nor_the_job(cache: Path, tmp_pat
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
                          check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_the_trainer_short_form_and_a_workload_resolve_through_one_path() -> None:
+    from thrifty.runtime.measure import profile_job, resolve_target
+    from thrifty.runtime.measure.zoo import Workload
+
+    workload = resolve_target("thrifty.runtime.measure.zoo:mlp")
+    assert not workload.is_job and isinstance(workload.workload, Workload)
+    trainer = resolve_target("thrifty.runtime.training.examples:tiny_mlp", {"hidden": 8})
+    assert trainer.is_job  # a Trainer factory: run as trainer_loop through the profiling context
+    profile = profile_job(trainer, model_name="tiny-mlp", batches=[2, 4], repeats=2, warmup=1, rounds=1)
+    assert [p.batch for p in profile.points] == [2, 4] and len(profile.layers) == 4
+    assert profile.extra["job"]["args"] == {"hidden": 8}
+
+
+def test_bad_job_inputs_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cases = [
+        (["profile", "thrifty.runtime.training.examples:mlp_loop", "--job-args", "[1]"], "--job-args is a JSON list"),
+        (["profile", "thrifty.runtime.measure.zoo:mlp", "--batches", "1,2"], "give --out PROFILE.json"),
+        (["profile", "thrifty.runtime.training.examples:mlp_loop", "--job-args", '{"nope": 1}'],
+         "cannot take the arguments"),
+    ]
+    for argv, says in cases:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
+    path = tmp_path / "problem.json"
+    path.write_text(json.dumps({**_problem("g4dn.xlarge"), "job": None, "model": "mlp"}))
+    assert cli.main(["solve", str(path)]) == 2
+    assert "job_args" in capsys.readouterr().err
