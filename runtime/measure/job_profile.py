@@ -9,8 +9,9 @@ function `trainer_loop`).
 
 A job is profiled by calling its loop with a `ProfilingContext`, the
 `JobContext` contract on one process: ``local_batch`` is the batch being
-timed, ``prepare_loader`` draws batches of that size from the job's data (its
-collate function kept), ``restore`` is None, and ``report`` ends the loop
+timed, ``prepare_loader`` is the run's own loader at that batch (the job's
+data in the plan's order, its collate function, workers and options kept),
+``restore`` is None, and ``report`` ends the loop
 (`StopJob`) once enough iterations are timed. ``prepare_model`` installs the
 timing hooks on the model the loop trains:
 
@@ -45,7 +46,7 @@ import functools
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,36 +187,19 @@ class ProfilingContext:
         if self._current is not None:
             self._current.ready[self._names.get(id(param), "?")] = self._now()
 
-    def prepare_loader(self, data: Any, *, to_device: bool = True) -> Iterator[Any]:
-        """Batches of `local_batch` samples of `data` (a map-style dataset or a
-        DataLoader, whose collate function is kept), in order, cycling, until
-        the job's end."""
-        from torch.utils.data import DataLoader, default_collate
+    def prepare_loader(self, data: Any, *, to_device: bool = True) -> Any:
+        """The run's own loader (`thrifty.runtime.ddp.context.RankLoader`: the
+        job's data in the plan's order, its collate function, workers and
+        options kept), at the batch being timed, to the profiling pass's end."""
+        from thrifty.runtime.ddp.context import RankLoader
 
-        collate = data.collate_fn if isinstance(data, DataLoader) else default_collate
-        dataset = data.dataset if isinstance(data, DataLoader) else data
-        if not hasattr(dataset, "__len__") or len(dataset) < 1:
-            raise ProblemError(f"job '{self.job.trainer}' gave prepare_loader no map-style dataset with samples")
-        loader = DataLoader(dataset, batch_size=self.local_batch, shuffle=False, drop_last=False, collate_fn=collate)
-        return self._draw(loader, to_device)
+        return RankLoader(self, data, to_device)  # type: ignore[arg-type]  # the context's surface it reads
 
-    def _draw(self, loader: Any, to_device: bool) -> Iterator[Any]:
-        from thrifty.runtime.ddp.context import _to as move
+    def _who(self) -> str:
+        return f"job '{self.job.trainer}' (profiled at batch {self.local_batch})"
 
-        while self.iteration < self.iterations:
-            drawn = 0
-            for batch in loader:
-                if self.iteration >= self.iterations:
-                    return
-                got = _batch_size(batch)
-                if got != self.local_batch:  # the short last batch of the data: start over
-                    break
-                drawn += 1
-                self.step += 1
-                yield move(batch, self.device) if to_device else batch
-            if drawn == 0:
-                raise ProblemError(f"job '{self.job.trainer}': its dataset holds fewer samples than the batch "
-                                   f"{self.local_batch} being profiled")
+    def _before_batch(self) -> None:
+        """What the run's context does before each batch; nothing to do here."""
 
     def restore(self) -> None:
         return None
@@ -250,14 +234,6 @@ def _plain_wrapper() -> Any:
             return self.module(*args, **kwargs)
 
     return Prepared
-
-
-def _batch_size(batch: Any) -> int | None:
-    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-    if isinstance(first, Mapping):
-        first = next(iter(first.values()), None)
-    shape = getattr(first, "shape", None)
-    return int(shape[0]) if shape else None
 
 
 def _run_loop(target: ProfileTarget, batch: int, device: Any, iterations: int, ddp: bool = False) \
