@@ -128,9 +128,11 @@ def profiles_for(key: str, types: Mapping[str, str]) -> dict[str, Path]:
     return out
 
 
-def measure_command(job: str, args: Mapping[str, Any] | None) -> str:
-    """The command that measures `job` (with `args`) on a machine of a type, run there."""
+def measure_command(job: str, args: Mapping[str, Any] | None, types: list[str]) -> str:
+    """The commands that measure `job` (with `args`) for `types`: on a machine
+    of each type, or on machines of them taken from a cluster."""
     import shlex
 
     extra = f" --job-args {shlex.quote(json.dumps(dict(args), sort_keys=True))}" if args else ""
-    return f"thrifty profile {job}{extra} --instance-type TYPE"
+    return (f"thrifty profile {job}{extra} --instance-type TYPE on a machine of each, or "
+            f"thrifty profile {job}{extra} --cluster CLUSTER --instance-types {','.join(types)}")

@@ -394,8 +394,8 @@ def _add_job_profiles(library: ModelLibrary, problem: TrainingProblem, catalog: 
         listed = ", ".join(f"{name} ({types[name]})" for name in missing)
         raise ProblemError(
             f"job '{problem.job}' (key {key}) has no profile for instance type{'s' if len(missing) > 1 else ''} "
-            f"{listed}, so they cannot be priced; measure each on a machine of that type: "
-            f"{measure_command(problem.job, problem.job_args)}",
+            f"{listed}, so they cannot be priced; measure them: "
+            f"{measure_command(problem.job, problem.job_args, missing)}",
             path="job")
     for name, path in found.items():
         profile = load_profile(path)

@@ -104,6 +104,7 @@ def test_a_type_without_a_profile_is_named_with_the_command_to_measure_it(cache:
     err = capsys.readouterr().err
     assert "p3.2xlarge (V100)" in err and "g4dn.xlarge (" not in err
     assert f"thrifty profile {SPEC} --job-args '{json.dumps(ARGS)}' --instance-type TYPE" in err
+    assert "--cluster CLUSTER --instance-types p3.2xlarge" in err
     assert len(err.strip().splitlines()) == 1
 
 

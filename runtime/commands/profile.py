@@ -149,12 +149,14 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_batches(args.batches) if args.batches is not None else None
     name = args.name or default_name(args.factory)
     job_args = parse_job_args(args.job_args)
+    if args.cluster is not None and args.instance_type is not None:
+        raise ProblemError("--instance-type names this machine's type; with --cluster give --instance-types")
+    target = resolve_target(args.factory, job_args)  # a bad job or factory fails here, before any machine is taken
     if args.cluster is not None:
-        if job_args or args.instance_type is not None:
-            raise ProblemError("--cluster measures a Workload factory without arguments; measure a job on a "
-                               "machine of each type with --instance-type TYPE")
-        return _run_on_cluster(args, batches, name)
-    target = resolve_target(args.factory, job_args)
+        if job_args and not target.is_job:
+            raise ProblemError("--job-args with --cluster: the cluster's machines load a Workload factory without "
+                               "arguments")
+        return _run_on_cluster(args, batches, name, target)
     if target.is_job:
         return _run_job(args, target, batches, name)
     if args.out is None:
@@ -200,25 +202,35 @@ def parse_job_args(text: str | None) -> dict[str, Any]:
     return value
 
 
-def _run_job(args: argparse.Namespace, target: Any, batches: list[int] | None, name: str) -> int:
-    """Time the job's own loop; its profile into the job profile cache (and --out)."""
-    from thrifty.perfmodels.job_profiles import store_profile
-    from thrifty.perfmodels.profile import profile_document, save_profile
-    from thrifty.runtime.measure import DEFAULT_CPU_MAX_BATCH, geometric_batches, profile_job
-
+def _check_job_options(args: argparse.Namespace) -> None:
     colocated = args.colocated if args.colocated > 1 else None
     for flag, value in (("--memory-gb", args.memory_gb), ("--colocated", colocated)):
         if value is not None:
             raise ProblemError(f"{flag} applies to a Workload factory; a job is timed as its loop runs")
+
+
+def _job_batches(args: argparse.Namespace, batches: list[int] | None) -> list[int]:
+    """A job's sweep: --batches, else 1, 2, 4, ... up to --max-batch (default 256)."""
+    from thrifty.runtime.measure import DEFAULT_CPU_MAX_BATCH, geometric_batches
+
+    return batches if batches is not None else geometric_batches(args.max_batch or DEFAULT_CPU_MAX_BATCH)
+
+
+def _run_job(args: argparse.Namespace, target: Any, batches: list[int] | None, name: str) -> int:
+    """Time the job's own loop; its profile into the job profile cache (and --out)."""
+    from thrifty.perfmodels.job_profiles import store_profile
+    from thrifty.perfmodels.profile import profile_document, save_profile
+    from thrifty.runtime.measure import profile_job
+
+    _check_job_options(args)
     device_name = args.device_name
     if args.instance_type is not None:
         from thrifty.datasets.catalog import load_catalog
 
         device_name = device_name or load_catalog(args.catalog).get(args.instance_type).device
-    sweep = batches if batches is not None else geometric_batches(args.max_batch or DEFAULT_CPU_MAX_BATCH)
-    profile = profile_job(target, model_name=name, batches=sweep, repeats=args.repeats, warmup=args.warmup,
-                          rounds=args.rounds, threads=args.threads, device=args.device, device_name=device_name,
-                          command=command_line(args), ready_batch=args.ready_batch)
+    profile = profile_job(target, model_name=name, batches=_job_batches(args, batches), repeats=args.repeats,
+                          warmup=args.warmup, rounds=args.rounds, threads=args.threads, device=args.device,
+                          device_name=device_name, command=command_line(args), ready_batch=args.ready_batch)
     document = profile_document(profile)
     key = profile.extra["job"]["key"]
     if args.instance_type is not None:
@@ -233,13 +245,15 @@ def _run_job(args: argparse.Namespace, target: Any, batches: list[int] | None, n
     return 0
 
 
-def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: str) -> int:
-    """One machine of each type: the profile measured there, the machine given back; one bundle, the cost."""
+def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: str, target: Any) -> int:
+    """One machine of each type: the profile measured there, the machine given back; one bundle (--out), the
+    cost. A job's profiles also go to the job profile cache, each for its type."""
     from thrifty.datasets.catalog import load_catalog
     from thrifty.perfmodels.profile import parse_profile
+    from thrifty.perfmodels.job_profiles import store_profile
     from thrifty.runtime.commands._on_cluster import (measure_types, parse_instance_types, print_costs,
                                                       say_on_stderr, write_bundle)
-    from thrifty.runtime.measure import REMOTE_PRELOAD, load_workload, profile_on
+    from thrifty.runtime.measure import REMOTE_PRELOAD, profile_on
 
     if args.device != "auto" or args.device_name is not None:
         raise ProblemError("--device and --device-name come from each type's catalog entry with --cluster; "
@@ -247,10 +261,21 @@ def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: s
     catalog = load_catalog(args.catalog)
     types = parse_instance_types(args.instance_types, catalog)
     market = args.market or "on_demand"
-    load_workload(args.factory)  # a bad factory is a clear error here, before any machine is taken
+    if target.is_job:
+        _check_job_options(args)
+    elif args.out is None:
+        raise ProblemError(f"'{args.factory}' is a Workload factory: give --out BUNDLE.json")
     command = command_line(args)
 
     def measure(itype: Any, provider: Any, machines: list[Any]) -> dict[str, Any]:
+        if target.is_job:
+            settings = {"factory": args.factory, "job_args": dict(target.args), "model_name": name,
+                        "batches": _job_batches(args, batches), "repeats": args.repeats, "warmup": args.warmup,
+                        "rounds": args.rounds, "threads": args.threads,
+                        "device": "cpu" if itype.device == "cpu" else "cuda", "device_name": itype.device,
+                        "ready_batch": args.ready_batch, "command": command}
+            launcher = provider.world_launcher([machines[0].id], REMOTE_PRELOAD)
+            return profile_on(launcher, settings, args.timeout)
         settings = {"factory": args.factory, "model_name": name, "batches": batches, "max_batch": args.max_batch,
                     "repeats": args.repeats, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
                     "device": "cpu" if itype.device == "cpu" else "cuda", "device_name": itype.device,
@@ -261,10 +286,14 @@ def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: s
 
     say = (lambda _line: None) if args.no_progress else say_on_stderr
     profiles, costs = measure_types(args.cluster, catalog, types, market, lambda _t: 1, measure, args.timeout, say)
-    write_bundle(args.out, "compute", name, args.cluster, market, command, profiles, costs)
+    if args.out is not None:
+        write_bundle(args.out, "compute", name, args.cluster, market, command, profiles, costs)
     for itype, document in profiles.items():
-        _print_summary(parse_profile(document), args.out, where=itype)
-    print_costs(costs, market, args.out)
+        profile = parse_profile(document)
+        _print_summary(profile, args.out or "", where=itype)
+        if target.is_job:
+            print(f"cached {store_profile(document, profile.extra['job']['key'], instance_type=itype)}")
+    print_costs(costs, market, args.out or "the job profile cache")
     return 0
 
 
