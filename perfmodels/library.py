@@ -82,6 +82,11 @@ class ModelLibrary:
         self.add(model, file=path)
         return model
 
+    def add_typed(self, model: ComputeModel, instance_type: str) -> None:
+        """Add `model` as measured on `instance_type`: `get` with that type
+        answers with it, whatever other type shares its device."""
+        self._typed[(model.model, instance_type)] = replace(model, device=f"{model.device}@{instance_type}")
+
     def _add_bundle(self, data: dict, source: str) -> ComputeModel:
         from thrifty.perfmodels.bundle import parse_bundle
 
@@ -93,7 +98,7 @@ class ModelLibrary:
         devices: dict[str, list[ComputeModel]] = {}
         for name, model in typed.items():
             devices.setdefault(model.device, []).append(model)
-            self._typed[(model.model, name)] = replace(model, device=f"{model.device}@{name}")
+            self.add_typed(model, name)
             self._files[(model.model, name)] = display_path(source)
         for device, models in devices.items():
             if len(models) == 1:

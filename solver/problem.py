@@ -19,7 +19,11 @@ in cost; ``min_billed_s``: the billing minimum per machine, 60 s on EC2),
 ``batch_sizes`` (which per-machine batches are allowed: ``"gpu_pow2"``, the
 GPUs of a machine times a power of two, the default; ``"pow2"``, any power of
 two; or an explicit list), ``respect_threshold`` (skip batches below the
-latency-to-throughput transition, Srifty takeaway 4; default true).
+latency-to-throughput transition, Srifty takeaway 4; default true), ``job``
+(``package.module:function``: the job's own profiles, measured by ``thrifty
+profile JOB`` and cached by its code and arguments, price the instance types;
+`thrifty.perfmodels.job_profiles`) with its ``job_args`` (JSON keyword
+arguments; ``model`` defaults to the job's name, ``package.module.function``).
 
 Relative paths inside a problem file (``catalog``, ``allreduce``, and
 ``model`` when it names a profile file) are read from the problem file's
@@ -177,6 +181,11 @@ BatchList = Annotated[
 class TrainingProblem(_Frozen):
     kind: Literal["training"]
     model: Text
+    # the job (``package.module:function``) whose own profiles price the instance types
+    # (`thrifty.perfmodels.job_profiles`); `model` then defaults to the job's name
+    job: Annotated[Text, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                               description="package.module:function")] | None = None
+    job_args: dict[str, Any] = Field(default_factory=dict)
     global_batch: Annotated[int, *_int_range(1, MAX_GLOBAL_BATCH, "samples per iteration over all machines "
                                              "(16x the largest published data-parallel batch)")]
     iterations: Annotated[int, *_int_range(1, MAX_ITERATIONS, "training iterations (32 years at 1 s each)")]
@@ -192,6 +201,19 @@ class TrainingProblem(_Frozen):
     batch_sizes: Literal["gpu_pow2", "pow2"] | BatchList = "gpu_pow2"
     respect_threshold: bool = True
     name: OptionalText | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_of_job(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "model" not in data and isinstance(data.get("job"), str):
+            return {**data, "model": data["job"].replace(":", ".")}  # (a colon would read as an emoji code)
+        return data
+
+    @model_validator(mode="after")
+    def _job_args_without_job(self) -> "TrainingProblem":
+        if self.job_args and self.job is None:
+            raise FieldPathError(("job_args",), "are the arguments of a job: name the job too (\"job\")")
+        return self
 
     @model_validator(mode="after")
     def _distinct_choices(self) -> "TrainingProblem":

@@ -33,7 +33,7 @@ cannot beat the best one simulated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -44,8 +44,10 @@ from thrifty.datasets.catalog import Catalog, InstanceType, load_catalog
 from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.bandwidth import BandwidthModel
 from thrifty.perfmodels.cluster import MachineGroup
+from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary
 from thrifty.perfmodels.loading import default_bandwidth_model, load_bandwidth_model
+from thrifty.perfmodels.profile import load_profile
 from thrifty.perfmodels.simulator import IterationSimulator
 from thrifty.solver.problem import InstanceChoice, TrainingProblem
 
@@ -157,7 +159,9 @@ class TrainingSpace:
         self.catalog = catalog or load_catalog(problem.catalog)
         self.library = library or ModelLibrary()
         model = problem.model
-        if model.endswith(".json") or Path(model).exists():
+        if problem.job is not None:
+            _add_job_profiles(self.library, problem, self.catalog)
+        elif model.endswith(".json") or Path(model).exists():
             model = self.library.add_file(model).model
         self.model = model
         if simulator is None:
@@ -375,3 +379,38 @@ class TrainingSpace:
     def size(self) -> float:
         """How many candidates the pruned space holds (`count_candidates`)."""
         return count_candidates(self.problem.global_batch, tuple((c.quota, c.batches) for c in self.choices))
+
+
+def _add_job_profiles(library: ModelLibrary, problem: TrainingProblem, catalog: Catalog) -> None:
+    """Add to `library`, under the problem's model name, the profile of its
+    job measured on (or on the device of) each instance type it may use
+    (`thrifty.perfmodels.job_profiles`).
+
+    A type without one is an error (exit code 2) naming every such type and
+    the commands that measure them, rather than a plan over the priced types
+    only: a plan that quietly leaves out machines the user offered would
+    answer another problem than the one asked (the user who wants that
+    removes the types from ``instances``), and a profile of another job or of
+    a shipped model would price code that does not run."""
+    from thrifty.perfmodels.job_profiles import job_key, measure_command, profiles_for
+
+    assert problem.job is not None
+    key = job_key(problem.job, problem.job_args)
+    types: dict[str, str] = {}
+    for index, choice in enumerate(problem.instances):
+        try:
+            types[choice.instance_type] = catalog.get(choice.instance_type).device
+        except ProblemError as e:
+            raise ProblemError(e.message, path=f"instances[{index}].instance_type") from None
+    found = profiles_for(key, types)
+    missing = [name for name in types if name not in found]
+    if missing:
+        listed = ", ".join(f"{name} ({types[name]})" for name in missing)
+        raise ProblemError(
+            f"job '{problem.job}' (key {key}) has no profile for instance type{'s' if len(missing) > 1 else ''} "
+            f"{listed}, so they cannot be priced; measure them: "
+            f"{measure_command(problem.job, problem.job_args, missing)}",
+            path="job")
+    for name, path in found.items():
+        profile = load_profile(path)
+        library.add_typed(replace(ComputeModel.from_profile(profile), model=problem.model), name)

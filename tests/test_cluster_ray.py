@@ -312,3 +312,28 @@ def test_profiling_a_type_the_cluster_lacks_is_a_one_line_error_before_any_machi
     assert len(err.splitlines()) == 1 and "1 x local-a (on_demand): the cluster has 0" in err
     [provider] = providers
     assert provider.all_machines() == [] and not out.exists()
+
+
+def test_profile_of_a_job_on_the_cluster_goes_to_the_job_cache_and_prices_its_problem(
+        nodes, providers, tmp_path, capsys, monkeypatch):
+    """A job (a loop function, issue 35) measured on a cluster's machine of its type: its profile is cached
+    for that type, and a problem naming the job solves with it."""
+    from thrifty.perfmodels.job_profiles import CACHE_ENV, job_key, profile_path
+    from thrifty.perfmodels.profile import load_profile
+    from thrifty.runtime.cli import main
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    nodes.refill()
+    job, args = "thrifty.runtime.training.examples:mlp_loop", {"hidden": 8}
+    argv = ["profile", job, "--job-args", json.dumps(args), "--cluster", nodes.cluster.address,
+            "--instance-types", "local-a", "--market", "spot", "--catalog", str(CATALOG), "--batches", "1,2",
+            "--repeats", "2", "--warmup", "1", "--rounds", "1", "--no-progress"]
+    assert main(argv) == 0
+    profile = load_profile(profile_path(job_key(job, args), instance_type="local-a"))
+    assert profile.extra["job"]["spec"] == job and "--cluster" in (profile.provenance.command or "")
+    [provider] = providers
+    assert_gave_everything_back(provider, {"local-a": 1})
+    problem = {"kind": "training", "job": job, "job_args": args, "catalog": str(CATALOG), "global_batch": 4,
+               "iterations": 10, "batch_sizes": [1, 2], "instances": [{"instance_type": "local-a", "quota": 2}]}
+    plan = solve(problem)
+    assert plan.status == "optimal" and plan.allocation

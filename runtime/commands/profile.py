@@ -1,5 +1,17 @@
-"""``thrifty profile MODULE:FACTORY --out PROFILE.json``: measure a compute
-profile (Srifty 4.1) of a workload on this machine and write it atomically.
+"""``thrifty profile JOB``: measure a compute profile (Srifty 4.1) on this
+machine and write it atomically.
+
+JOB (``package.module:function``) is resolved once
+(`thrifty.runtime.measure.job_profile.resolve_target`): a job (a loop
+function ``train(ctx, **args)``, or a factory of the four-factory
+`Trainer`), whose own loop is timed (`profile_job`), or a `Workload`
+factory (``(model, make_batch, loss_fn)``, `profile_workload`). ``--job-args
+JSON`` are its keyword arguments. A job's profile goes to the job profile
+cache (`thrifty.perfmodels.job_profiles`), keyed by the job's code and
+arguments, for ``--instance-type TYPE`` (the catalog's type this machine is)
+or else for this machine's device, where ``thrifty solve`` finds it for a
+problem that names the job; ``--out`` also writes it to a file (a workload's
+profile needs ``--out``).
 
 The provenance of the written file records this command with every setting
 spelled out, so re-running that line reproduces the measurement.
@@ -44,10 +56,15 @@ def parse_batches(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "the profile was written",
                              1: "a worker or measurement failed, or the cluster gave no machine"})
-    parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
-    parser.add_argument("--out", required=True, type=output_file, metavar="PROFILE.json",
-                        help="where to write the profile")
+    parser.add_argument("factory", metavar="JOB",
+                        help="a job (a loop function train(ctx, ...), or a Trainer factory) or a Workload factory, "
+                             "as package.module:function, e.g. thrifty.runtime.measure.zoo:mlp")
+    parser.add_argument("--job-args", metavar="JSON", help="the job's (or factory's) keyword arguments, a JSON object")
+    parser.add_argument("--instance-type", metavar="TYPE",
+                        help="a job: the catalog's instance type this machine is (its profile prices that type; "
+                             "default: every type of this machine's device)")
+    parser.add_argument("--out", type=output_file, metavar="PROFILE.json",
+                        help="where to write the profile (a job's also goes to the job profile cache)")
     parser.add_argument("--name", help="the model name in the profile (default: the factory's name, '_' as '-')")
     sweep = parser.add_mutually_exclusive_group()
     sweep.add_argument("--batches", metavar="1,2,4,...", help="the batch sizes to time")
@@ -95,7 +112,11 @@ def default_name(factory: str) -> str:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this measurement: the factory and every
     setting that affects the data, defaults included (not --no-progress)."""
-    words = ["thrifty", "profile", args.factory, "--out", args.out, "--name", args.name or default_name(args.factory)]
+    words = ["thrifty", "profile", args.factory]
+    for flag, value in (("--job-args", args.job_args), ("--instance-type", args.instance_type), ("--out", args.out)):
+        if value is not None:
+            words += [flag, value]
+    words += ["--name", args.name or default_name(args.factory)]
     if args.batches is not None:
         words += ["--batches", ",".join(str(b) for b in parse_batches(args.batches))]
     if args.max_batch is not None:
@@ -122,16 +143,29 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.perfmodels.profile import save_profile
-    from thrifty.runtime.measure import load_workload, profile_workload
+    from thrifty.runtime.measure import profile_workload, resolve_target
 
     check_cluster_arguments(args)
     batches = parse_batches(args.batches) if args.batches is not None else None
     name = args.name or default_name(args.factory)
+    job_args = parse_job_args(args.job_args)
+    if args.cluster is not None and args.instance_type is not None:
+        raise ProblemError("--instance-type names this machine's type; with --cluster give --instance-types")
+    target = resolve_target(args.factory, job_args)  # a bad job or factory fails here, before any machine is taken
     if args.cluster is not None:
-        return _run_on_cluster(args, batches, name)
-    workload = load_workload(args.factory)
+        if job_args and not target.is_job:
+            raise ProblemError("--job-args with --cluster: the cluster's machines load a Workload factory without "
+                               "arguments")
+        return _run_on_cluster(args, batches, name, target)
+    if target.is_job:
+        return _run_job(args, target, batches, name)
+    if args.out is None:
+        raise ProblemError(f"'{args.factory}' is a Workload factory: give --out PROFILE.json (only a job's profile "
+                           "goes to the job profile cache)")
+    if args.instance_type is not None:
+        raise ProblemError("--instance-type keys a job's profile in the cache; a Workload factory's goes to --out")
     profile = profile_workload(
-        workload,
+        target.workload,
         model_name=name,
         batches=batches,
         max_batch=args.max_batch,
@@ -146,20 +180,80 @@ def run(args: argparse.Namespace) -> int:
         command=command_line(args),
         progress=not args.no_progress,
         colocated=args.colocated,
-        factory=args.factory,
+        factory=args.factory if not job_args else None,  # processes load the factory without arguments
     )
     save_profile(profile, args.out)
     _print_summary(profile, args.out)
     return 0
 
 
-def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: str) -> int:
-    """One machine of each type: the profile measured there, the machine given back; one bundle, the cost."""
+def parse_job_args(text: str | None) -> dict[str, Any]:
+    """``--job-args``: a JSON object, else a one-line error."""
+    import json
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ProblemError(f"--job-args is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ProblemError(f"--job-args is a JSON {type(value).__name__}, but must be an object of keyword arguments")
+    return value
+
+
+def _check_job_options(args: argparse.Namespace) -> None:
+    colocated = args.colocated if args.colocated > 1 else None
+    for flag, value in (("--memory-gb", args.memory_gb), ("--colocated", colocated)):
+        if value is not None:
+            raise ProblemError(f"{flag} applies to a Workload factory; a job is timed as its loop runs")
+
+
+def _job_batches(args: argparse.Namespace, batches: list[int] | None) -> list[int]:
+    """A job's sweep: --batches, else 1, 2, 4, ... up to --max-batch (default 256)."""
+    from thrifty.runtime.measure import DEFAULT_CPU_MAX_BATCH, geometric_batches
+
+    return batches if batches is not None else geometric_batches(args.max_batch or DEFAULT_CPU_MAX_BATCH)
+
+
+def _run_job(args: argparse.Namespace, target: Any, batches: list[int] | None, name: str) -> int:
+    """Time the job's own loop; its profile into the job profile cache (and --out)."""
+    from thrifty.perfmodels.job_profiles import store_profile
+    from thrifty.perfmodels.profile import profile_document, save_profile
+    from thrifty.runtime.measure import profile_job
+
+    _check_job_options(args)
+    device_name = args.device_name
+    if args.instance_type is not None:
+        from thrifty.datasets.catalog import load_catalog
+
+        device_name = device_name or load_catalog(args.catalog).get(args.instance_type).device
+    profile = profile_job(target, model_name=name, batches=_job_batches(args, batches), repeats=args.repeats,
+                          warmup=args.warmup, rounds=args.rounds, threads=args.threads, device=args.device,
+                          device_name=device_name, command=command_line(args), ready_batch=args.ready_batch)
+    document = profile_document(profile)
+    key = profile.extra["job"]["key"]
+    if args.instance_type is not None:
+        cached = store_profile(document, key, instance_type=args.instance_type)
+    else:
+        cached = store_profile(document, key, device=profile.device)
+    if args.out is not None:
+        save_profile(profile, args.out)
+    _print_summary(profile, args.out or str(cached))
+    if args.out is not None:
+        print(f"cached {cached}")
+    return 0
+
+
+def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: str, target: Any) -> int:
+    """One machine of each type: the profile measured there, the machine given back; one bundle (--out), the
+    cost. A job's profiles also go to the job profile cache, each for its type."""
     from thrifty.datasets.catalog import load_catalog
     from thrifty.perfmodels.profile import parse_profile
+    from thrifty.perfmodels.job_profiles import store_profile
     from thrifty.runtime.commands._on_cluster import (measure_types, parse_instance_types, print_costs,
                                                       say_on_stderr, write_bundle)
-    from thrifty.runtime.measure import REMOTE_PRELOAD, load_workload, profile_on
+    from thrifty.runtime.measure import REMOTE_PRELOAD, profile_on
 
     if args.device != "auto" or args.device_name is not None:
         raise ProblemError("--device and --device-name come from each type's catalog entry with --cluster; "
@@ -167,10 +261,21 @@ def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: s
     catalog = load_catalog(args.catalog)
     types = parse_instance_types(args.instance_types, catalog)
     market = args.market or "on_demand"
-    load_workload(args.factory)  # a bad factory is a clear error here, before any machine is taken
+    if target.is_job:
+        _check_job_options(args)
+    elif args.out is None:
+        raise ProblemError(f"'{args.factory}' is a Workload factory: give --out BUNDLE.json")
     command = command_line(args)
 
     def measure(itype: Any, provider: Any, machines: list[Any]) -> dict[str, Any]:
+        if target.is_job:
+            settings = {"factory": args.factory, "job_args": dict(target.args), "model_name": name,
+                        "batches": _job_batches(args, batches), "repeats": args.repeats, "warmup": args.warmup,
+                        "rounds": args.rounds, "threads": args.threads,
+                        "device": "cpu" if itype.device == "cpu" else "cuda", "device_name": itype.device,
+                        "ready_batch": args.ready_batch, "command": command}
+            launcher = provider.world_launcher([machines[0].id], REMOTE_PRELOAD)
+            return profile_on(launcher, settings, args.timeout)
         settings = {"factory": args.factory, "model_name": name, "batches": batches, "max_batch": args.max_batch,
                     "repeats": args.repeats, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
                     "device": "cpu" if itype.device == "cpu" else "cuda", "device_name": itype.device,
@@ -181,10 +286,14 @@ def _run_on_cluster(args: argparse.Namespace, batches: list[int] | None, name: s
 
     say = (lambda _line: None) if args.no_progress else say_on_stderr
     profiles, costs = measure_types(args.cluster, catalog, types, market, lambda _t: 1, measure, args.timeout, say)
-    write_bundle(args.out, "compute", name, args.cluster, market, command, profiles, costs)
+    if args.out is not None:
+        write_bundle(args.out, "compute", name, args.cluster, market, command, profiles, costs)
     for itype, document in profiles.items():
-        _print_summary(parse_profile(document), args.out, where=itype)
-    print_costs(costs, market, args.out)
+        profile = parse_profile(document)
+        _print_summary(profile, args.out or "", where=itype)
+        if target.is_job:
+            print(f"cached {store_profile(document, profile.extra['job']['key'], instance_type=itype)}")
+    print_costs(costs, market, args.out or "the job profile cache")
     return 0
 
 

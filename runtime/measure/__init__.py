@@ -2,6 +2,8 @@
 
 - `profiler` (``thrifty profile``): a compute profile (Srifty 4.1), in
   phases: `workloads`, `timing`, `memory`, `colocated`, `progress`;
+- `job_profile` (``thrifty profile JOB``): what the command names, resolved
+  once (a job or a workload), and a job's profile from its own loop;
 - `scaling_profiler` (``thrifty profile-scaling``): a scaling profile
   (RubberBand 4.1);
 - `probe` (``thrifty probe-allreduce``): the allreduce grid probe (Srifty 4.2);
@@ -24,6 +26,8 @@ from thrifty.core.optional import lazy_exports
 _EXPORTS = {
     "profile_workload": "profiler", "load_workload": "profiler",
     "resolve_device": "profiler", "device_label": "profiler",
+    "geometric_batches": "profiler", "DEFAULT_CPU_MAX_BATCH": "profiler",
+    "resolve_target": "job_profile", "profile_job": "job_profile",
     "profile_scaling": "scaling_profiler", "check_world_sizes": "scaling_profiler",
     "default_model_name": "scaling_profiler",
     "probe_allreduce": "probe", "write_probe_csv": "probe", "ProbeConfig": "probe", "ProbeTarget": "probe",

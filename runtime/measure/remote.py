@@ -7,10 +7,11 @@ machines (``thrifty profile --cluster``, ``thrifty profile-scaling
   run: the moment the last one does is when the machines are ready for
   work (the INIT end of a launch-to-ready time), and their fork servers are
   warm for the measurement that follows;
-- `profile_on`: the compute profile (`thrifty.runtime.measure.profiler`)
-  measured in a rank on one machine, exactly as ``thrifty profile`` measures
-  it on this host (the same function, with its settings), its DDP-overhead
-  and co-located workers being processes of that machine.
+- `profile_on`: the compute profile (`thrifty.runtime.measure.profiler`, or
+  `thrifty.runtime.measure.job_profile` for a job, its settings holding
+  ``job_args``) measured in a rank on one machine, exactly as ``thrifty
+  profile`` measures it on this host (the same function, with its settings),
+  its DDP-overhead and co-located workers being processes of that machine.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from thrifty.runtime.worlds import Launcher, RankChannel, World, serve_rank
 __all__ = ["REMOTE_PRELOAD", "wait_ready", "profile_on"]
 
 _THIS = "thrifty.runtime.measure.remote"
-REMOTE_PRELOAD = (_THIS, "thrifty.runtime.measure.profiler", "thrifty.runtime.measure.scaling_profiler")
+REMOTE_PRELOAD = (_THIS, "thrifty.runtime.measure.profiler", "thrifty.runtime.measure.scaling_profiler",
+                  "thrifty.runtime.measure.job_profile")
 
 
 def wait_ready(launcher: Launcher, machines: int, timeout_s: float) -> float:
@@ -64,5 +66,11 @@ def _profile(channel: RankChannel, settings: dict[str, Any]) -> None:
     from thrifty.runtime.measure.profiler import load_workload, profile_workload
 
     channel.progress(1)
-    profile = profile_workload(load_workload(settings["factory"]), progress=False, **settings)
+    if "job_args" in settings:  # a job: its own loop, timed as on this host
+        from thrifty.runtime.measure.job_profile import profile_job, resolve_target
+
+        target = resolve_target(settings.pop("factory"), settings.pop("job_args"))
+        profile = profile_job(target, **settings)
+    else:
+        profile = profile_workload(load_workload(settings["factory"]), progress=False, **settings)
     channel.finish(profile_document(profile))
