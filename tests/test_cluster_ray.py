@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
@@ -22,6 +23,7 @@ from thrifty.core.errors import ProblemError  # noqa: E402
 from thrifty.runtime.cluster.provider import RayProvider  # noqa: E402
 from thrifty.runtime.ddp.steps import single_process_reference  # noqa: E402
 from thrifty.runtime.training import RunConfig, train  # noqa: E402
+from thrifty.runtime.training.faults import SlowWorker  # noqa: E402
 from thrifty.runtime.training.launcher import WORKER_PRELOAD  # noqa: E402
 from thrifty.solver import solve  # noqa: E402
 
@@ -135,9 +137,13 @@ def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, demo, 
 
 def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(nodes, provider, demo, demo_plan,
                                                                              tmp_path):
+    # from the removal on, each iteration takes 20 ms longer (the world's pace is its slowest machine's), so
+    # the run's last 300 iterations cannot outrun Ray's removal of the node on a loaded host (6 s at least);
+    # a slowdown re-plan is off, as this test is about the loss alone
+    slow = SlowWorker(0, 300, 0.02)
     with WhenReaching(300, nodes.remove_spare) as remove:
-        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG,
-                       on_progress=remove)
+        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path,
+                       config=replace(CONFIG, replan_on_slowdown=False), faults=[slow], on_progress=remove)
         remove.join()
     assert result.iterations == 600 and result.within_limits, result.exceeded
     [event] = result.preemptions
