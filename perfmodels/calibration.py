@@ -340,9 +340,8 @@ class CorrectedLibrary(ModelLibrary):
         if hit is not None:
             return hit
         base = self.inner.get(model, device, instance_type)
-        f = self.calibration.compute_factors(device)
-        ddp = self.calibration.exchange_factor(instance_type) if instance_type is not None else 1.0
-        if all(v == 1.0 for v in f.values()) and ddp == 1.0:
+        f, ddp = self._factors(device, instance_type)
+        if f is None:
             out = base
         else:
             out = scaled_model(base, f["forward"], f["backward"], f["step"], ddp,
@@ -350,13 +349,19 @@ class CorrectedLibrary(ModelLibrary):
         self._corrected[key] = out
         return out
 
+    def _factors(self, device: str, instance_type: str | None) -> tuple[dict[str, float] | None, float]:
+        """The device's compute factors and the type's DDP-overhead factor;
+        None for the compute factors when nothing is corrected."""
+        f = self.calibration.compute_factors(device)
+        ddp = self.calibration.exchange_factor(instance_type) if instance_type is not None else 1.0
+        return (None if all(v == 1.0 for v in f.values()) and ddp == 1.0 else f), ddp
+
     def source_of(self, model: str, device: str, instance_type: str | None = None) -> FigureSource:
         """`inner`'s source, said to be corrected online (with it as the
         prior) when the type's device or exchange carries a correction."""
         base = self.inner.source_of(model, device, instance_type)
-        f = self.calibration.compute_factors(device)
-        ddp = self.calibration.exchange_factor(instance_type) if instance_type is not None else 1.0
-        if all(v == 1.0 for v in f.values()) and ddp == 1.0:
+        f, ddp = self._factors(device, instance_type)
+        if f is None:
             return base
         factors = ", ".join(f"{k} x{v:.3g}" for k, v in f.items())
         return base.corrected(f"{factors}; DDP overhead x{ddp:.3g}, from the run's clock marks")

@@ -60,15 +60,14 @@ class ClockMarks:
         self._forward = 0.0  # this optimizer step's forward passes
         self._ready = 0.0  # the last gradient accumulated
         self._step_started = 0.0
-        self._handles = [
-            wrapped.register_forward_pre_hook(self._before_forward),
-            wrapped.register_forward_hook(self._after_forward),
-            register_optimizer_step_pre_hook(self._before_step),
-            register_optimizer_step_post_hook(self._after_step),
-        ]
+        # the hooks live as long as the rank's process, which serves one world
+        wrapped.register_forward_pre_hook(self._before_forward)
+        wrapped.register_forward_hook(self._after_forward)
+        register_optimizer_step_pre_hook(self._before_step)
+        register_optimizer_step_post_hook(self._after_step)
         for p in model.parameters():
             if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._gradient_ready))
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
 
     # -- hooks -----------------------------------------------------------------------
     def _before_forward(self, *_: Any) -> None:
@@ -117,8 +116,3 @@ class ClockMarks:
         channel.publish(CLOCK.format(channel.rank), {
             "iteration": iteration, "at": time.time(), "count": self.count,
             "sum": dict(zip(PARTS, self.sums)), "sumsq": dict(zip(PARTS, self.squares))})
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
