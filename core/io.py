@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -21,6 +22,11 @@ __all__ = ["atomic_write_text", "atomic_write_bytes", "read_json", "read_yaml", 
            "write_json", "JsonLinesLog", "YAML_SUFFIXES", "memo_by_file"]
 
 YAML_SUFFIXES = (".yaml", ".yml")
+# the deepest nesting of YAML flow collections (``[`` and ``{``) a document may have: PyYAML's scanner
+# keeps one possible key per open flow level and rescans them at every token, so its time grows with
+# the depth times the length (seconds for a few kilobytes nested a few thousand deep), and a problem
+# file nests a few levels
+YAML_MAX_FLOW_DEPTH = 100
 
 
 def _create_temporary(folder: Path, name: str, mode: int | None) -> tuple[int, Path]:
@@ -183,13 +189,39 @@ def _unique_key_loader() -> Any:
     return UniqueKeyLoader
 
 
+def flow_depth(text: str) -> int:
+    """The deepest nesting of YAML flow collections in `text`: brackets and
+    braces outside quoted scalars and comments (a bracket inside a plain
+    scalar counts too: an estimate that errs towards deeper)."""
+    depth = deepest = 0
+    for match in _FLOW_TOKENS.finditer(text):
+        char = match.group()
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+# an opening or closing bracket, or a span to skip: a double-quoted scalar (with escapes), a single-quoted
+# one ('' is a quote inside it) or a comment (# after a blank or at a line's start)
+_FLOW_TOKENS = re.compile(r"""[\[\]{}]|"(?:[^"\\]|\\.)*"?|'(?:[^']|'')*'?|(?:(?<=\s)|^)#[^\n]*""", re.M)
+
+
 def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Load a YAML file (safe loader: plain data only, each key of a mapping once); errors name the file
-    and line."""
+    """Load a YAML file (safe loader: plain data only, each key of a mapping once, flow collections
+    nested at most `YAML_MAX_FLOW_DEPTH` deep); errors name the file and line."""
     import yaml  # only YAML files pay for the import
 
     loader = _unique_key_loader()
-    return _parse(Path(path), "YAML", lambda text: yaml.load(text, Loader=loader), yaml.YAMLError, _yaml_where)
+
+    def loads(text: str) -> Any:
+        if flow_depth(text) > YAML_MAX_FLOW_DEPTH:
+            raise RecursionError(f"flow collections nested more than {YAML_MAX_FLOW_DEPTH} deep")
+        return yaml.load(text, Loader=loader)
+
+    return _parse(Path(path), "YAML", loads, yaml.YAMLError, _yaml_where)
 
 
 def read_document(path: str | os.PathLike[str]) -> Any:

@@ -146,6 +146,7 @@ class JobSimulator:
         self._draws: dict[int, _Draws] = {}
         self._init: dict[int, np.ndarray] = {}
         self._train_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._latency_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._scale_cache: dict[tuple, np.ndarray] = {}
         self._scale_up_cache: dict[tuple, np.ndarray] = {}
         self._means: dict[int, tuple[np.ndarray, float]] = {}
@@ -204,7 +205,18 @@ class JobSimulator:
         return hit
 
     def train_latencies(self, k: int, itype: str, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """(n, S) TRAIN node latencies of stage k at g GPUs per trial, and preemption counts."""
+        """(n, S) TRAIN node latencies of stage k at g GPUs per trial, and
+        preemption counts (computed once per stage, type and GPU count: every
+        cluster size of a stage shares them; read-only)."""
+        key = (k, itype, g)
+        hit = self._latency_cache.get(key)
+        if hit is None:
+            hit = self._latency_cache[key] = self._train_latencies(k, itype, g)
+            for array in hit:
+                array.flags.writeable = False
+        return hit
+
+    def _train_latencies(self, k: int, itype: str, g: int) -> tuple[np.ndarray, np.ndarray]:
         n, iters = self.spec.get_stage(k)
         prof, cloud = self.profiles[itype], self.clouds[itype]
         mean, sd = prof.iteration(g)

@@ -85,7 +85,7 @@ import numpy as np
 from thrifty.datasets.catalog import load_catalog
 from thrifty.core.errors import ProblemError, SolverError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
-from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, slots
+from thrifty.perfmodels.jobsim import JobResult, JobSimulator, StageAllocation, p95, slots
 from thrifty.perfmodels.bundle import scaling_profile_of
 from thrifty.perfmodels.provenance import FigureSource, display_path, from_record
 from thrifty.perfmodels.scaling import SCALING_DIR, CloudProfile, ScalingProfile
@@ -109,7 +109,7 @@ class Option:
     cost_usd: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class Candidate:
     """A whole-job plan with its simulated result."""
 
@@ -181,7 +181,8 @@ class TuningSpace:
         self.profiles = profiles
         self.sim = JobSimulator(self.spec, profiles, clouds, problem.samples, problem.seed)
         self._options: dict[int, list[Option]] | None = None
-        self.simulated = 0
+        self.simulated = 0  # distinct plans simulated
+        self._simulations: dict[tuple[StageAllocation, ...], Candidate] = {}
         self._check_static_sweep()
 
     def _profile_source(self, profile: ScalingProfile, instance_type: str) -> FigureSource:
@@ -245,8 +246,16 @@ class TuningSpace:
         return min(cap, self.problem.max_instances * self.clouds[itype].gpus_per_instance)
 
     def simulate(self, plan: tuple[StageAllocation, ...]) -> Candidate:
-        self.simulated += 1
-        return Candidate(tuple(plan), self.sim.simulate(plan))
+        """The plan's simulated JCT and cost, once per distinct plan: the
+        planners share the space, and the static sweep, greedy's warm starts
+        and its neighbourhoods revisit the same plans (the simulator's common
+        random numbers make a plan's result the same every time)."""
+        plan = tuple(plan)
+        hit = self._simulations.get(plan)
+        if hit is None:
+            self.simulated += 1
+            hit = self._simulations[plan] = Candidate(plan, self.sim.simulate(plan))
+        return hit
 
     def jct(self, c: Candidate) -> float:
         return c.result.jct_s_p95 if self.problem.deadline_on == "p95" else c.result.jct_s
@@ -278,7 +287,7 @@ class TuningSpace:
                     else:
                         cost = busy * cloud.usd_per_gpu_second
                     cost = cost + pre * cloud.data_usd_per_instance
-                    out.append(Option(a, itype, float(dur.mean()), float(np.percentile(dur, 95)),
+                    out.append(Option(a, itype, float(dur.mean()), p95(dur),
                                       float(cost.mean())))
         return _pareto_per_fleet(out)
 

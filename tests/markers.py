@@ -218,10 +218,21 @@ def _code_launches(obj: Any, seen: set[int], sought: Sought) -> str | None:
     return found
 
 
-def _reads_launching(obj: Any, seen: set[int], sought: Sought) -> str | None:
+_READ: dict[int, tuple[Any, tuple[list[ast.AST], dict[str, Any]] | None]] = {}  # id(obj) -> (obj, what _read gave)
+
+
+def _read(obj: Any) -> tuple[list[ast.AST], dict[str, Any]] | None:
+    """The nodes of `obj`'s code, without annotations and decorators, and the
+    names its code runs with (None without source); read once per object
+    (both markers read the same code, and a helper is read for every test
+    that calls it). The object is kept with its entry, so its id is not reused."""
+    hit = _READ.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
     try:
         source = textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError):
+        _READ[id(obj)] = (obj, None)
         return None
     scope = dict(vars(inspect.getmodule(obj) or builtins))
     tree = ast.parse(source)
@@ -237,7 +248,17 @@ def _reads_launching(obj: Any, seen: set[int], sought: Sought) -> str | None:
             node.decorator_list = []
             if not isinstance(node, ast.ClassDef):
                 node.returns = None
-    for node in ast.walk(tree):
+    read = (list(ast.walk(tree)), scope)
+    _READ[id(obj)] = (obj, read)
+    return read
+
+
+def _reads_launching(obj: Any, seen: set[int], sought: Sought) -> str | None:
+    read = _read(obj)
+    if read is None:
+        return None
+    nodes, scope = read
+    for node in nodes:
         if isinstance(node, ast.Import):
             found = [alias.name for alias in node.names if _module_launches(alias.name, sought)]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

@@ -301,6 +301,26 @@ def test_cli_a_yaml_key_given_twice_is_refused_and_a_merge_still_overrides(tmp_p
     assert read_yaml(path)["other"] == {"x": 1, "y": 5}
 
 
+def test_yaml_nested_deeper_than_the_limit_is_refused_before_the_parser_spends_time_on_it(tmp_path, capsys):
+    """PyYAML's scanner rescans every open flow level at every token (seconds for a few thousand levels), so
+    a document deeper than `YAML_MAX_FLOW_DEPTH` is refused as nested too deeply; at the limit it is read."""
+    from thrifty.core.io import YAML_MAX_FLOW_DEPTH, flow_depth, read_yaml
+
+    depth = YAML_MAX_FLOW_DEPTH
+    path = tmp_path / "p.yaml"
+    path.write_text("x: " + "[" * depth + "]" * depth + "\n")
+    value = read_yaml(path)["x"]
+    for _ in range(depth - 1):
+        value = value[0]
+    assert value == []
+    path.write_text("x: " + "[" * (depth + 1) + "]" * (depth + 1) + "\n")
+    assert main(["solve", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "nested too deeply" in err and "Traceback" not in err, err
+    # brackets inside quoted scalars and comments do not nest
+    assert flow_depth("a: \"[[[[\"\nb: 'it''s [[[' # [[[\nc: [1, {d: [2]}]\n") == 3
+
+
 def test_cli_an_error_found_past_the_schema_names_the_file(tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({**BASE, "model": "resnet9000"}))

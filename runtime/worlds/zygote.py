@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from thrifty.runtime.worlds.errors import WorldFailed
+from thrifty.runtime.worlds.progress import wait_for_process
 
 __all__ = ["Zygote", "WorkerProcess", "zygote", "start_zygote", "die_with_parent", "BASE_PRELOAD"]
 
@@ -205,7 +206,9 @@ class WorkerProcess:
 
 
 class Zygote:
-    """The caller's handle on one zygote process."""
+    """The caller's handle on one zygote process. `start_timeout_s` is in
+    the zygote's own CPU seconds (`thrifty.runtime.worlds.progress`): its
+    imports take the same CPU time on a loaded host, many times the wall time."""
 
     def __init__(self, start_timeout_s: float = 120.0, preload: Sequence[str] = ()):
         self.preloaded = set(BASE_PRELOAD) | set(preload)
@@ -221,19 +224,32 @@ class Zygote:
         self.alive = True
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        ready = self._readline(start_timeout_s)
-        if ready is None or "ready" not in ready:
+        answer: list[dict[str, Any] | None] = []
+        waited = wait_for_process(self.proc.pid, lambda seconds: self._answered(seconds, answer),
+                                  cpu_limit_s=start_timeout_s)
+        if not waited or not answer or answer[0] is None or "ready" not in answer[0]:
             self.close()
-            raise WorldFailed(f"the worker fork server did not start within {start_timeout_s:g} s")
+            why = waited.reason if not waited else f"it exited (code {self.proc.poll()})"
+            raise WorldFailed(f"the worker fork server did not start: {why}")
         self._reader = threading.Thread(target=self._read, name="thrifty-zygote-reader", daemon=True)
         self._reader.start()
 
-    def _readline(self, timeout_s: float) -> dict[str, Any] | None:
+    def _answered(self, timeout_s: float, answer: list[dict[str, Any] | None]) -> bool:
+        """Wait up to `timeout_s` for the zygote's first message; when one came
+        (or its output ended: None), append it to `answer` and say True. A
+        line that is not JSON (a library printing while imported) is skipped."""
         readable, _, _ = select.select([self._stdout], [], [], timeout_s)
         if not readable:
-            return None
+            return False
         line = self._stdout.readline()
-        return json.loads(line) if line else None
+        if not line:
+            answer.append(None)
+            return True
+        try:
+            answer.append(json.loads(line))
+        except ValueError:
+            return False
+        return True
 
     def _read(self) -> None:
         try:
@@ -281,14 +297,18 @@ class Zygote:
         path = [p for p in sys_path if p not in sys.path] + sys.path
         self._write({"launch": request_id, "entry": entry, "argv": argv, "env": {**os.environ, **env},
                      "log": os.path.abspath(log_path), "sys_path": path, "cwd": os.getcwd()})
-        deadline = time.monotonic() + timeout_s
+        def answered(seconds: float) -> bool:
+            with self.changed:
+                if request_id not in self.launched and self.alive:
+                    self.changed.wait(seconds)
+                return request_id in self.launched or not self.alive
+
+        # the zygote may first import what was preloaded before this request: its own CPU time is the clock
+        waited = wait_for_process(self.proc.pid, answered, cpu_limit_s=timeout_s, stall_s=timeout_s)
         with self.changed:
-            while request_id not in self.launched:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.alive:
-                    raise WorldFailed("the worker fork server did not start a worker "
-                                      f"({'it exited' if not self.alive else f'no answer in {timeout_s:g} s'})")
-                self.changed.wait(left)
+            if request_id not in self.launched:
+                why = "it exited" if not self.alive else waited.reason
+                raise WorldFailed(f"the worker fork server did not start a worker ({why})")
             return WorkerProcess(self, self.launched.pop(request_id))
 
     def close(self) -> None:
