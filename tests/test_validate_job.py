@@ -120,12 +120,11 @@ def test_a_loop_that_fails_is_one_line_naming_the_rank_and_its_log(cache, capsys
      "is a Workload factory, which the worker processes call without arguments"),
     (["profile-scaling", "thrifty.runtime.training.examples:nope", "--world-sizes", "1,2", "--batch", "4",
       "--out", "x.json"], "has no attribute 'nope'"),
-    (["profile-scaling", LOOP, "--world-sizes", "1,2", "--batch", "4", "--out", "x.json", "--cluster", "c.yaml",
-      "--instance-types", "local"], "is a job, whose scaling profile is measured on this host"),
+    (["profile-scaling", LOOP, "--job-args", '{"nope": 1}', "--world-sizes", "1,2", "--batch", "4", "--out",
+      "x.json"], "cannot take the arguments"),
 ])
 def test_bad_jobs_are_one_line_errors_before_any_process_starts(argv, says, cache, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "c.yaml").write_text("{}")
     code, _out, err = cli(argv, capsys)
     assert code == 2, err
     assert says in err and len(err.strip().splitlines()) == 1, err

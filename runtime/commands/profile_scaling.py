@@ -117,11 +117,9 @@ def run(args: argparse.Namespace) -> int:
     if args.job_args is not None and not target.is_job:
         raise ProblemError(f"--job-args: '{args.factory}' is a Workload factory, which the worker processes call "
                            "without arguments")
+    job_args = target.args if target.is_job else None
     if args.cluster is not None:
-        if target.is_job:
-            raise ProblemError(f"--cluster: '{args.factory}' is a job, whose scaling profile is measured on this "
-                               "host (run this command on a machine of the type); --cluster takes a Workload factory")
-        return _run_on_cluster(args, sizes, name)
+        return _run_on_cluster(args, sizes, name, job_args)
 
     def measure(on_progress: Any) -> dict[str, Any]:
         return profile_scaling(
@@ -137,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             instance_type=args.instance_type,
             command=command_line(args, sizes, name),
             on_progress=on_progress,
-            job_args=target.args if target.is_job else None,
+            job_args=job_args,
         )
 
     document = measure(None) if args.no_progress else _with_bar(measure)
@@ -148,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str) -> int:
+def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str, job_args: Any) -> int:
     """Each type on its own machines: its worlds, the machines given back; one bundle, latencies and cost."""
     from thrifty.datasets.catalog import load_catalog
     from thrifty.runtime.commands._on_cluster import (measure_types, parse_instance_types, placement_on,
@@ -170,7 +168,7 @@ def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str) -> in
             args.factory, sizes, args.batch, iterations=args.iterations, warmup=args.warmup,
             device="cpu" if itype.device == "cpu" else "cuda", threads=args.threads, timeout_s=args.timeout,
             model_name=name, instance_type=itype.name, command=command,
-            placement=placement_on(provider, machines, itype.gpus, REMOTE_PRELOAD))
+            placement=placement_on(provider, machines, itype.gpus, REMOTE_PRELOAD), job_args=job_args)
 
     say = (lambda _line: None) if args.no_progress else say_on_stderr
     profiles, costs = measure_types(args.cluster, catalog, types, market, machines_of, measure, args.timeout, say)

@@ -16,7 +16,9 @@ wrapper keeps each rank's marks in the rank instead of sending them, with the
 time of each report. After the job's last iteration each rank posts them as
 its result. Nothing else differs from a run: no metrics are recorded
 (``metrics_every_s`` None) and the only checkpoint is the one a job writes at
-its end, to a folder of its own, after the timed iterations.
+its end, after the timed iterations, into a temporary folder of rank 0's
+machine, which the rank removes (so a world on a cluster's machines, with a
+`placement`, needs no storage they share).
 
 Per rank and timed iteration, from the clock marks:
 
@@ -104,9 +106,9 @@ class _TimingChannel(RankChannel):
     report in the rank (module docstring); its result, posted after the
     job's last iteration, is the marks of the timed iterations."""
 
-    def __init__(self, channel: RankChannel, timed: tuple[int, int], last: int):
+    def __init__(self, channel: RankChannel, timed: tuple[int, int], last: int, folder: str):
         super().__init__(channel.store, channel.rank, channel.world_size, channel.timeout_s)
-        self.timed, self.last = timed, last
+        self.timed, self.last, self.folder = timed, last, folder
         self.marks: dict[int, tuple[float, dict[str, float]]] = {}
         self.posted = False
 
@@ -116,8 +118,9 @@ class _TimingChannel(RankChannel):
             return
         iteration = int(value["iteration"])
         self.marks[iteration] = (time.perf_counter(), dict(value["sum"]))
-        if iteration >= self.last and not self.posted:
+        if iteration >= self.last and not self.posted:  # the last report: its checkpoint is written
             self.posted = True
+            shutil.rmtree(self.folder, ignore_errors=True)
             self.finish(self._timed_parts())
 
     def _timed_parts(self) -> dict[str, list[float]]:
@@ -146,9 +149,13 @@ def _rank(argv: list[str]) -> None:
         from thrifty.runtime.ddp.job import JobSpec
         from thrifty.runtime.ddp.loop import run_rank
 
-        job = JobSpec.from_json(settings["job"])
-        assert job.iterations is not None
-        run_rank(job, _TimingChannel(channel, tuple(settings["timed"]), job.iterations))
+        folder = tempfile.mkdtemp(prefix="thrifty-job-timing-")
+        try:
+            job = JobSpec.from_json(settings["job"]).with_changes(checkpoint_path=f"{folder}/checkpoint.pt")
+            assert job.iterations is not None
+            run_rank(job, _TimingChannel(channel, tuple(settings["timed"]), job.iterations, folder))
+        finally:  # a rank that failed (one that finished leaves the process in run_rank)
+            shutil.rmtree(folder, ignore_errors=True)
 
     serve_rank(body)
 
@@ -168,26 +175,23 @@ def measure_job(spec: str, args: Mapping[str, Any], batches: Sequence[int], warm
     from thrifty.runtime.ddp.job import JobSpec
 
     lead = first_timed(warmup)
-    folder = tempfile.mkdtemp(prefix="thrifty-job-timing-")
-    try:
-        job = JobSpec(trainer=spec, trainer_args=dict(args), checkpoint_path=f"{folder}/checkpoint.pt",
-                      global_batch=sum(batches), batches=tuple(batches), iterations=lead + iterations + 1,
-                      checkpoint_every=None, restore="never", threads=threads,
-                      backend="nccl" if device == "cuda" else "gloo", timeout_s=float(timeout_s),
-                      metrics_every_s=None, clock_every_s=_EVERY_S)
-        settings = {"job": job.to_json(), "timed": [lead, lead + iterations]}
-        world = World(len(batches), _ENTRY, [json.dumps(settings)], where=f"job '{spec}' on batches {list(batches)}",
-                      backend=job.backend, threads=threads, timeout_s=timeout_s,
-                      preload=(*_PRELOAD, spec.split(":")[0]), launcher=launcher, rank_env=rank_env)
-        launched = time.time()
-        results, started = _follow(world, spec, timeout_s, on_progress)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    # the checkpoint's place is each rank's own (`_rank`): this one only passes the job's checks
+    job = JobSpec(trainer=spec, trainer_args=dict(args), checkpoint_path="rank-temporary-folder/checkpoint.pt",
+                  global_batch=sum(batches), batches=tuple(batches), iterations=lead + iterations + 1,
+                  checkpoint_every=None, restore="never", threads=threads,
+                  backend="nccl" if device == "cuda" else "gloo", timeout_s=float(timeout_s),
+                  metrics_every_s=None, clock_every_s=_EVERY_S)
+    settings = {"job": job.to_json(), "timed": [lead, lead + iterations]}
+    world = World(len(batches), _ENTRY, [json.dumps(settings)], where=f"job '{spec}' on batches {list(batches)}",
+                  backend=job.backend, threads=threads, timeout_s=timeout_s,
+                  preload=(*_PRELOAD, spec.split(":")[0]), launcher=launcher, rank_env=rank_env)
+    launched = time.time()
+    results, started = _follow(world, timeout_s, on_progress)
     parts = {part: np.array([r[part] for r in results]) for part in JOB_PARTS}
     return JobRun(tuple(batches), parts, started if started is not None else launched, launched)
 
 
-def _follow(world: World, spec: str, timeout_s: float,
+def _follow(world: World, timeout_s: float,
             on_progress: Callable[[int], None] | None) -> tuple[list[Any], float | None]:
     """Watch `world` to its end: every rank's result and when rank 0 began."""
     started: list[float] = []
@@ -263,12 +267,14 @@ def measure_job_rounds(spec: str, args: Mapping[str, Any], configs: Sequence[Seq
 
 def job_scaling(spec: str, args: Mapping[str, Any], sizes: Sequence[int], batch: int, *, iterations: int,
                 warmup: int, device: str, threads: int, timeout_s: float,
-                on_progress: Callable[[int, int, str], None] | None = None) -> tuple[list[list[float]], float]:
+                on_progress: Callable[[int, int, str], None] | None = None,
+                placement: Any = None) -> tuple[list[list[float]], float]:
     """``thrifty profile-scaling JOB``: the job at each world size in
     `sizes`, the global `batch` split evenly; per size its iteration times
     (per iteration the slowest rank's whole iteration), and the start-up of
     the smallest world (from its start to rank 0 beginning its first
-    iteration)."""
+    iteration). `placement` (`thrifty.runtime.measure.Placement`) puts each
+    world on a cluster's machines; default: processes of this host."""
     lead = first_timed(warmup)
     per_world = lead + iterations + 1
     total = per_world * len(sizes)
@@ -278,8 +284,9 @@ def job_scaling(spec: str, args: Mapping[str, Any], sizes: Sequence[int], batch:
             if on_progress is not None:
                 on_progress(offset + done, total, f"{size} worker{'s' if size > 1 else ''}")
 
+        launcher, rank_env = placement(size) if placement is not None else (None, None)
         run = measure_job(spec, args, [batch // size] * size, warmup, iterations, device=device, threads=threads,
-                          timeout_s=timeout_s, on_progress=progress)
+                          timeout_s=timeout_s, on_progress=progress, launcher=launcher, rank_env=rank_env)
         if index == 0:
             startup_s = max(0.0, run.started_at - run.launched_at)
         times.append([float(t) for t in run.slowest()])

@@ -195,7 +195,7 @@ def profile_scaling(
     must include 1), with the trial batch `batch`; or, with `job_args`, of
     the job `spec` (a loop function or a `Trainer` factory, with those
     arguments): its own loop through the rank loop of ``thrifty run``
-    (`thrifty.runtime.measure.job_truth.job_scaling`; on this host only).
+    (`thrifty.runtime.measure.job_truth.job_scaling`).
     Return the
     ``thrifty.scaling_profile/1`` document (schema
     `thrifty.perfmodels.scaling.ScalingProfileFile`).
@@ -221,14 +221,11 @@ def profile_scaling(
     if resolved == "cuda" and placement is None:
         _check_gpus(sizes)
     if job_args is not None:
-        if placement is not None:
-            raise ProblemError("a job's scaling profile is measured on this host; a cluster's machines take a "
-                               "Workload factory")
         from thrifty.runtime.measure.job_truth import job_scaling
 
         times, startup_s = job_scaling(spec, job_args, sizes, batch, iterations=iterations, warmup=warmup,
                                        device=resolved, threads=threads, timeout_s=timeout_s,
-                                       on_progress=on_progress)
+                                       on_progress=on_progress, placement=placement)
         points = [scaling_point(size, t, iterations) for size, t in zip(sizes, times)]
         iteration = f"one iteration of the job's own loop, batch {batch} split over the workers"
     else:
