@@ -41,6 +41,12 @@ Per rank and timed iteration, from the clock marks:
   report). This is how `thrifty.runtime.measure.job_profile` splits a
   job's iteration, so the prediction's step compares with it.
 
+On CUDA the marks are the host's clock, read without synchronizing the GPU
+(as a run's clock marks are): a part ends when the host got past it, so the
+parts follow the GPU's work only where the loop waits for it; the whole
+iteration, report to report, is the GPU's when the loop reads a result once
+an iteration (``loss.item()``).
+
 The clock marks count from the world's `TIMING_WARMUP`-th iteration, so at
 least ``TIMING_WARMUP + 1`` iterations are untimed whatever the warm-up
 asked; one more iteration than timed runs at the end, holding the job's
