@@ -305,6 +305,27 @@ def test_profile_scaling_on_the_cluster_spans_machines_and_measures_their_launch
     assert (said.init_latency.kind, said.compute.kind) == ("stated", "measured")
 
 
+def test_profile_scaling_of_a_job_on_the_cluster_runs_its_own_loop_there(nodes, providers, tmp_path):
+    """A loop function's scaling profile, measured on the cluster's machines (issue 35)."""
+    from thrifty.perfmodels.bundle import load_bundle
+    from thrifty.perfmodels.scaling import ScalingProfileFile
+    from thrifty.runtime.cli import main
+
+    nodes.refill()
+    out = tmp_path / "loop-scaling.json"
+    argv = ["profile-scaling", "thrifty.runtime.training.examples:mlp_loop", "--job-args", '{"hidden": 12}',
+            "--cluster", nodes.cluster.address, "--instance-types", "local-a", "--market", "spot", "--catalog",
+            str(CATALOG), "--world-sizes", "1,2", "--batch", "4", "--iterations", "2", "--warmup", "1", "--out",
+            str(out), "--no-progress"]
+    assert main(argv) == 0
+    document = ScalingProfileFile.model_validate(load_bundle(out).profiles["local-a"])
+    assert [p.gpus for p in document.points] == [1, 2] and all(p.iteration_s > 0 for p in document.points)
+    assert document.iteration.startswith("one iteration of the job's own loop")
+    assert '{"hidden": 12}' in str(document.provenance.notes)
+    [provider] = providers
+    assert_gave_everything_back(provider, {"local-a": 2})
+
+
 def test_profiling_a_type_the_cluster_lacks_is_a_one_line_error_before_any_machine_is_taken(nodes, providers,
                                                                                             tmp_path, capsys):
     from thrifty.runtime.cli import main

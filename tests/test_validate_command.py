@@ -56,8 +56,13 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _validate(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    return cli(["validate", *argv], capsys)
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """thrifty's exit code on `argv`, and what it wrote (stdout, stderr)."""
     try:
-        code = main(["validate", *argv])
+        code = main(argv)
     except SystemExit as e:  # argparse's usage errors
         code = int(e.code or 0)
     out, err = capsys.readouterr()

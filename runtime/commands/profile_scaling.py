@@ -1,7 +1,18 @@
-"""``thrifty profile-scaling MODULE:FACTORY --world-sizes 1,2,4 --batch 64
---out PROFILE.json``: measure a RubberBand scaling profile (4.1) of a
-workload on this host, one real ``torch.distributed`` world per world size,
-and write it atomically as ``thrifty.scaling_profile/1``.
+"""``thrifty profile-scaling JOB --world-sizes 1,2,4 --batch 64
+--out PROFILE.json``: measure a RubberBand scaling profile (4.1) on this
+host, one real ``torch.distributed`` world per world size, and write it
+atomically as ``thrifty.scaling_profile/1``.
+
+JOB (``package.module:function``) is resolved once
+(`thrifty.runtime.measure.resolve_target`): a job (a loop function
+``train(ctx, **args)``, or a factory of the four-factory `Trainer`;
+``--job-args JSON`` its keyword arguments) is timed running its own loop in
+the rank loop of ``thrifty run`` at each world size, the batch split evenly
+(`thrifty.runtime.measure.job_truth`: per iteration the slowest rank's whole
+iteration, from report to report, data and all); a `Workload` factory
+(``(model, make_batch, loss_fn)``) as one DDP training step of its model,
+the ranks meeting at a barrier before each
+(`thrifty.runtime.measure.scaling_profiler`).
 
 The provenance of the written file records this command with every setting
 spelled out, so re-running that line reproduces the measurement.
@@ -43,8 +54,10 @@ def parse_world_sizes(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "the profile was written",
                              1: "a worker or measurement failed, or the cluster gave no machine"})
-    parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
+    parser.add_argument("factory", metavar="JOB",
+                        help="a job (a loop function train(ctx, ...), or a Trainer factory) or a Workload factory, "
+                             "as package.module:function, e.g. thrifty.runtime.training.examples:mlp_loop")
+    parser.add_argument("--job-args", metavar="JSON", help="the job's keyword arguments, a JSON object")
     parser.add_argument("--world-sizes", required=True, metavar="1,2,4", help="worker counts to time (must include 1)")
     parser.add_argument("--batch", required=True, type=int, metavar="N",
                         help="the trial's batch, split evenly over the workers")
@@ -68,7 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command_line(args: argparse.Namespace, sizes: list[int], name: str) -> str:
     """The command that reproduces this measurement, every data setting spelled out."""
-    words = ["thrifty", "profile-scaling", args.factory, "--world-sizes", ",".join(map(str, sizes))]
+    words = ["thrifty", "profile-scaling", args.factory]
+    if args.job_args is not None:
+        words += ["--job-args", args.job_args]
+    words += ["--world-sizes", ",".join(map(str, sizes))]
     words += ["--batch", str(args.batch), "--out", args.out, "--name", name]
     if args.cluster is None:
         words += ["--instance-type", args.instance_type]
@@ -88,15 +104,22 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.core.io import write_json
     from thrifty.core.validation import validate_model
     from thrifty.perfmodels.scaling import ScalingProfileFile
-    from thrifty.runtime.measure import check_world_sizes, default_model_name, profile_scaling
+    from thrifty.runtime.commands.profile import parse_job_args
+    from thrifty.runtime.measure import check_world_sizes, default_model_name, profile_scaling, resolve_target
 
     check_cluster_arguments(args)
     sizes = check_world_sizes(
         parse_world_sizes(args.world_sizes), args.batch, sizes_name="--world-sizes", batch_name="--batch"
     )
     name = args.name or default_model_name(args.factory)
+    # a bad job or factory is a clear error here, before any process or machine is started
+    target = resolve_target(args.factory, parse_job_args(args.job_args))
+    if args.job_args is not None and not target.is_job:
+        raise ProblemError(f"--job-args: '{args.factory}' is a Workload factory, which the worker processes call "
+                           "without arguments")
+    job_args = target.args if target.is_job else None
     if args.cluster is not None:
-        return _run_on_cluster(args, sizes, name)
+        return _run_on_cluster(args, sizes, name, job_args)
 
     def measure(on_progress: Any) -> dict[str, Any]:
         return profile_scaling(
@@ -112,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             instance_type=args.instance_type,
             command=command_line(args, sizes, name),
             on_progress=on_progress,
+            job_args=job_args,
         )
 
     document = measure(None) if args.no_progress else _with_bar(measure)
@@ -122,19 +146,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str) -> int:
+def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str, job_args: Any) -> int:
     """Each type on its own machines: its worlds, the machines given back; one bundle, latencies and cost."""
     from thrifty.datasets.catalog import load_catalog
     from thrifty.runtime.commands._on_cluster import (measure_types, parse_instance_types, placement_on,
                                                       print_costs, say_on_stderr, write_bundle)
-    from thrifty.runtime.measure import REMOTE_PRELOAD, load_workload, profile_scaling
+    from thrifty.runtime.measure import REMOTE_PRELOAD, profile_scaling
 
     if args.device != "auto" or args.instance_type != "local":
         raise ProblemError("--device and --instance-type come from --instance-types with --cluster; leave them out")
     catalog = load_catalog(args.catalog)
     types = parse_instance_types(args.instance_types, catalog)
     market = args.market or "on_demand"
-    load_workload(args.factory)  # a bad factory is a clear error here, before any machine is taken
     command = command_line(args, sizes, name)
 
     def machines_of(itype: Any) -> int:
@@ -145,7 +168,7 @@ def _run_on_cluster(args: argparse.Namespace, sizes: list[int], name: str) -> in
             args.factory, sizes, args.batch, iterations=args.iterations, warmup=args.warmup,
             device="cpu" if itype.device == "cpu" else "cuda", threads=args.threads, timeout_s=args.timeout,
             model_name=name, instance_type=itype.name, command=command,
-            placement=placement_on(provider, machines, itype.gpus, REMOTE_PRELOAD))
+            placement=placement_on(provider, machines, itype.gpus, REMOTE_PRELOAD), job_args=job_args)
 
     say = (lambda _line: None) if args.no_progress else say_on_stderr
     profiles, costs = measure_types(args.cluster, catalog, types, market, machines_of, measure, args.timeout, say)

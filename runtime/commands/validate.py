@@ -1,32 +1,63 @@
-"""``thrifty validate MODULE:FACTORY --config 'local@16+local@48'``: check
-thrifty's iteration prediction for a model on this host before renting
-anything (issue 18).
+"""``thrifty validate JOB --config 'local@16+local@48'``: check thrifty's
+iteration prediction for a job or a model on this host before renting
+anything (issue 18; jobs: issue 35).
+
+JOB (``package.module:function``) is resolved once
+(`thrifty.runtime.measure.resolve_target`), as ``thrifty profile`` resolves
+it: a job, that is a loop function ``train(ctx, **args)`` or a factory of the
+four-factory `Trainer` (``--job-args JSON``: its keyword arguments), or a
+`Workload` factory ``(model, make_batch, loss_fn)``.
 
 For each configuration (``--config``, repeatable) it runs real DDP training
 here, one worker process per ``local`` rank with that rank's batch (gloo on
-CPU; NCCL with one GPU per rank on CUDA), in the truth loop of
-`thrifty.runtime.measure.truth` (the loop of
-``benchmarks/perfmodel_accuracy.py``: an ordinary user loop, no barrier
-between iterations, ``--rounds`` interleaved rounds of ``--warmup`` plus
-``--iterations`` iterations, the median of the round means), and predicts the
-same configuration with thrifty's iteration simulator (`thrifty simulate`),
-then prints both side by side with the breakdown.
+CPU; NCCL with one GPU per rank on CUDA), ``--rounds`` interleaved rounds
+of ``--warmup`` plus ``--iterations`` iterations, the median of the round
+means reported with the p95 of all rounds' iterations (per iteration, the
+slowest rank's), and predicts the same configuration with thrifty's
+iteration simulator (`thrifty simulate`), then prints both side by side with
+the breakdown. What runs:
 
-The prediction needs the model's compute profile on this device: a shipped
+- a job: the user's own loop, through the rank machinery ``thrifty run``
+  uses (`thrifty.runtime.ddp.loop.run_rank`, a `JobContext` with the
+  configuration's batches, DDP with the batch-share reweighting), timed from
+  the clock marks of online calibration
+  (`thrifty.runtime.measure.job_truth`; the untimed iterations are at least
+  one more than the clock marks' own warm-up, `first_timed`);
+- a Workload: the truth loop of `thrifty.runtime.measure.truth` (the loop
+  of ``benchmarks/perfmodel_accuracy.py``: an ordinary user loop, no barrier
+  between iterations).
+
+The prediction needs the compute profile on this device: ``--profile FILE``
+when given; for a job, its profile in the job profile cache
+(`thrifty.perfmodels.job_profiles`, keyed by the job's source and
+arguments) measured on this device with the same threads up to the
+configurations' largest batch, else the job is profiled here first with
+``thrifty profile``'s job profiler (its own loop, in this process) at the
+configurations' batches, and the profile cached; for a Workload, a shipped
 one when it was measured from this very factory with the same threads (the
-zoo's, ``thrifty.runtime.measure.zoo:mlp``...), else ``--profile FILE``,
-else this command profiles the factory first with `thrifty profile`'s
-profiler, at the configurations' batches (with co-located workers on CPU, as
-the simulator prices workers that share this host's cores).
+zoo's, ``thrifty.runtime.measure.zoo:mlp``...), else this command profiles
+the factory first with `thrifty profile`'s profiler, at the configurations'
+batches (with co-located workers on CPU, as the simulator prices workers
+that share this host's cores).
 
 What is compared: the mean iteration (per iteration, the slowest rank's), its
-p95, and per part the slowest rank's forward pass (with the loss and DDP's
-buffer broadcast), its backward pass, and the optimizer step with
-``zero_grad()``. The predicted backward pass and exposed communication are not
-measured apart: DDP's ``backward()`` returns when its allreduces are done, so
-the measured backward is compared with their sum. Timing the allreduces on
-their own would take hooks or a barrier inside the loop, and change what it
-costs.
+p95, and per part the slowest rank's part:
+
+- a Workload: the forward pass (with the loss and DDP's buffer broadcast),
+  the backward pass, and the optimizer step with ``zero_grad()``. The
+  predicted backward pass and exposed communication are not measured apart:
+  DDP's ``backward()`` returns when its allreduces are done, so the measured
+  backward is compared with their sum. Timing the allreduces on their own
+  would take hooks or a barrier inside the loop, and change what it costs.
+- a job: its clock marks' parts, split as the job profiler splits an
+  iteration: the prepared model's forward passes (the loss is not in them),
+  the backward pass with the loss (to the last gradient ready), the exchange
+  after it (DDP's allreduce not yet done, with any wait for a slower rank, and
+  what the loop does before the step, such as clipping), measured apart and
+  compared with the exposed communication, and the rest of the iteration
+  (the optimizer step, data loading, ``zero_grad()``, the report), compared
+  with the predicted step. The iteration itself is timed from report to
+  report: everything the loop does.
 
 On CUDA the compute profile is the GPU's (device key as `thrifty profile`
 names it), and NCCL is priced, unless ``--allreduce`` gives a model fitted on
@@ -53,7 +84,8 @@ from thrifty.core.errors import ProblemError
 
 from thrifty.runtime.commands._args import int_at_least, output_file, with_exit_codes
 
-HELP = "check thrifty's iteration prediction for a model here: real DDP iterations against the prediction"
+HELP = ("check thrifty's iteration prediction for a job or a model here: real DDP iterations (a job's own loop) "
+        "against the prediction")
 
 __all__ = ["HELP", "add_arguments", "run", "FORMAT", "host_instance_type"]
 
@@ -63,8 +95,10 @@ SPREAD_WARNING = 0.2  # round means further apart than this: the host's speed mo
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     with_exit_codes(parser, {0: "", 1: "a worker or measurement failed"})
-    parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a function returning the workload, e.g. thrifty.runtime.measure.zoo:mlp")
+    parser.add_argument("factory", metavar="JOB",
+                        help="a job (a loop function train(ctx, ...), or a Trainer factory) or a Workload factory, "
+                             "as package.module:function, e.g. thrifty.runtime.training.examples:mlp_loop")
+    parser.add_argument("--job-args", metavar="JSON", help="the job's keyword arguments, a JSON object")
     parser.add_argument("--config", required=True, action="append", metavar="CONFIG",
                         help="local ranks and their batches, e.g. 'local@16+local@48' or '2xlocal@32'; "
                              "repeat for several configurations")
@@ -75,8 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int_at_least(1), default=3,
                         help="interleaved runs of every configuration; the median is reported (default 3)")
     parser.add_argument("--profile", metavar="PROFILE.json",
-                        help="the model's compute profile (thrifty profile); default: the shipped one of this "
-                             "factory, else the factory is profiled here first")
+                        help="the model's compute profile (thrifty profile); default: a job's in the job profile "
+                             "cache, a factory's shipped one, else the job or factory is profiled here first")
     parser.add_argument("--save-profile", type=output_file, metavar="PROFILE.json",
                         help="where to keep the profile measured here (for --profile next time)")
     parser.add_argument("--allreduce", metavar="MODEL.json",
@@ -104,19 +138,24 @@ class _Config:
 
 def run(args: argparse.Namespace) -> int:
     from thrifty.core.io import write_json
-    from thrifty.runtime.measure import check_ranks, device_label, load_workload, resolve_device
+    from thrifty.runtime.commands.profile import parse_job_args
+    from thrifty.runtime.measure import check_ranks, device_label, resolve_device, resolve_target
 
     configs = [_parse_config(text) for text in args.config]
     device = resolve_device(args.device)
     for config in configs:
         check_ranks(config.batches, device, what=f"config '{config.text}'")
-    load_workload(args.factory)  # a bad factory is a clear error here, not a traceback from every rank
+    # a bad job or factory is a clear error here, not a traceback from every rank
+    target = resolve_target(args.factory, parse_job_args(args.job_args))
+    if args.job_args is not None and not target.is_job:
+        raise ProblemError(f"--job-args: '{args.factory}' is a Workload factory, which the worker processes call "
+                           "without arguments")
     device_key = device_label(device)
-    model, profile_info = _compute_model(args, device, device_key, configs)
+    model, profile_info = _compute_model(args, device, device_key, configs, target)
     gpus = _cuda_gpus() if device == "cuda" else 0
     predictions, sources, provenance = _predict(model, configs, device_key, args.allreduce, gpus)
-    truths = _measure(args, device, configs)
-    document = _document(args, device, model, profile_info, sources, configs, predictions, truths)
+    truths = _measure(args, device, configs, target)
+    document = _document(args, device, model, profile_info, sources, configs, predictions, truths, target)
     document["allreduce_provenance"] = provenance
     if args.out:
         write_json(args.out, document)
@@ -155,7 +194,7 @@ def _parse_config(text: str) -> _Config:
 
 
 def _compute_model(args: argparse.Namespace, device: str, device_key: str,
-                   configs: list[_Config]) -> tuple[Any, dict[str, Any]]:
+                   configs: list[_Config], target: Any) -> tuple[Any, dict[str, Any]]:
     """The compute model to predict with, and where it came from."""
     from thrifty.perfmodels.compute import load_compute_model
 
@@ -165,6 +204,8 @@ def _compute_model(args: argparse.Namespace, device: str, device_key: str,
             raise ProblemError(f"profile '{args.profile}' is of device '{model.device}', but this run is on "
                                f"'{device_key}'")
         return model, {"source": "file", "path": args.profile}
+    if target.is_job:
+        return _job_model(args, device, device_key, configs, target)
     shipped = _shipped_model(args.factory, device_key, args.threads)
     if shipped is not None:
         return shipped, {"source": "shipped", "command": shipped.provenance.get("command")}
@@ -187,6 +228,58 @@ def _shipped_model(factory: str, device_key: str, threads: int) -> Any | None:
     return model if words[:3] == ["thrifty", "profile", factory] and measured_threads == str(threads) else None
 
 
+def _job_model(args: argparse.Namespace, device: str, device_key: str, configs: list[_Config],
+               target: Any) -> tuple[Any, dict[str, Any]]:
+    """A job's compute model: its profile in the job profile cache
+    (`thrifty.perfmodels.job_profiles`) measured on this device with the same
+    threads up to the configurations' largest batch, else its loop profiled
+    here first with `thrifty profile`'s job profiler at the configurations'
+    batches, the profile then cached (and kept at --save-profile)."""
+    import json
+
+    from thrifty.perfmodels.compute import ComputeModel
+    from thrifty.perfmodels.job_profiles import job_key, profile_path, store_profile
+    from thrifty.perfmodels.profile import load_profile, profile_document, save_profile
+    from thrifty.runtime.measure import default_model_name, profile_job
+
+    batches = _profile_batches(configs)
+    cached = profile_path(job_key(target.spec, target.args), device=device_key)
+    if cached.is_file():
+        profile = load_profile(cached)
+        largest = max(b for config in configs for b in config.batches)
+        if profile.extra.get("threads") == args.threads and profile.max_batch >= largest:
+            if args.save_profile:
+                save_profile(profile, args.save_profile)
+            return ComputeModel.from_profile(profile), {"source": "job profile cache", "path": str(cached),
+                                                        "command": profile.provenance.command}
+    name = default_model_name(args.factory)
+    words = ["thrifty", "profile", args.factory]
+    if target.args:
+        words += ["--job-args", json.dumps(dict(target.args), sort_keys=True)]
+    words += ["--name", name, "--batches", ",".join(map(str, batches)), "--threads", str(args.threads),
+              "--device", device]
+    _say(args, f"no profile of the job '{args.factory}' on {device_key} with {args.threads} thread"
+               f"{'s' if args.threads > 1 else ''} up to its batches in the job profile cache: profiling its "
+               f"loop here first (batches {', '.join(map(str, batches))}; give --profile PROFILE.json to skip this)")
+    profile = profile_job(target, model_name=name, batches=batches, threads=args.threads, device=device,
+                          command=shlex.join(words))
+    stored = store_profile(profile_document(profile), profile.extra["job"]["key"], device=profile.device)
+    _say(args, f"cached the profile at {stored}")
+    if args.save_profile:
+        save_profile(profile, args.save_profile)
+        _say(args, f"wrote the profile to {args.save_profile}")
+    return ComputeModel.from_profile(profile), {"source": "measured here", "command": shlex.join(words),
+                                                "path": args.save_profile or str(stored)}
+
+
+def _profile_batches(configs: list[_Config]) -> list[int]:
+    """The configurations' batches, sorted, at least two (a profile needs two batch sizes)."""
+    batches = sorted({b for config in configs for b in config.batches})
+    if len(batches) == 1:
+        batches.append(2 * batches[0])
+    return batches
+
+
 def _profile_here(args: argparse.Namespace, device: str, device_key: str,
                   configs: list[_Config]) -> tuple[Any, dict[str, Any]]:
     """Profile the factory here at the configurations' batches (and, on CPU,
@@ -197,9 +290,7 @@ def _profile_here(args: argparse.Namespace, device: str, device_key: str,
     from thrifty.perfmodels.profile import save_profile
 
     name = default_model_name(args.factory)
-    batches = sorted({b for config in configs for b in config.batches})
-    if len(batches) == 1:
-        batches.append(2 * batches[0])  # a profile needs two batch sizes
+    batches = _profile_batches(configs)
     worlds = [len(config.batches) for config in configs if len(config.batches) > 1]
     colocated = min([*worlds, os.cpu_count() or 1]) if device == "cpu" and worlds else 1
     words = ["thrifty", "profile", args.factory, "--out", args.save_profile or "PROFILE.json", "--name", name,
@@ -301,19 +392,25 @@ def _predict(model: Any, configs: list[_Config], device_key: str, allreduce: str
 # --- the measurement ----------------------------------------------------------------------
 
 
-def _measure(args: argparse.Namespace, device: str, configs: list[_Config]) -> list[Any]:
-    from thrifty.runtime.measure import measure_rounds, summarize
+def _measure(args: argparse.Namespace, device: str, configs: list[_Config], target: Any) -> list[Any]:
+    from thrifty.runtime.measure import first_timed, measure_job_rounds, measure_rounds, summarize
 
     backend = "NCCL" if device == "cuda" else "gloo"
+    warmup = first_timed(args.warmup) if target.is_job else args.warmup
+    what = "iterations of the job's own loop" if target.is_job else "DDP iterations"
     _say(args, f"measuring {len(configs)} configuration{'s' if len(configs) > 1 else ''} here: "
-               f"{args.rounds} round{'s' if args.rounds > 1 else ''} of {args.warmup} + {args.iterations} "
-               f"DDP iterations ({backend})")
+               f"{args.rounds} round{'s' if args.rounds > 1 else ''} of {warmup} + {args.iterations} "
+               f"{what} ({backend})")
 
     def report(r: int, k: int, run: Any) -> None:
         _say(args, f"  round {r + 1}/{args.rounds}: {configs[k].text}: {run.slowest().mean() * 1e3:.2f} ms")
 
-    runs = measure_rounds([(args.factory, config.batches) for config in configs], args.warmup, args.iterations,
-                          args.rounds, device=device, threads=args.threads, on_run=report)
+    if target.is_job:
+        runs = measure_job_rounds(target.spec, target.args, [config.batches for config in configs], args.warmup,
+                                  args.iterations, args.rounds, device=device, threads=args.threads, on_run=report)
+    else:
+        runs = measure_rounds([(args.factory, config.batches) for config in configs], args.warmup, args.iterations,
+                              args.rounds, device=device, threads=args.threads, on_run=report)
     return [summarize(r) for r in runs]
 
 
@@ -326,24 +423,29 @@ def _say(args: argparse.Namespace, line: str) -> None:
 
 
 def _parts(truth: Any, p: Any) -> list[dict[str, Any]]:
-    """The compared figures, measured (None where not measured apart) and predicted."""
+    """The compared figures, measured (None where not measured apart) and
+    predicted: a job's run splits the backward pass from the exposed
+    communication (`Truth.compute_s`), and its forward is the model's alone
+    (the loss is in the backward) and its step the rest of the loop."""
+    job = truth.compute_s is not None
     rows = [
         ("iteration mean", truth.mean_s, p.mean_s),
         ("iteration p95", truth.p95_s, p.p95_s),
-        ("forward (with loss)", truth.forward_s, p.forward_s),
-        ("backward (compute)", None, p.backward_s),
-        ("exposed communication", None, p.exposed_comm_s),
+        ("forward (model)" if job else "forward (with loss)", truth.forward_s, p.forward_s),
+        ("backward (with loss)" if job else "backward (compute)", truth.compute_s, p.backward_s),
+        ("exposed communication", truth.exchange_s, p.exposed_comm_s),
         ("backward + exposed comm.", truth.backward_s, p.backward_s + p.exposed_comm_s),
-        ("step (with zero_grad)", truth.step_s, p.step_s),
+        ("step and the rest of the loop" if job else "step (with zero_grad)", truth.step_s, p.step_s),
     ]
     return [{"part": part, "measured_s": m, "predicted_s": q, "error": None if m is None else q / m - 1.0}
             for part, m, q in rows]
 
 
 def _document(args: argparse.Namespace, device: str, model: Any, profile: dict[str, Any], sources: dict[str, str],
-              configs: list[_Config], predictions: list[Any], truths: list[Any]) -> dict[str, Any]:
+              configs: list[_Config], predictions: list[Any], truths: list[Any], target: Any) -> dict[str, Any]:
     from thrifty.core.validation import json_object
     from thrifty.perfmodels.cluster import format_cluster
+    from thrifty.runtime.measure import first_timed
 
     results = []
     for config, p, truth in zip(configs, predictions, truths):
@@ -359,12 +461,14 @@ def _document(args: argparse.Namespace, device: str, model: Any, profile: dict[s
     return {
         "format": FORMAT,
         "factory": args.factory,
+        "kind": "job" if target.is_job else "workload",
+        "job_args": dict(target.args),
         "model": model.model,
         "device": device,
         "backend": "nccl" if device == "cuda" else "gloo",
         "threads": args.threads,
         "iterations": args.iterations,
-        "warmup": args.warmup,
+        "warmup": first_timed(args.warmup) if target.is_job else args.warmup,
         "rounds": args.rounds,
         "profile": profile,
         "allreduce": sources,

@@ -9,6 +9,8 @@
 - `probe` (``thrifty probe-allreduce``): the allreduce grid probe (Srifty 4.2);
 - `truth` (``thrifty validate``): real DDP iterations of a workload, timed
   as a user's own loop runs them, to check predictions against;
+- `job_truth` (``thrifty validate JOB``, ``thrifty profile-scaling JOB``):
+  a job's own loop timed in the rank loop of ``thrifty run``;
 - `remote` (``--cluster`` of ``profile``): what runs on a cluster's machines;
 - `zoo`: reference workloads;
 - `worlds`: the one way thrifty starts worker processes, and the utilities
@@ -36,6 +38,7 @@ _EXPORTS = {
     "FACTORIES": "zoo", "Workload": "zoo",
     "measure_rounds": "truth", "summarize": "truth", "check_ranks": "truth", "Truth": "truth",
     "TruthRun": "truth",
+    "measure_job_rounds": "job_truth", "first_timed": "job_truth",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -46,7 +46,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -188,10 +188,15 @@ def profile_scaling(
     command: str | None = None,
     on_progress: ProgressCallback | None = None,
     placement: Placement | None = None,
+    job_args: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure the scaling profile of the workload that the factory `spec`
     (``module:function``) builds, at every world size in `world_sizes` (which
-    must include 1), with the trial batch `batch`; return the
+    must include 1), with the trial batch `batch`; or, with `job_args`, of
+    the job `spec` (a loop function or a `Trainer` factory, with those
+    arguments): its own loop through the rank loop of ``thrifty run``
+    (`thrifty.runtime.measure.job_truth.job_scaling`).
+    Return the
     ``thrifty.scaling_profile/1`` document (schema
     `thrifty.perfmodels.scaling.ScalingProfileFile`).
 
@@ -205,7 +210,7 @@ def profile_scaling(
     Raises `ProblemError` for bad arguments or a bad factory,
     `thrifty.runtime.measure.probe.ProbeFailed` when a world fails or stalls.
     """
-    from thrifty.runtime.measure.workloads import load_workload, machine_description, resolve_device
+    from thrifty.runtime.measure.workloads import machine_description, resolve_device
 
     sizes = check_world_sizes(world_sizes, batch)
     _check_counts(iterations, warmup, threads, timeout_s)
@@ -215,6 +220,44 @@ def profile_scaling(
     backend = "nccl" if resolved == "cuda" else "gloo"
     if resolved == "cuda" and placement is None:
         _check_gpus(sizes)
+    if job_args is not None:
+        from thrifty.runtime.measure.job_truth import job_scaling
+
+        times, startup_s = job_scaling(spec, job_args, sizes, batch, iterations=iterations, warmup=warmup,
+                                       device=resolved, threads=threads, timeout_s=timeout_s,
+                                       on_progress=on_progress, placement=placement)
+        points = [scaling_point(size, t, iterations) for size, t in zip(sizes, times)]
+        iteration = f"one iteration of the job's own loop, batch {batch} split over the workers"
+    else:
+        points, startup_s = _workload_points(spec, sizes, batch, iterations, warmup, threads, timeout_s, backend,
+                                             on_progress, placement)
+        iteration = f"one synchronous DDP training step of batch {batch} split over the workers"
+    return ScalingProfileFile(
+        format=SCALING_FORMAT,
+        model=model_name or default_model_name(spec),
+        instance_type=instance_type,
+        batch=batch,
+        iteration=iteration,
+        startup_s=round(startup_s, 4),
+        provenance=Provenance(
+            kind="measured",
+            command=command or _python_command(spec, sizes, batch, iterations, warmup, device, threads),
+            machine=(f"{machine_description(resolved, threads)}, {backend} backend" if placement is None
+                     else f"machines of {instance_type}, {backend} backend, {threads} torch threads per worker"),
+            date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+            notes=(f"measured from the job '{spec}' itself (its own loop), arguments "
+                   f"{json.dumps(dict(job_args), sort_keys=True)}" if job_args is not None else None),
+        ),
+        points=points,
+    ).to_json()
+
+
+def _workload_points(spec: str, sizes: list[int], batch: int, iterations: int, warmup: int, threads: int,
+                     timeout_s: float, backend: str, on_progress: ProgressCallback | None,
+                     placement: Placement | None) -> tuple[list[ScalingPoint], float]:
+    """A workload's worlds (module docstring): per size its point, and the smallest world's start-up."""
+    from thrifty.runtime.measure.workloads import load_workload
+
     load_workload(spec)  # a bad factory is a clear error here, not a traceback from every rank
     per_world = warmup + iterations
     total = per_world * len(sizes)
@@ -235,23 +278,8 @@ def profile_scaling(
         result = world.run(stall_timeout_s=timeout_s, on_progress=progress, failure=ProbeFailed)[0]
         if index == 0:
             startup_s = max(0.0, result["first_started"] - launched)
-        points.append(_point(size, result["times"], iterations))
-    return ScalingProfileFile(
-        format=SCALING_FORMAT,
-        model=model_name or default_model_name(spec),
-        instance_type=instance_type,
-        batch=batch,
-        iteration=f"one synchronous DDP training step of batch {batch} split over the workers",
-        startup_s=round(startup_s, 4),
-        provenance=Provenance(
-            kind="measured",
-            command=command or _python_command(spec, sizes, batch, iterations, warmup, device, threads),
-            machine=(f"{machine_description(resolved, threads)}, {backend} backend" if placement is None
-                     else f"machines of {instance_type}, {backend} backend, {threads} torch threads per worker"),
-            date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
-        ),
-        points=points,
-    ).to_json()
+        points.append(scaling_point(size, result["times"], iterations))
+    return points, startup_s
 
 
 def _workers(size: int) -> str:
@@ -266,7 +294,8 @@ def _check_gpus(sizes: list[int]) -> None:
         raise ProblemError(f"world size {sizes[-1]} needs one GPU per worker, but this host has {gpus}")
 
 
-def _point(size: int, times: list[float], iterations: int) -> ScalingPoint:
+def scaling_point(size: int, times: list[float], iterations: int) -> ScalingPoint:
+    """The point of world size `size`: the mean and sample sd of its `iterations` iteration times."""
     if len(times) != iterations:
         raise ProbeFailed(f"world size {size}: expected {iterations} iteration times, got {len(times)}")
     return ScalingPoint(

@@ -45,7 +45,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -54,7 +54,8 @@ from thrifty.core.errors import ProblemError
 from thrifty.core.validation import RECORD_CONFIG
 from thrifty.runtime.worlds import RankChannel, World, WorldFailed
 
-__all__ = ["TruthRun", "Truth", "measure_once", "measure", "measure_rounds", "summarize", "check_ranks",
+__all__ = ["TruthRun", "Truth", "measure_once", "measure", "measure_rounds", "interleaved", "retried", "summarize",
+           "check_ranks",
            "DEFAULT_WARMUP", "PHASES", "RANKS_PER_CORE"]
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class TruthRun:
     forward_s: np.ndarray
     backward_s: np.ndarray
     step_s: np.ndarray
+    # a job's run (`thrifty.runtime.measure.job_truth`) splits the backward pass from the exchange after it
+    compute_s: np.ndarray | None = None
+    exchange_s: np.ndarray | None = None
 
     def slowest(self, phase: str = "iteration_s") -> np.ndarray:
         """Per iteration, the largest time of `phase` over the ranks."""
@@ -104,6 +108,9 @@ class Truth:
         different ranks).
     rank_mean_s: per rank, its mean iteration time over all rounds.
     timed_iterations: how many iterations the figures pool (all rounds').
+    compute_s, exchange_s: a job's backward pass and the exchange after its
+        last gradient, measured apart (`backward_s` is their sum); None for
+        a workload's truth loop, which does not split them.
     """
 
     batches: tuple[int, ...]
@@ -116,6 +123,8 @@ class Truth:
     step_s: float
     rank_mean_s: tuple[float, ...]
     timed_iterations: int
+    compute_s: float | None = None
+    exchange_s: float | None = None
 
 
 def check_ranks(batches: Sequence[int], device: str, what: str = "the configuration") -> None:
@@ -215,33 +224,50 @@ def measure_once(factory: str, batches: Sequence[int], warmup: int, iters: int, 
 
 def measure(factory: str, batches: Sequence[int], warmup: int, iters: int, *, device: str = "cpu",
             threads: int = 1, attempts: int = 3) -> TruthRun:
-    """`measure_once`, tried again after a failure (gloo on a busy host
+    """`measure_once`, tried again after a failure (`retried`)."""
+    return retried(lambda: measure_once(factory, batches, warmup, iters, device=device, threads=threads),
+                   f"{factory} {tuple(batches)}", attempts)
+
+
+R = TypeVar("R")
+
+
+def retried(run: Callable[[], R], what: str, attempts: int = 3) -> R:
+    """``run()``, tried again after a `WorldFailed` (gloo on a busy host
     sometimes drops a connection), at most `attempts` times."""
     for attempt in range(1, attempts + 1):
         try:
-            return measure_once(factory, batches, warmup, iters, device=device, threads=threads)
+            return run()
         except WorldFailed as e:
             if attempt == attempts:
                 raise
-            log.warning("retrying %s %s: %s", factory, tuple(batches), e)  # whole: a stall carries the stacks
+            log.warning("retrying %s: %s", what, e)  # whole: a stall carries the stacks
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
 def measure_rounds(configs: Sequence[Config], warmup: int, iters: int, rounds: int, *, device: str = "cpu",
                    threads: int = 1, on_run: Callable[[int, int, TruthRun], None] | None = None
                    ) -> list[list[TruthRun]]:
-    """Every configuration ``(factory, batches)`` run `rounds` times, the
+    """Every configuration ``(factory, batches)`` run `rounds` times
+    (`interleaved`); per configuration, its runs in round order."""
+    return interleaved(len(configs), rounds, lambda k: measure(configs[k][0], configs[k][1], warmup, iters,
+                                                               device=device, threads=threads), on_run)
+
+
+def interleaved(count: int, rounds: int, run: Callable[[int], TruthRun],
+                on_run: Callable[[int, int, TruthRun], None] | None = None) -> list[list[TruthRun]]:
+    """``run(k)`` for each of `count` configurations, `rounds` times, the
     rounds interleaved over all configurations (round-robin, as the profiler
     spreads its repeats), so that a slow spell of the host does not fall on
     one configuration; per configuration, its runs in round order.
     ``on_run(round, index, run)`` is called after each run."""
-    runs: list[list[TruthRun]] = [[] for _ in configs]
+    runs: list[list[TruthRun]] = [[] for _ in range(count)]
     for r in range(rounds):
-        for k, (factory, batches) in enumerate(configs):
-            run = measure(factory, batches, warmup, iters, device=device, threads=threads)
-            runs[k].append(run)
+        for k in range(count):
+            done = run(k)
+            runs[k].append(done)
             if on_run is not None:
-                on_run(r, k, run)
+                on_run(r, k, done)
     return runs
 
 
@@ -267,4 +293,6 @@ def summarize(runs: Sequence[TruthRun]) -> Truth:
         step_s=median_of_means("step_s"),
         rank_mean_s=tuple(float(v) for v in per_rank.mean(axis=1)),
         timed_iterations=int(pooled.size),
+        compute_s=median_of_means("compute_s") if runs[0].compute_s is not None else None,
+        exchange_s=median_of_means("exchange_s") if runs[0].exchange_s is not None else None,
     )
