@@ -111,7 +111,7 @@ from thrifty.runtime.worlds import World, WorldFailed
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
 from thrifty.runtime.ddp import storage as ddp_storage
 from thrifty.runtime.ddp.job import DECISION as COMMAND
-from thrifty.runtime.ddp.job import JobSpec
+from thrifty.runtime.ddp.job import TRIAL_METRIC, JobSpec
 from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
 from thrifty.runtime.ddp.storage import Location
 from thrifty.runtime.ddp.worker import ENTRY, PRELOAD, job_argv
@@ -122,6 +122,7 @@ if TYPE_CHECKING:
     from thrifty.runtime.providers.base import Provider
 
 __all__ = ["TunableTrainer", "WorldExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer",
+           "example_loop", "teacher_data",
            "trial_checkpoint", "checkpointed_result"]
 
 log = logging.getLogger(__name__)
@@ -149,16 +150,7 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
     test needs. ``thrifty.runtime.tuning.executors.worlds:example_trainer``."""
 
     def data(split: int) -> tuple[Any, Any]:
-        import torch
-
-        generator = torch.Generator().manual_seed(seed)
-        teacher = torch.randn(features, classes, generator=generator)
-        generator.manual_seed(seed + 1 + split)
-        inputs = torch.randn(samples, features, generator=generator)
-        targets = (inputs @ teacher).argmax(dim=1)
-        noisy = torch.rand(samples, generator=generator) < label_noise
-        targets[noisy] = torch.randint(0, classes, (int(noisy.sum()),), generator=generator)
-        return inputs, targets
+        return teacher_data(features, classes, samples, label_noise, seed, split)
 
     def model() -> Any:
         import torch
@@ -187,6 +179,68 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
     return TunableTrainer(model=model, optimizer=optimizer, dataset=dataset, loss=loss,
                           metric=lambda m: accuracy(m, *validation), batch_size=batch_size,
                           steps_per_iteration=steps_per_iteration)
+
+
+def teacher_data(features: int, classes: int, samples: int, label_noise: float, seed: int,
+                 split: int) -> tuple[Any, Any]:
+    """The example's `samples` Gaussian points and their teacher labels: `split`
+    0 trains, 1 validates (the same teacher, other points)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(features, classes, generator=generator)
+    generator.manual_seed(seed + 1 + split)
+    inputs = torch.randn(samples, features, generator=generator)
+    targets = (inputs @ teacher).argmax(dim=1)
+    noisy = torch.rand(samples, generator=generator) < label_noise
+    targets[noisy] = torch.randint(0, classes, (int(noisy.sum()),), generator=generator)
+    return inputs, targets
+
+
+def example_loop(ctx: Any, lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, features: int = 8,
+                 classes: int = 4, samples: int = 512, batch_size: int = 32, label_noise: float = 0.1,
+                 seed: int = 0) -> None:
+    """`example_trainer` written as a loop function (the job contract of
+    `thrifty.runtime.ddp.context`), as a tuning trial runs it: the trial's
+    configuration comes as keyword arguments (the global batch is
+    `batch_size`, `ctx.global_batch`), a trial iteration is one epoch of the
+    training data, and each report carries the training ``loss`` and, as a
+    callable the runtime calls only at an iteration's end, the validation
+    ``accuracy`` and ``val_loss`` (tune either: ``"metric": "accuracy"``,
+    ``"mode": "max"`` or ``"metric": "val_loss"``, ``"mode": "min"``). The
+    model and optimizer are checkpointed, so a paused or resized trial goes
+    on where it was. ``thrifty.runtime.tuning.executors.worlds:example_loop``."""
+    import torch
+    import torch.nn.functional as F
+
+    made = example_trainer(lr=lr, hidden=hidden, momentum=momentum, features=features, classes=classes,
+                           samples=samples, batch_size=batch_size, label_noise=label_noise, seed=seed)
+    model = made.model()
+    state = ctx.restore()  # None on a fresh start
+    if state is not None:
+        model.load_state_dict(state["model"])
+    ddp = ctx.prepare_model(model)
+    optimizer = made.optimizer(ddp.parameters())
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    val_inputs, val_targets = (t.to(ctx.device) for t in teacher_data(features, classes, samples, label_noise,
+                                                                       seed, 1))
+
+    def validation() -> dict[str, float]:
+        model.eval()
+        with torch.no_grad():
+            outputs = model(val_inputs)
+        model.train()
+        return {"accuracy": float((outputs.argmax(dim=1) == val_targets).float().mean()),
+                "val_loss": float(F.cross_entropy(outputs, val_targets))}
+
+    for inputs, targets in ctx.prepare_loader(made.dataset()):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(ddp(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        ctx.report(lambda loss=loss: {"loss": loss.item(), **validation()},
+                   checkpoint={"model": model, "optimizer": optimizer})
 
 
 # --- the executor side ------------------------------------------------------------------------
@@ -338,11 +392,22 @@ class _World:
 class WorldExecutor:
     """Trials as worker processes on this host (see the module docstring).
 
-    `trainer` is ``MODULE:FACTORY`` (or a module-level function) returning a
-    `TunableTrainer` when called with a trial's configuration; `workdir`
-    holds each trial's worker logs, and `storage` (default: `workdir`; a
-    folder or ``s3://bucket/prefix``) each trial's checkpoint. Use it as a
-    context manager, or call `close()`: it kills and reaps whatever still runs.
+    `trainer` is ``MODULE:FUNCTION`` (or a module-level function): a loop
+    function (the job contract of `thrifty.runtime.ddp.context`), called in
+    every rank as ``train(ctx, **config)`` with a trial's configuration, or a
+    factory returning a `TunableTrainer` when called with it. A loop's trial
+    reports `metric` by that name (``ctx.report({metric: value})``), which
+    the scheduler reads as a score by `mode` (``min``: negated); its global
+    batch is the configuration's ``batch_size``, else the default of the
+    loop's ``batch_size`` parameter (`thrifty.runtime.ddp.trainer.loop_batch_size`).
+    A trial's iteration is `steps_per_iteration` batches (None: the
+    TunableTrainer's, else one epoch of the data given to
+    ``ctx.prepare_loader``). `workdir` holds each trial's worker logs, and
+    `storage` (default: `workdir`; a folder or ``s3://bucket/prefix``) each
+    trial's checkpoint: a loop's ``checkpoint=`` state, which ``ctx.restore()``
+    gives back when the trial resumes, on any machine and number of ranks.
+    Use it as a context manager, or call `close()`: it kills and reaps
+    whatever still runs.
     """
 
     def __init__(self, trainer: str | Callable[..., Any], workdir: str | Path, *, clock: Clock | None = None,
@@ -350,12 +415,20 @@ class WorldExecutor:
                  iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
                  decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0, provider: Provider | None = None,
                  slots_per_machine: int | None = None, checkpoint_every: int | None = 1,
-                 storage: Location | None = None):
+                 storage: Location | None = None, metric: str = TRIAL_METRIC, mode: str = "max",
+                 steps_per_iteration: int | None = None):
         if not isinstance(threads, int) or threads < 1:
             raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
             raise ProblemError(f"`checkpoint_every` is {checkpoint_every!r}, but must be a positive integer "
                                "(or None: only when paused)", path="checkpoint_every")
+        if mode not in ("max", "min"):
+            raise ProblemError(f"`mode` is {mode!r}, but must be 'max' or 'min'", path="mode")
+        if not isinstance(metric, str) or not metric:
+            raise ProblemError(f"`metric` is {metric!r}, but must be the name a loop reports", path="metric")
+        if steps_per_iteration is not None and (not isinstance(steps_per_iteration, int) or steps_per_iteration < 1):
+            raise ProblemError(f"`steps_per_iteration` is {steps_per_iteration!r}, but must be a positive integer "
+                               "(or None: one epoch)", path="steps_per_iteration")
         for name, value in (("start_timeout_s", start_timeout_s), ("iteration_timeout_s", iteration_timeout_s),
                             ("save_timeout_s", save_timeout_s), ("decision_timeout_s", decision_timeout_s),
                             ("stop_grace_s", stop_grace_s)):
@@ -374,6 +447,7 @@ class WorldExecutor:
         self.save_timeout_s, self.decision_timeout_s = save_timeout_s, decision_timeout_s
         self.stop_grace_s = stop_grace_s
         self.checkpoint_every = checkpoint_every
+        self.metric, self.mode, self.steps_per_iteration = metric, mode, steps_per_iteration
         self.provider = provider
         self.slots = MachineSlots(provider, slots_per_machine) if provider is not None else None
         self._interruptions = provider.interruptions.reader() if provider is not None else None
@@ -405,7 +479,8 @@ class WorldExecutor:
             return
         job = JobSpec(trainer=self.trainer, trainer_args=dict(trial.config),
                       checkpoint_path=self.checkpoint_of(trial.trial_id),
-                      restore="required" if checkpoint is not None else "never", steps_per_iteration=None,
+                      restore="required" if checkpoint is not None else "never",
+                      steps_per_iteration=self.steps_per_iteration, metric=self.metric, mode=self.mode,
                       checkpoint_every=self.checkpoint_every, evaluate=True, await_decision=True, metrics_every_s=None,
                       weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
                       timeout_s=self.decision_timeout_s)
