@@ -74,7 +74,7 @@ def test_hypersched_tunes_a_loop_function_on_its_configured_batch_an_epoch_an_it
         # the configuration's batch is the trial's global batch, and an iteration is one epoch of 256 samples
         assert state["global_batch"] == batch and state["trainer_args"] == configs[trial]
         assert state["step"] == state["iteration"] * math.ceil(256 / batch) and state["iteration"] >= 1
-        assert set(state["state_keys"]) == {"model", "optimizer"}  # the loop's own state
+        assert set(state["state_keys"]) == {"model", "optimizer", "schedule"}  # the loop's own state
     assert (out / "best" / "checkpoint.pt").stat().st_size > 0
 
 
@@ -157,3 +157,41 @@ def test_a_loop_that_never_reports_the_metric_fails_its_trials_naming_the_job_an
     message = crash["message"]
     assert "\n" not in message and f"job '{LOOP}'" in message and "'val_accuracy'" in message, message
     assert "reported ['accuracy', 'loss', 'val_loss']" in message  # what it did report, at the iteration's end
+
+
+def counting_loop(ctx, lr: float = 0.1, batch_size: int = 8) -> None:
+    """A loop whose metric is how often its callable metrics were computed on this rank, times the rank's
+    number plus one: an iteration of `steps_per_iteration` batches computes them once, at its end, on every
+    rank."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    ddp = ctx.prepare_model(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
+    calls = []
+
+    def evaluations() -> dict:
+        calls.append(1)
+        return {"evaluations": len(calls) * (ctx.rank + 1)}
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 2), torch.randn(64, 1))
+    for inputs, targets in ctx.prepare_loader(data):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+        optimizer.step()
+        ctx.report(evaluations, checkpoint={"model": model, "optimizer": optimizer})
+
+
+def test_a_loop_s_callable_metrics_are_computed_only_at_an_iteration_s_end_on_every_rank(tmp_path):
+    from thrifty.runtime.tuning import FIFO, ConfigList, run_experiment
+    from thrifty.runtime.tuning.executors.worlds import WorldExecutor
+
+    with WorldExecutor("test_tune_loop:counting_loop", tmp_path, start_timeout_s=90, iteration_timeout_s=60,
+                       metric="evaluations", mode="min", steps_per_iteration=4) as executor:
+        result = run_experiment(FIFO(atoms_per_trial=2), executor, ConfigList([{"lr": 0.1}]), total_atoms=2,
+                                max_iterations=3)
+    [trial] = result.trials
+    assert trial.error is None and trial.iteration_atoms == [2, 2, 2]
+    # once per iteration of 4 batches (not once a batch: 4, 8, 12), on both ranks, combined by batch share
+    # (4 and 4 of 8: (k + 2k) / 2; rank 0's alone would be k); the scheduler sees a minimised metric negated
+    assert trial.metrics == [-1.5, -3.0, -4.5]

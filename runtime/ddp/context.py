@@ -59,6 +59,21 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   a scheduler's pause) `report` checkpoints and then raises `StopJob`, a
   ``BaseException`` that a loop's ``except Exception`` does not catch; the
   runtime ends the rank. The loop need not handle it.
+- In a tuning trial (``thrifty tune``, whose ``trainer`` may be a loop
+  function) the loop is called with the trial's configuration as keyword
+  arguments. Its `global_batch` is the configuration's ``batch_size``, else
+  the default of the loop's ``batch_size`` parameter, on any number of ranks.
+  One trial iteration, the scheduler's unit (HyperSched's and ASHA's rungs,
+  POP's curve points), is one epoch of the data the loop first gives
+  `prepare_loader` (`RankLoader.batches_per_epoch`), unless the experiment
+  sets ``steps_per_iteration``. At each iteration's end `report` must carry
+  the experiment's ``metric`` by its name (``{"val_loss": v}`` for
+  ``"metric": "val_loss"``); metrics given as a callable are computed there
+  only, on every rank (so an evaluation may use collectives), and the ranks'
+  values are combined by batch share; the scheduler reads the result (its
+  negation for ``"mode": "min"``). A pause, or a resize, is a checkpoint and
+  a `StopJob`; the resumed trial, on any machine and number of ranks, gets
+  its state from `restore` and goes on from its data position.
 
 A bad job gets one line naming the job (and, from the driver, the rank's
 log), and loses nothing already checkpointed: a loop that raises, that never

@@ -199,17 +199,18 @@ def teacher_data(features: int, classes: int, samples: int, label_noise: float, 
 
 def example_loop(ctx: Any, lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, features: int = 8,
                  classes: int = 4, samples: int = 512, batch_size: int = 32, label_noise: float = 0.1,
-                 seed: int = 0) -> None:
+                 lr_decay: float = 0.99, seed: int = 0) -> None:
     """`example_trainer` written as a loop function (the job contract of
     `thrifty.runtime.ddp.context`), as a tuning trial runs it: the trial's
     configuration comes as keyword arguments (the global batch is
     `batch_size`, `ctx.global_batch`), a trial iteration is one epoch of the
-    training data, and each report carries the training ``loss`` and, as a
+    training data, the learning rate decays by `lr_decay` a batch (a
+    schedule), and each report carries the training ``loss`` and, as a
     callable the runtime calls only at an iteration's end, the validation
     ``accuracy`` and ``val_loss`` (tune either: ``"metric": "accuracy"``,
     ``"mode": "max"`` or ``"metric": "val_loss"``, ``"mode": "min"``). The
-    model and optimizer are checkpointed, so a paused or resized trial goes
-    on where it was. ``thrifty.runtime.tuning.executors.worlds:example_loop``."""
+    model, optimizer and schedule are checkpointed, so a paused or resized
+    trial goes on where it was. ``thrifty.runtime.tuning.executors.worlds:example_loop``."""
     import torch
     import torch.nn.functional as F
 
@@ -221,8 +222,10 @@ def example_loop(ctx: Any, lr: float = 0.1, hidden: int = 16, momentum: float = 
         model.load_state_dict(state["model"])
     ddp = ctx.prepare_model(model)
     optimizer = made.optimizer(ddp.parameters())
+    schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, lr_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
     val_inputs, val_targets = (t.to(ctx.device) for t in teacher_data(features, classes, samples, label_noise,
                                                                        seed, 1))
 
@@ -239,8 +242,9 @@ def example_loop(ctx: Any, lr: float = 0.1, hidden: int = 16, momentum: float = 
         loss = F.cross_entropy(ddp(inputs), targets)
         loss.backward()
         optimizer.step()
+        schedule.step()
         ctx.report(lambda loss=loss: {"loss": loss.item(), **validation()},
-                   checkpoint={"model": model, "optimizer": optimizer})
+                   checkpoint={"model": model, "optimizer": optimizer, "schedule": schedule})
 
 
 # --- the executor side ------------------------------------------------------------------------
