@@ -10,13 +10,17 @@ a worker world (`thrifty.runtime.worlds`: forked by the fork
 server, dying with their parent, reporting in the worlds' one protocol). What HyperSched (4.3) and
 HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
 
-- *launch* (start or resume): start ``atoms`` processes; rank 0 restores the
-  trial's checkpoint when it has one (model, optimizer, data position);
-  every rank trains one iteration and rank 0 reports the metric;
+- *launch* (start or resume): start ``atoms`` processes; every rank
+  restores the trial's checkpoint when it has one (model, optimizer, data
+  position; a loop function's own state through ``ctx.restore()``); every
+  rank trains one iteration and rank 0 reports the metric;
 - *iteration*: ``steps_per_iteration`` optimizer steps on the global batch
-  (one epoch by default), then rank 0 evaluates the trainer's metric
-  (validation accuracy, higher is better) and reports it; the world then waits
-  for the loop's decision;
+  (one epoch of the trainer's dataset, or of the data a loop function gives
+  ``ctx.prepare_loader``, by default), then the metric: a `TunableTrainer`'s
+  (validation accuracy, higher is better, evaluated by rank 0), or the one a
+  loop function reports under the experiment's metric name (combined over
+  the ranks, negated for ``mode="min"``); rank 0 reports it and the world
+  waits for the loop's decision;
 - *proceed*: the next iteration; *suspend* (pause, or the first half of a
   resize): rank 0 writes an atomic checkpoint (unless the iteration's is
   written already) and the world exits; *terminate*: the world exits without
@@ -32,7 +36,8 @@ HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
   resumed trial goes back to its last checkpoint and redoes the iterations
   after it (the resume says so);
 - *resize*: suspend, then launch with another number of ranks. The global
-  batch is the trainer's `batch_size` whatever the ranks (split by
+  batch is the trainer's `batch_size` (a loop function's: its
+  configuration's ``batch_size``, else its parameter's default) whatever the ranks (split by
   `sharding.split_batch`, gradients batch-weighted by `reweight`), so a
   resized trial trains the same model on the same data, only faster or slower
   (strong scaling); the data position is the step count, so any world resumes
@@ -91,8 +96,9 @@ jobs run, on a `JobSpec` that leaves the batch and the iteration to the
 trainer, evaluates after every iteration and awaits the loop's decision. A
 resumed trial restores every rank's random state when it has as many ranks as
 when it was saved, and after a resize seeds each rank from ``(seed, step,
-rank)`` (`thrifty.runtime.ddp.checkpoint.rank_seed`). Deviation, stated: the
-metric is computed by rank 0 alone, on the whole validation set.
+rank)`` (`thrifty.runtime.ddp.checkpoint.rank_seed`). Deviation, stated: a
+`TunableTrainer`'s metric is computed by rank 0 alone, on the whole
+validation set.
 """
 
 from __future__ import annotations
