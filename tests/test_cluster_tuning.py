@@ -4,9 +4,10 @@ the three-node cluster of the cluster tests (every node on 127.0.0.1; two
 local-a spot machines, one slot each). HyperSched runs two trials side by
 side, one on each machine, and grows the survivor to a world that spans
 both; the RubberBand plan executor runs a two-stage plan whose second stage
-gives a machine back; a trial checkpointed to S3 (a moto server on
-127.0.0.1, which every node reaches with the AWS configuration in its own
-environment) is paused on one machine and resumed on the other."""
+gives a machine back; a trial whose job is a loop function (the job
+contract), checkpointed to S3 (a moto server on 127.0.0.1, which every node
+reaches with the AWS configuration in its own environment), is paused on one
+machine and resumed on the other."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from aws_fakes import FAKE_AWS_ENV, moto_server  # noqa: E402
 from ray_cluster import ThreeNodes  # noqa: E402
 from test_cluster_ray import CATALOG  # noqa: E402
 from test_tuning_executors import EXAMPLE, assert_reaped, check_placements  # noqa: E402
+
+LOOP = "thrifty.runtime.tuning.executors.worlds:example_loop"  # EXAMPLE's model and data, as a loop function
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,15 +132,17 @@ def test_a_trial_paused_on_one_node_resumes_on_the_other_from_its_s3_checkpoint(
     assert node_of(provider, first.id) != node_of(provider, second.id)
     config = {"lr": 0.3, "momentum": 0.5, "samples": 256}
     moved, reference = Trial(0, config), Trial(1, config)
-    with WorldExecutor(EXAMPLE, tmp_path / "driver", storage=storage, provider=provider, start_timeout_s=90,
-                       iteration_timeout_s=60) as executor:
+    with WorldExecutor(LOOP, tmp_path / "driver", storage=storage, provider=provider, start_timeout_s=90,
+                       iteration_timeout_s=60, metric="accuracy") as executor:
         executor.launch(moved, 1, where={first.id: 1})
         iterate(executor, moved, 3)
         moved.checkpoint = executor.suspend(moved)  # a pause: checkpointed to S3, the ranks gone
         assert moved.checkpoint == {"path": f"{storage}/trial-0/checkpoint.pt", "iteration": 3,
                                     "save_s": moved.checkpoint["save_s"], "bytes": moved.checkpoint["bytes"]}
         saved = load_checkpoint(moved.checkpoint["path"])
-        assert saved is not None and saved["iteration"] == 3
+        # the loop's own state, at the end of its third epoch (256 samples, the loop's default batch of 32)
+        assert saved is not None and saved["iteration"] == 3 and saved["step"] == 3 * 8
+        assert saved["state_keys"] == ["model", "optimizer", "schedule"] and saved["global_batch"] == 32
 
         executor.launch(moved, 1, where={second.id: 1})  # resumed on the other machine
         iterate(executor, moved, 3)
@@ -149,8 +154,9 @@ def test_a_trial_paused_on_one_node_resumes_on_the_other_from_its_s3_checkpoint(
     paused, resumed, _ = executor.launches
     assert paused.machines == [first.id] and resumed.machines == [second.id]
     assert resumed.from_iteration == 3 and resumed.restore_s is not None and resumed.restore_s > 0
-    # it went on from its checkpoint (model, optimizer, data position, random state): the same curve, bit for bit
-    assert moved.metrics == reference.metrics and len(moved.metrics) == 6
+    # it went on from its checkpoint (model, optimizer, schedule, data position, random state): the same curve,
+    # bit for bit
+    assert moved.metrics == reference.metrics and len(moved.metrics) == 6 and moved.metrics[-1] > 0.5
     assert load_checkpoint(f"{storage}/trial-0/checkpoint.pt")["iteration"] == 6
     # nothing went through a file: the driver's folder holds the worker logs and no checkpoint
     assert sorted(p.name for p in (tmp_path / "driver").rglob("*") if p.is_file()) == ["rank0.log"] * 2

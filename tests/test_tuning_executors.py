@@ -102,9 +102,11 @@ class Scripted(Scheduler):
         return 2 if trial.trial_id == 1 and trial.iteration == 1 else trial.atoms
 
 
-def test_pause_resume_and_resize_continue_the_same_training(tmp_path):
+# the trainer, and the same model and data as a loop function (the job contract: its own state checkpointed)
+@pytest.mark.parametrize("trainer", [EXAMPLE, "thrifty.runtime.tuning.executors.worlds:example_loop"])
+def test_pause_resume_and_resize_continue_the_same_training(tmp_path, trainer):
     a, b = {"lr": 0.3, "hidden": 16}, {"lr": 0.05, "hidden": 8}
-    with WorldExecutor(EXAMPLE, tmp_path, start_timeout_s=90, iteration_timeout_s=60) as executor:
+    with WorldExecutor(trainer, tmp_path, start_timeout_s=90, iteration_timeout_s=60, metric="accuracy") as executor:
         result = run_experiment(Scripted(), executor, ConfigList([a, b, a]), total_atoms=2, max_iterations=4)
     assert_reaped(executor)
     t0, t1, t2 = result.trials

@@ -59,6 +59,21 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   a scheduler's pause) `report` checkpoints and then raises `StopJob`, a
   ``BaseException`` that a loop's ``except Exception`` does not catch; the
   runtime ends the rank. The loop need not handle it.
+- In a tuning trial (``thrifty tune``, whose ``trainer`` may be a loop
+  function) the loop is called with the trial's configuration as keyword
+  arguments. Its `global_batch` is the configuration's ``batch_size``, else
+  the default of the loop's ``batch_size`` parameter, on any number of ranks.
+  One trial iteration, the scheduler's unit (HyperSched's and ASHA's rungs,
+  POP's curve points), is one epoch of the data the loop first gives
+  `prepare_loader` (`RankLoader.batches_per_epoch`), unless the experiment
+  sets ``steps_per_iteration``. At each iteration's end `report` must carry
+  the experiment's ``metric`` by its name (``{"val_loss": v}`` for
+  ``"metric": "val_loss"``); metrics given as a callable are computed there
+  only, on every rank (so an evaluation may use collectives), and the ranks'
+  values are combined by batch share; the scheduler reads the result (its
+  negation for ``"mode": "min"``). A pause, or a resize, is a checkpoint and
+  a `StopJob`; the resumed trial, on any machine and number of ranks, gets
+  its state from `restore` and goes on from its data position.
 
 A bad job gets one line naming the job (and, from the driver, the rank's
 log), and loses nothing already checkpointed: a loop that raises, that never
@@ -91,7 +106,7 @@ from thrifty.core.errors import ProblemError
 from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_seed, restore_rng, save_checkpoint, \
     seed_everything
 from thrifty.runtime.ddp.clock import ClockMarks
-from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, JobSpec, WorkerFault
+from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, TRIAL_METRIC, JobSpec, WorkerFault
 from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
 from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
 from thrifty.runtime.worlds import RankChannel
@@ -100,7 +115,6 @@ __all__ = ["JobContext", "StopJob", "MetricsSink", "ChannelSink", "metric_sinks"
            "TRIAL_METRIC", "TIMING_WARMUP", "RUNTIME_KEYS"]
 
 TIMING_WARMUP = 3  # iterations left out of the throughput a finished world reports
-TRIAL_METRIC = "metric"  # in a tuning trial, rank 0's report of this name is the scheduler's metric
 # what a checkpoint holds beside the loop's state: a loop's state may not use these names
 RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global_batch", "trainer", "trainer_args",
                           "seed", "rng", "saved_at", "result", "state_keys"})
@@ -164,12 +178,15 @@ class JobContext:
 
     def __init__(self, job: JobSpec, channel: RankChannel, device: Any, cuda: bool, global_batch: int,
                  batches: Sequence[int], faults: Sequence[WorkerFault] = (), sinks: Sequence[MetricsSink] = (),
-                 check_finite: bool = True):
+                 check_finite: bool = True, trial_metric: tuple[str, float] = (TRIAL_METRIC, 1.0)):
         self.job, self.device, self.global_batch, self.batches = job, device, global_batch, list(batches)
         self.rank, self.world_size = channel.rank, channel.world_size
         self.local_batch = self.batches[self.rank]
         self.iterations = job.iterations
-        self.steps_per_iteration = job.steps_per_iteration or 1  # batches per iteration (the Trainer's may set it)
+        # batches per iteration: the job's; else the Trainer's, or one epoch of the first prepared loader's data
+        self._steps_per_iteration = job.steps_per_iteration
+        # in a tuning trial: the metric the scheduler reads (its name), and its sign (-1: minimised)
+        self._trial_metric, self._trial_sign = trial_metric
         self._channel, self._cuda, self._faults, self._sinks = channel, cuda, list(faults), list(sinks)
         self._check_finite = check_finite
         started = time.perf_counter()
@@ -201,6 +218,17 @@ class JobContext:
         seed_everything(job.seed)  # the loop builds its model from the job's seed on every rank
 
     # -- what the plan gave this rank ------------------------------------------------------
+    @property
+    def steps_per_iteration(self) -> int:
+        """Batches in one iteration: the job's; in a tuning trial without one,
+        the `Trainer`'s, or one epoch of the data the loop first gave
+        `prepare_loader` (`RankLoader.batches_per_epoch`); 1 until known."""
+        return self._steps_per_iteration or 1
+
+    @steps_per_iteration.setter
+    def steps_per_iteration(self, steps: int) -> None:
+        self._steps_per_iteration = steps
+
     @property
     def iteration(self) -> int:
         """Iterations done: the data position (batches drawn) over the batches of an iteration."""
@@ -249,7 +277,10 @@ class JobContext:
         dataset, or a ``DataLoader`` whose dataset, collate function, workers
         and worker options are kept), from the data position to the job's
         end; batches moved to the context's device unless `to_device` is False."""
-        return RankLoader(self, data, to_device)
+        loader = RankLoader(self, data, to_device)
+        if self._steps_per_iteration is None:  # a tuning trial's iteration: one epoch of its (first) data
+            self._steps_per_iteration = loader.batches_per_epoch
+        return loader
 
     def restore(self) -> dict[str, Any] | None:
         """The state the loop checkpointed (its mapping, each object's
@@ -281,12 +312,12 @@ class JobContext:
         job = self.job
         last = job.iterations is not None and iteration >= job.iterations
         values: dict[str, float] | None = None
-        if not callable(metrics) or (job.evaluate and self.rank == 0 and advanced):
+        if not callable(metrics) or (job.evaluate and advanced):
             values = self._values(metrics)  # numbers are checked at every report; a callable only when needed
         if job.metrics_every_s is not None and (self._record_next or last or not callable(metrics)):
             values = values if values is not None else self._values(metrics)
             self._records.append((iteration, {k: v for k, v in values.items()
-                                              if not (job.evaluate and k == TRIAL_METRIC)}))
+                                              if not (job.evaluate and k == TRIAL_METRIC == self._trial_metric)}))
         if self._record_next or last:
             self._flush_records()
             self._record_next = False
@@ -294,7 +325,7 @@ class JobContext:
             iteration // job.checkpoint_every > self._reported_iteration // job.checkpoint_every
         saved = False
         if job.evaluate and advanced:  # a trial's result is posted once its iteration is durable
-            metric = self._trial_metric(values) if self.rank == 0 else math.nan
+            metric = self._trial_score(values)
             if due:
                 self._checkpoint({"metric": metric, "iteration_s": time.perf_counter() - self._iteration_started[1]})
                 saved = True
@@ -415,11 +446,23 @@ class JobContext:
             values[str(name)] = number
         return values
 
-    def _trial_metric(self, values: Mapping[str, float] | None) -> float:
-        if values is None or TRIAL_METRIC not in values:
-            raise ProblemError(f"{self._who()}: a tuning trial's rank 0 must report {TRIAL_METRIC!r} (the "
-                               "scheduler's metric) every iteration")
-        return values[TRIAL_METRIC]
+    def _trial_score(self, values: Mapping[str, float] | None) -> float:
+        """A tuning trial's result at an iteration boundary, as the scheduler
+        sees it (higher is better): its metric, combined over the ranks that
+        report it by batch share (`combine_metrics`; a metric every rank
+        computes alike, on the whole validation set, stays what it is), times
+        the sign of its mode. One small gather of the ranks' values, so every
+        rank agrees when none reports it."""
+        name = self._trial_metric
+        mine = values.get(name) if values is not None else None
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        per_rank = [{name: v} if v is not None else {} for v in gathered]
+        if not any(per_rank):
+            raise ProblemError(f"{self._who()}: a tuning trial must report {name!r} (the experiment's metric, "
+                               f"which the scheduler reads) at every iteration's end: ctx.report({{{name!r}: ...}}); "
+                               f"iteration {self.iteration} reported {sorted(values or {}) or 'nothing'}")
+        return self._trial_sign * combine_metrics(per_rank, self.batches)[name]
 
     def _flush_records(self) -> None:
         """Every rank's buffered metrics to rank 0, combined per iteration and written to the sinks."""

@@ -27,13 +27,14 @@ from thrifty.core.io import atomic_write_text, read_json
 from thrifty.core.validation import FieldPathError, problem_of
 from thrifty.runtime.ddp import storage
 
-__all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION", "CLOCK"]
+__all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION", "CLOCK", "TRIAL_METRIC"]
 
 # the names a world's starter and its ranks share in the worlds' protocol (`thrifty.runtime.worlds`)
 STOP = "stop"  # the starter's command: checkpoint and stop after the current iteration
 METRICS = "metrics"  # rank 0 publishes the latest loss and metrics under this name
 CLOCK = "clock/{}"  # rank r publishes its cumulative clock marks under CLOCK.format(r)
 DECISION = "iteration-{}"  # the starter's decision after iteration n of an awaiting job: go | save | stop
+TRIAL_METRIC = "metric"  # a tuning trial's metric: a TunableTrainer's, and a loop's unless the job names another
 
 WorkerFaultKind = Literal["kill", "notice", "slow", "delay_start", "hang"]
 # strict scalars (a flag is not a number, nor a number a flag, nor "8" a number); the containers are not
@@ -83,9 +84,16 @@ class JobSpec(pydantic.BaseModel):
     trainer (`global_batch` None: its ``batch_size``, split evenly), the
     iteration to the trainer (`steps_per_iteration` None: its own, else one
     pass over the dataset), the end to the scheduler (`iterations` None),
-    has rank 0 `evaluate` the trainer's metric after every iteration, and
+    has the ranks `evaluate` the trial's metric after every iteration, and
     `await_decision`: the world waits for the scheduler's go, save or stop
-    after each iteration. `restore`: ``if-present`` resumes from the
+    after each iteration. A trial whose job is a loop function reports the
+    metric named `metric` (the experiment's, e.g. ``val_loss``; None: the
+    name ``metric``) and the scheduler sees it as a score by `mode`
+    (``min``: its negation); a `TunableTrainer`'s metric is its own, higher
+    is better. A loop's trial has its global batch (`global_batch`, else
+    `thrifty.runtime.ddp.trainer.loop_batch_size`) and, with
+    `steps_per_iteration` None, one iteration per epoch of the data it gives
+    ``ctx.prepare_loader``. `restore`: ``if-present`` resumes from the
     checkpoint when there is one, ``required`` fails without one, ``never``
     starts fresh.
 
@@ -108,6 +116,8 @@ class JobSpec(pydantic.BaseModel):
     checkpoint_every_s: _Seconds | None = None
     restore: Literal["if-present", "required", "never"] = "if-present"
     evaluate: _Flag = False
+    metric: _Text | None = None  # a loop's trial metric (reported under this name); None: "metric"
+    mode: Literal["max", "min"] = "max"  # a loop's trial metric: max, or min (the scheduler sees -value)
     await_decision: _Flag = False
     seed: _Int = 0
     threads: _Count = 1

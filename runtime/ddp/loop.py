@@ -13,7 +13,8 @@ short form) through the same context:
   before DDP's average (`thrifty.runtime.ddp.reweight`), so any world trains
   the model the single-process reference trains;
 - one iteration is `steps_per_iteration` optimizer steps (a training job:
-  one; a tuning trial: the trainer's, else one pass over the data);
+  one; a tuning trial: the experiment's, else the trainer's, else one pass
+  over the data the job gives ``ctx.prepare_loader``);
 - at a report, about every 0.05 s (every iteration in a tuning trial), the
   ranks agree, in one small all-reduce of flags, on
   whether to stop, to checkpoint now and to record metrics next. Rank 0 sets
@@ -59,7 +60,7 @@ from thrifty.runtime.ddp.job import JobSpec
 from thrifty.runtime.ddp.sharding import split_batch
 from thrifty.runtime.ddp.steps import build_model, call_factory, prime_buckets, rank_report, scaled_loss, \
     step_with_outputs
-from thrifty.runtime.ddp.trainer import Trainer, TunableTrainer, resolve_job
+from thrifty.runtime.ddp.trainer import Trainer, TunableTrainer, loop_batch_size, resolve_job
 from thrifty.runtime.worlds import RankChannel, join_world, leave, resolve_backend
 
 __all__ = ["run_rank", "trainer_loop", "TIMING_WARMUP"]
@@ -78,16 +79,22 @@ def run_rank(job: JobSpec, channel: RankChannel) -> None:
     device = join_world(channel, backend, job.timeout_s)
     code = resolve_job(job.trainer, job.trainer_args, tunable=job.evaluate or job.global_batch is None)
     tuning = code.trainer if isinstance(code.trainer, TunableTrainer) else None
-    global_batch = job.global_batch if job.global_batch is not None or tuning is None else tuning.batch_size
+    global_batch = job.global_batch
+    if global_batch is None:  # a tuning trial's: the TunableTrainer's batch_size, or the loop's (configured)
+        global_batch = tuning.batch_size if tuning is not None else \
+            loop_batch_size(code.spec, code.loop, code.args) if code.loop is not None else None
     if global_batch is None:
-        raise ProblemError(f"job '{job.trainer}' is a loop function: its job needs a global batch", path="global_batch")
+        raise ProblemError(f"job '{job.trainer}' needs a global batch", path="global_batch")
+    # a trial's metric: a loop reports the experiment's by name, in its mode; a TunableTrainer its own score
+    trial_metric = (job.metric or TRIAL_METRIC, -1.0 if job.mode == "min" else 1.0) if code.loop is not None \
+        else (TRIAL_METRIC, 1.0)
     batches = list(job.batches) if job.batches is not None else split_batch(global_batch, channel.world_size)
     if channel.world_size != len(batches):
         raise ProblemError(f"lists {len(batches)} local batches, but the world has {channel.world_size} ranks",
                            path="batches")
     sinks = metric_sinks(job, channel) if channel.rank == 0 else []
     ctx = JobContext(job, channel, device, backend == "nccl", global_batch, batches, faults, sinks,
-                     check_finite=code.loop is not None)
+                     check_finite=code.loop is not None, trial_metric=trial_metric)
     try:
         if code.loop is not None:
             returned = _call_loop(code.loop, ctx, code.spec, code.args)

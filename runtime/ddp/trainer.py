@@ -34,7 +34,7 @@ from typing import Any
 from thrifty.core.errors import ProblemError, ThriftyError
 
 __all__ = ["Trainer", "TunableTrainer", "load_trainer", "load_tunable_trainer", "trainer_spec", "JobCode",
-           "resolve_job", "is_loop_function", "check_loop_arguments"]
+           "resolve_job", "is_loop_function", "check_loop_arguments", "loop_batch_size"]
 
 
 @dataclass(frozen=True)
@@ -177,3 +177,28 @@ def check_loop_arguments(spec: str, loop: Callable[..., Any], args: Mapping[str,
         inspect.signature(loop).bind(None, **dict(args))
     except TypeError as e:
         raise ProblemError(f"job '{spec}' cannot take the arguments {dict(args)}: {e}", path="trainer_args") from None
+
+
+def loop_batch_size(spec: str, loop: Callable[..., Any], args: Mapping[str, Any]) -> int:
+    """The global batch of a tuning trial whose job is the loop function
+    `loop`, called with `args` (the trial's configuration and the fixed
+    arguments): ``args["batch_size"]`` when the configuration has one, else
+    the default of the loop's ``batch_size`` parameter; a `ProblemError`
+    naming the job when neither is a positive integer (a trial's batch is
+    the same on every number of ranks, as a `TunableTrainer`'s is)."""
+    if "batch_size" in args:
+        value, where = args["batch_size"], "its configuration's batch_size"
+    else:
+        try:
+            parameter = inspect.signature(loop).parameters.get("batch_size")
+        except (TypeError, ValueError):
+            parameter = None
+        if parameter is None or parameter.default is inspect.Parameter.empty:
+            raise ProblemError(f"job '{spec}' is a loop function with no global batch for its trials: give "
+                               "batch_size in the search space (or trainer_args), or a default to the loop's "
+                               "batch_size parameter")
+        value, where = parameter.default, "the default of its batch_size parameter"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProblemError(f"job '{spec}': {where} is {value!r}, but a trial's global batch must be a positive "
+                           "integer")
+    return value

@@ -204,7 +204,8 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
     machine exists; ``--dry-run`` and `tune` both call this, so a dry run
     says no to every run that would be refused, and yes to no other.
 
-    - the trainer imports and takes the trials' arguments, the search space
+    - the trainer imports and takes the trials' arguments (a loop function:
+      and has a global batch for every trial: `resolve_trainer`), the search space
       and the scheduler build;
     - `cluster` names a cluster (a cluster config file loads);
     - the machines: on a cluster, ``resources.instance_type`` is given; the
@@ -685,7 +686,8 @@ class _backend:
         e = self.e
         options: dict[str, Any] = {"threads": e.threads, "iteration_timeout_s": e.iteration_timeout_s, "seed": e.seed,
                                    "checkpoint_every": e.checkpoint_every,
-                                   "storage": trials_storage(e, self.folder)}
+                                   "storage": trials_storage(e, self.folder), "metric": e.metric, "mode": e.mode,
+                                   "steps_per_iteration": e.steps_per_iteration}
         if self.cluster == "local":
             if isinstance(e.scheduler, PlanSpec):
                 from thrifty.runtime.providers.local import LocalProvider

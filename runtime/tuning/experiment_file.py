@@ -3,8 +3,32 @@ says what to tune, how, and for which goal (issue "thrifty tune").
 
 Fields (``thrifty schema experiment`` prints the JSON Schema):
 
-- ``trainer``: ``MODULE:FACTORY``, a `TunableTrainer` factory called with a
-  trial's configuration as keyword arguments (plus ``trainer_args``);
+- ``trainer``: ``MODULE:FUNCTION``, the trials' job, written one of two ways
+  (`thrifty.runtime.ddp.trainer.resolve_job` tells them apart): a loop
+  function (the job contract of `thrifty.runtime.ddp.context`), called in
+  every rank as ``train(ctx, **config)``, or a `TunableTrainer` factory
+  called with the configuration; the configuration is a draw of the search
+  space plus ``trainer_args``, as keyword arguments. A loop's trial:
+
+  - trains on the global batch ``batch_size`` of its configuration (the
+    search space's, or ``trainer_args``'), else the default of the loop's
+    ``batch_size`` parameter (``ctx.global_batch``, the same on any number
+    of ranks);
+  - reports the experiment's ``metric`` under its own name at the end of
+    each trial iteration (``ctx.report({"loss": ..., "val_loss": v})`` with
+    ``"metric": "val_loss", "mode": "min"``; a callable
+    ``ctx.report(lambda: {...})`` is called only there, so its evaluation
+    costs nothing in between), combined over the ranks by batch share;
+  - has one iteration (the schedulers' unit: HyperSched's and ASHA's rungs,
+    POP's curve points) per epoch of the data it gives
+    ``ctx.prepare_loader``, unless ``steps_per_iteration`` says how many
+    batches;
+  - checkpoints with ``ctx.report(..., checkpoint={...})`` to the run's
+    ``storage``, and gets it back from ``ctx.restore()`` when a paused or
+    resized trial resumes, on any machine and number of ranks;
+
+  a `TunableTrainer` reports its own ``metric(model)``, a score (higher is
+  better), with its own ``batch_size`` and ``steps_per_iteration``;
 - ``search_space``: name -> a constant, or one domain:
   ``{"loguniform": [low, high]}``, ``{"uniform": [low, high]}``,
   ``{"randint": [low, high]}`` (both included) or ``{"choice": [v, ...]}``;
@@ -16,6 +40,8 @@ Fields (``thrifty schema experiment`` prints the JSON Schema):
   ``[0, null]`` for ``min``, a loss): the range ``pop`` and ``earlyterm``
   forecast learning curves within;
 - ``max_iterations`` (R: a trial that reaches it is complete);
+  ``steps_per_iteration``: batches in one trial iteration (default: one
+  epoch of the data, or a `TunableTrainer`'s own);
 - ``scheduler``: a name, or an object with ``name`` and that scheduler's
   parameters: ``hypersched`` (HyperSched 4-5), ``asha`` (HyperSched 3.3),
   ``pop``, ``bandit``, ``earlyterm`` (HyperDrive 3, 5.3), ``fifo``, or
@@ -59,6 +85,7 @@ from thrifty.core.io import read_document
 from thrifty.core.optional import import_named
 from thrifty.core.validation import FieldPathError, json_path, validate_model
 from thrifty.runtime.ddp.storage import parse_folder
+from thrifty.runtime.ddp.trainer import is_loop_function, loop_batch_size
 from thrifty.runtime.tuning.schedulers.forecasting import (MetricRange, in_range, range_or_default, score_range,
                                                           shown_range)
 from thrifty.solver.problem import MAX_COST_USD, MAX_TIME_S
@@ -167,7 +194,9 @@ class ExperimentFile(_Spec):
     """A tuning experiment (see the module docstring)."""
     name: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
         None, description="names the results folder: no path separators or control characters, no leading dot")
-    trainer: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="MODULE:FACTORY")
+    trainer: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                         description="MODULE:FUNCTION, a loop function (train(ctx, **config)) or a TunableTrainer "
+                                     "factory")
     trainer_args: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments")
     search_space: dict[str, Any] = Field(min_length=1)
     samples: Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
@@ -179,6 +208,9 @@ class ExperimentFile(_Spec):
         None, description="[lower, upper] of the metric, null for an open side (default [0, 1] for max, "
                           "[0, null] for min)")
     max_iterations: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)]
+    steps_per_iteration: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)] | None = Field(
+        None, description="batches in one trial iteration (default: one epoch of the data given to "
+                          "ctx.prepare_loader, or a TunableTrainer's own)")
     scheduler: SchedulerSpec
     deadline_s: Seconds | None = None
     target: float | None = Field(None, allow_inf_nan=False)
@@ -423,7 +455,9 @@ def build_scheduler(experiment: ExperimentFile):
 
 
 def resolve_trainer(experiment: ExperimentFile) -> None:
-    """Import the trainer factory now, so a typo fails before anything starts."""
+    """Import the trainer now, so a typo fails before anything starts: it
+    takes the trials' arguments, and a loop function has a global batch for
+    every trial (`_check_loop_batch`)."""
     module_name, _, attr = experiment.trainer.partition(":")
     try:
         module = import_named(module_name, f"'{experiment.trainer}'")
@@ -433,14 +467,18 @@ def resolve_trainer(experiment: ExperimentFile) -> None:
     if not callable(factory):
         raise ProblemError(f"'{experiment.trainer}': module '{module_name}' has no function '{attr}'",
                            path="trainer")
-    _check_arguments(experiment, factory)
+    loop = is_loop_function(factory, {**experiment.trainer_args, **experiment.search_space})
+    _check_arguments(experiment, factory, loop)
+    if loop:
+        _check_loop_batch(experiment, factory)
 
 
-def _check_arguments(experiment: ExperimentFile, factory: Any) -> None:
-    """Every trial calls the factory with `trainer_args` and a configuration of `search_space`: each of their
-    names must be a parameter it takes (unless it takes ``**kwargs``), and each parameter it needs must be one."""
+def _check_arguments(experiment: ExperimentFile, factory: Any, loop: bool = False) -> None:
+    """Every trial calls the factory (a `loop` function: after the context) with `trainer_args` and a
+    configuration of `search_space`: each of their names must be a parameter it takes (unless it takes
+    ``**kwargs``), and each parameter it needs must be one."""
     try:
-        parameters = inspect.signature(factory).parameters.values()
+        parameters = list(inspect.signature(factory).parameters.values())[1 if loop else 0:]
     except (TypeError, ValueError):  # no signature to read (a builtin): the first trial tells
         return
     given = {**{k: ("trainer_args", k) for k in experiment.trainer_args},
@@ -456,3 +494,40 @@ def _check_arguments(experiment: ExperimentFile, factory: Any) -> None:
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given:
             raise ProblemError(f"the trainer '{experiment.trainer}' needs the argument {p.name!r}: give it in "
                                "trainer_args or search_space", path="trainer")
+
+
+def _check_loop_batch(experiment: ExperimentFile, loop: Any) -> None:
+    """A loop function's trials need a global batch (`loop_batch_size`): the
+    search space's ``batch_size`` must draw positive integers only, a fixed
+    one be one, and without either the loop's ``batch_size`` parameter must
+    default to one (else the error is the ``trainer``'s, and says which
+    parameter was taken for the context: a factory's required argument
+    that nobody gives reads as a loop's). A `ProblemError` at the field's
+    JSON path otherwise."""
+    spec = experiment.trainer
+    domain = experiment.search_space.get("batch_size")
+    if isinstance(domain, dict):
+        kind, args = next(iter(domain.items()))
+        where = json_path(("search_space", "batch_size", kind))
+        counts = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in args) if kind == "choice" \
+            else kind == "randint" and args[0] >= 1  # randint draws integers from low to high
+        if not counts:
+            raise ProblemError(f"is {args!r}, but a trial's global batch (the loop function '{spec}' trains on "
+                               "batch_size) must be a positive integer: use randint or choice of positive integers",
+                               path=where)
+        return
+    for where, args in (("search_space", experiment.search_space), ("trainer_args", experiment.trainer_args)):
+        if "batch_size" in args:
+            try:
+                loop_batch_size(spec, loop, args)
+            except ProblemError as e:
+                raise ProblemError(e.message, path=json_path((where, "batch_size"))) from None
+            return
+    try:
+        loop_batch_size(spec, loop, {})
+    except ProblemError as e:
+        first = next(iter(inspect.signature(loop).parameters))
+        raise ProblemError(f"{e.message} (the trainer is taken as a loop function: its first parameter {first!r}, "
+                           "which neither trainer_args nor search_space gives, takes the job's context)",
+                           path="trainer") from None
+

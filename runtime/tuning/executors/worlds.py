@@ -10,13 +10,17 @@ a worker world (`thrifty.runtime.worlds`: forked by the fork
 server, dying with their parent, reporting in the worlds' one protocol). What HyperSched (4.3) and
 HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
 
-- *launch* (start or resume): start ``atoms`` processes; rank 0 restores the
-  trial's checkpoint when it has one (model, optimizer, data position);
-  every rank trains one iteration and rank 0 reports the metric;
+- *launch* (start or resume): start ``atoms`` processes; every rank
+  restores the trial's checkpoint when it has one (model, optimizer, data
+  position; a loop function's own state through ``ctx.restore()``); every
+  rank trains one iteration and rank 0 reports the metric;
 - *iteration*: ``steps_per_iteration`` optimizer steps on the global batch
-  (one epoch by default), then rank 0 evaluates the trainer's metric
-  (validation accuracy, higher is better) and reports it; the world then waits
-  for the loop's decision;
+  (one epoch of the trainer's dataset, or of the data a loop function gives
+  ``ctx.prepare_loader``, by default), then the metric: a `TunableTrainer`'s
+  (validation accuracy, higher is better, evaluated by rank 0), or the one a
+  loop function reports under the experiment's metric name (combined over
+  the ranks, negated for ``mode="min"``); rank 0 reports it and the world
+  waits for the loop's decision;
 - *proceed*: the next iteration; *suspend* (pause, or the first half of a
   resize): rank 0 writes an atomic checkpoint (unless the iteration's is
   written already) and the world exits; *terminate*: the world exits without
@@ -32,7 +36,8 @@ HyperDrive (4.2) ask of a trial runtime maps onto it as follows:
   resumed trial goes back to its last checkpoint and redoes the iterations
   after it (the resume says so);
 - *resize*: suspend, then launch with another number of ranks. The global
-  batch is the trainer's `batch_size` whatever the ranks (split by
+  batch is the trainer's `batch_size` (a loop function's: its
+  configuration's ``batch_size``, else its parameter's default) whatever the ranks (split by
   `sharding.split_batch`, gradients batch-weighted by `reweight`), so a
   resized trial trains the same model on the same data, only faster or slower
   (strong scaling); the data position is the step count, so any world resumes
@@ -91,8 +96,9 @@ jobs run, on a `JobSpec` that leaves the batch and the iteration to the
 trainer, evaluates after every iteration and awaits the loop's decision. A
 resumed trial restores every rank's random state when it has as many ranks as
 when it was saved, and after a resize seeds each rank from ``(seed, step,
-rank)`` (`thrifty.runtime.ddp.checkpoint.rank_seed`). Deviation, stated: the
-metric is computed by rank 0 alone, on the whole validation set.
+rank)`` (`thrifty.runtime.ddp.checkpoint.rank_seed`). Deviation, stated: a
+`TunableTrainer`'s metric is computed by rank 0 alone, on the whole
+validation set.
 """
 
 from __future__ import annotations
@@ -111,7 +117,7 @@ from thrifty.runtime.worlds import World, WorldFailed
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, ServerGone, Stalled, Watch
 from thrifty.runtime.ddp import storage as ddp_storage
 from thrifty.runtime.ddp.job import DECISION as COMMAND
-from thrifty.runtime.ddp.job import JobSpec
+from thrifty.runtime.ddp.job import TRIAL_METRIC, JobSpec
 from thrifty.runtime.ddp.trainer import TunableTrainer, trainer_spec
 from thrifty.runtime.ddp.storage import Location
 from thrifty.runtime.ddp.worker import ENTRY, PRELOAD, job_argv
@@ -122,6 +128,7 @@ if TYPE_CHECKING:
     from thrifty.runtime.providers.base import Provider
 
 __all__ = ["TunableTrainer", "WorldExecutor", "LaunchRecord", "MachineSlots", "accuracy", "example_trainer",
+           "example_loop", "teacher_data",
            "trial_checkpoint", "checkpointed_result"]
 
 log = logging.getLogger(__name__)
@@ -149,16 +156,7 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
     test needs. ``thrifty.runtime.tuning.executors.worlds:example_trainer``."""
 
     def data(split: int) -> tuple[Any, Any]:
-        import torch
-
-        generator = torch.Generator().manual_seed(seed)
-        teacher = torch.randn(features, classes, generator=generator)
-        generator.manual_seed(seed + 1 + split)
-        inputs = torch.randn(samples, features, generator=generator)
-        targets = (inputs @ teacher).argmax(dim=1)
-        noisy = torch.rand(samples, generator=generator) < label_noise
-        targets[noisy] = torch.randint(0, classes, (int(noisy.sum()),), generator=generator)
-        return inputs, targets
+        return teacher_data(features, classes, samples, label_noise, seed, split)
 
     def model() -> Any:
         import torch
@@ -187,6 +185,72 @@ def example_trainer(lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, fe
     return TunableTrainer(model=model, optimizer=optimizer, dataset=dataset, loss=loss,
                           metric=lambda m: accuracy(m, *validation), batch_size=batch_size,
                           steps_per_iteration=steps_per_iteration)
+
+
+def teacher_data(features: int, classes: int, samples: int, label_noise: float, seed: int,
+                 split: int) -> tuple[Any, Any]:
+    """The example's `samples` Gaussian points and their teacher labels: `split`
+    0 trains, 1 validates (the same teacher, other points)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(features, classes, generator=generator)
+    generator.manual_seed(seed + 1 + split)
+    inputs = torch.randn(samples, features, generator=generator)
+    targets = (inputs @ teacher).argmax(dim=1)
+    noisy = torch.rand(samples, generator=generator) < label_noise
+    targets[noisy] = torch.randint(0, classes, (int(noisy.sum()),), generator=generator)
+    return inputs, targets
+
+
+def example_loop(ctx: Any, lr: float = 0.1, hidden: int = 16, momentum: float = 0.0, features: int = 8,
+                 classes: int = 4, samples: int = 512, batch_size: int = 32, label_noise: float = 0.1,
+                 lr_decay: float = 0.99, seed: int = 0) -> None:
+    """`example_trainer` written as a loop function (the job contract of
+    `thrifty.runtime.ddp.context`), as a tuning trial runs it: the trial's
+    configuration comes as keyword arguments (the global batch is
+    `batch_size`, `ctx.global_batch`), a trial iteration is one epoch of the
+    training data, the learning rate decays by `lr_decay` a batch (a
+    schedule), and each report carries the training ``loss`` and, as a
+    callable the runtime calls only at an iteration's end, the validation
+    ``accuracy`` and ``val_loss`` (tune either: ``"metric": "accuracy"``,
+    ``"mode": "max"`` or ``"metric": "val_loss"``, ``"mode": "min"``). The
+    model, optimizer and schedule are checkpointed, so a paused or resized
+    trial goes on where it was. ``thrifty.runtime.tuning.executors.worlds:example_loop``."""
+    import torch
+    import torch.nn.functional as F
+
+    made = example_trainer(lr=lr, hidden=hidden, momentum=momentum, features=features, classes=classes,
+                           samples=samples, batch_size=batch_size, label_noise=label_noise, seed=seed)
+    model = made.model()
+    state = ctx.restore()  # None on a fresh start
+    if state is not None:
+        model.load_state_dict(state["model"])
+    ddp = ctx.prepare_model(model)
+    optimizer = made.optimizer(ddp.parameters())
+    schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, lr_decay)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+    val_inputs, val_targets = (t.to(ctx.device) for t in teacher_data(features, classes, samples, label_noise,
+                                                                       seed, 1))
+
+    def validation() -> dict[str, float]:
+        model.eval()
+        with torch.no_grad():
+            outputs = model(val_inputs)
+        model.train()
+        return {"accuracy": float((outputs.argmax(dim=1) == val_targets).float().mean()),
+                "val_loss": float(F.cross_entropy(outputs, val_targets))}
+
+    for inputs, targets in ctx.prepare_loader(made.dataset()):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(ddp(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        ctx.report(lambda loss=loss: {"loss": loss.item(), **validation()},
+                   checkpoint={"model": model, "optimizer": optimizer, "schedule": schedule})
 
 
 # --- the executor side ------------------------------------------------------------------------
@@ -338,11 +402,22 @@ class _World:
 class WorldExecutor:
     """Trials as worker processes on this host (see the module docstring).
 
-    `trainer` is ``MODULE:FACTORY`` (or a module-level function) returning a
-    `TunableTrainer` when called with a trial's configuration; `workdir`
-    holds each trial's worker logs, and `storage` (default: `workdir`; a
-    folder or ``s3://bucket/prefix``) each trial's checkpoint. Use it as a
-    context manager, or call `close()`: it kills and reaps whatever still runs.
+    `trainer` is ``MODULE:FUNCTION`` (or a module-level function): a loop
+    function (the job contract of `thrifty.runtime.ddp.context`), called in
+    every rank as ``train(ctx, **config)`` with a trial's configuration, or a
+    factory returning a `TunableTrainer` when called with it. A loop's trial
+    reports `metric` by that name (``ctx.report({metric: value})``), which
+    the scheduler reads as a score by `mode` (``min``: negated); its global
+    batch is the configuration's ``batch_size``, else the default of the
+    loop's ``batch_size`` parameter (`thrifty.runtime.ddp.trainer.loop_batch_size`).
+    A trial's iteration is `steps_per_iteration` batches (None: the
+    TunableTrainer's, else one epoch of the data given to
+    ``ctx.prepare_loader``). `workdir` holds each trial's worker logs, and
+    `storage` (default: `workdir`; a folder or ``s3://bucket/prefix``) each
+    trial's checkpoint: a loop's ``checkpoint=`` state, which ``ctx.restore()``
+    gives back when the trial resumes, on any machine and number of ranks.
+    Use it as a context manager, or call `close()`: it kills and reaps
+    whatever still runs.
     """
 
     def __init__(self, trainer: str | Callable[..., Any], workdir: str | Path, *, clock: Clock | None = None,
@@ -350,12 +425,20 @@ class WorldExecutor:
                  iteration_timeout_s: float = 600.0, save_timeout_s: float = 120.0,
                  decision_timeout_s: float = 600.0, stop_grace_s: float = 5.0, provider: Provider | None = None,
                  slots_per_machine: int | None = None, checkpoint_every: int | None = 1,
-                 storage: Location | None = None):
+                 storage: Location | None = None, metric: str = TRIAL_METRIC, mode: str = "max",
+                 steps_per_iteration: int | None = None):
         if not isinstance(threads, int) or threads < 1:
             raise ProblemError(f"`threads` is {threads!r}, but must be a positive integer", path="threads")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
             raise ProblemError(f"`checkpoint_every` is {checkpoint_every!r}, but must be a positive integer "
                                "(or None: only when paused)", path="checkpoint_every")
+        if mode not in ("max", "min"):
+            raise ProblemError(f"`mode` is {mode!r}, but must be 'max' or 'min'", path="mode")
+        if not isinstance(metric, str) or not metric:
+            raise ProblemError(f"`metric` is {metric!r}, but must be the name a loop reports", path="metric")
+        if steps_per_iteration is not None and (not isinstance(steps_per_iteration, int) or steps_per_iteration < 1):
+            raise ProblemError(f"`steps_per_iteration` is {steps_per_iteration!r}, but must be a positive integer "
+                               "(or None: one epoch)", path="steps_per_iteration")
         for name, value in (("start_timeout_s", start_timeout_s), ("iteration_timeout_s", iteration_timeout_s),
                             ("save_timeout_s", save_timeout_s), ("decision_timeout_s", decision_timeout_s),
                             ("stop_grace_s", stop_grace_s)):
@@ -374,6 +457,7 @@ class WorldExecutor:
         self.save_timeout_s, self.decision_timeout_s = save_timeout_s, decision_timeout_s
         self.stop_grace_s = stop_grace_s
         self.checkpoint_every = checkpoint_every
+        self.metric, self.mode, self.steps_per_iteration = metric, mode, steps_per_iteration
         self.provider = provider
         self.slots = MachineSlots(provider, slots_per_machine) if provider is not None else None
         self._interruptions = provider.interruptions.reader() if provider is not None else None
@@ -405,7 +489,8 @@ class WorldExecutor:
             return
         job = JobSpec(trainer=self.trainer, trainer_args=dict(trial.config),
                       checkpoint_path=self.checkpoint_of(trial.trial_id),
-                      restore="required" if checkpoint is not None else "never", steps_per_iteration=None,
+                      restore="required" if checkpoint is not None else "never",
+                      steps_per_iteration=self.steps_per_iteration, metric=self.metric, mode=self.mode,
                       checkpoint_every=self.checkpoint_every, evaluate=True, await_decision=True, metrics_every_s=None,
                       weighting="hook", backend="gloo", seed=self.seed, threads=self.threads,
                       timeout_s=self.decision_timeout_s)
