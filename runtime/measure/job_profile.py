@@ -221,7 +221,7 @@ class ProfilingContext:
 @functools.cache
 def _plain_wrapper() -> Any:
     """A module that wraps a model as DDP does (``.module``, the same
-    state-dict keys) without DDP: a loop written for the prepared model runs
+    state-dict keys, ``no_sync()``) without DDP: a loop written for the prepared model runs
     unchanged, timed without DDP's work."""
     import torch
 
@@ -232,6 +232,12 @@ def _plain_wrapper() -> Any:
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.module(*args, **kwargs)
+
+        def no_sync(self) -> Any:
+            """DDP's context of gradient accumulation; nothing to skip here."""
+            import contextlib
+
+            return contextlib.nullcontext()
 
     return Prepared
 
