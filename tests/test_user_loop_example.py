@@ -141,3 +141,20 @@ def test_the_loader_says_when_the_batch_just_drawn_ends_an_epoch(tmp_path):
         ends.append([loader.epoch_end for _ in loader])
     # positions [0, 8) [8, 16) [16, 24) [24, 32) [32, 40) [40, 48): the epoch ends at 20 and 40
     assert ends[0] == ends[1] == [False, False, True, False, True, False]
+
+
+def test_an_experiments_trainer_in_a_file_is_read_from_the_experiments_folder(tmp_path, cache):
+    from thrifty.runtime.tuning.experiment_file import load_experiment, resolve_trainer
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "mine.py").write_text("def factory(learning_rate=0.1):\n    pass\n")
+    experiment = json.loads((ROOT / "datasets" / "examples" / "tune-digits.json").read_text())
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps({**experiment, "trainer": "jobs/mine.py:factory",
+                                "search_space": {"learning_rate": {"loguniform": [0.001, 0.1]}}}))
+    loaded = load_experiment(path)
+    assert loaded.trainer == f"{tmp_path / 'jobs' / 'mine.py'}:factory"
+    resolve_trainer(loaded)  # imports the file, checks the search space against the factory's arguments
+    path.write_text(json.dumps({**experiment, "trainer": "jobs/mine.py:factory"}))
+    with pytest.raises(ProblemError, match="takes no argument 'optimizer'"):
+        resolve_trainer(load_experiment(path))

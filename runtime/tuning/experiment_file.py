@@ -3,7 +3,8 @@ says what to tune, how, and for which goal (issue "thrifty tune").
 
 Fields (``thrifty schema experiment`` prints the JSON Schema):
 
-- ``trainer``: ``MODULE:FACTORY``, a `TunableTrainer` factory called with a
+- ``trainer``: ``MODULE:FACTORY`` (or ``path/to/file.py:FACTORY``, read
+  from the experiment file's folder), a `TunableTrainer` factory called with a
   trial's configuration as keyword arguments (plus ``trainer_args``);
 - ``search_space``: name -> a constant, or one domain:
   ``{"loguniform": [low, high]}``, ``{"uniform": [low, high]}``,
@@ -56,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document
-from thrifty.core.optional import import_named
+from thrifty.core.optional import absolute_spec, file_spec, import_file, import_named
 from thrifty.core.validation import FieldPathError, json_path, validate_model
 from thrifty.runtime.ddp.storage import parse_folder
 from thrifty.runtime.tuning.schedulers.forecasting import (MetricRange, in_range, range_or_default, score_range,
@@ -167,7 +168,8 @@ class ExperimentFile(_Spec):
     """A tuning experiment (see the module docstring)."""
     name: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
         None, description="names the results folder: no path separators or control characters, no leading dot")
-    trainer: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="MODULE:FACTORY")
+    trainer: str = Field(pattern=r"^(?:[A-Za-z_][\w.]*|.+\.py):[A-Za-z_]\w*$",
+                         description="MODULE:FACTORY or path/to/file.py:FACTORY")
     trainer_args: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments")
     search_space: dict[str, Any] = Field(min_length=1)
     samples: Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
@@ -359,6 +361,8 @@ def parse_experiment(data: Any, source: str | None = None, base: Path | None = N
                     updates[key] = str(base / value)
         if updates:
             experiment = experiment.model_copy(update={"resources": experiment.resources.model_copy(update=updates)})
+        if file_spec(experiment.trainer) is not None:  # a trainer's file, read from the experiment's folder
+            experiment = experiment.model_copy(update={"trainer": absolute_spec(experiment.trainer, base)})
     return experiment
 
 
@@ -424,9 +428,10 @@ def build_scheduler(experiment: ExperimentFile):
 
 def resolve_trainer(experiment: ExperimentFile) -> None:
     """Import the trainer factory now, so a typo fails before anything starts."""
-    module_name, _, attr = experiment.trainer.partition(":")
+    in_file = file_spec(experiment.trainer)
+    module_name, attr = in_file if in_file is not None else experiment.trainer.split(":")
     try:
-        module = import_named(module_name, f"'{experiment.trainer}'")
+        module = (import_file if in_file is not None else import_named)(module_name, f"'{experiment.trainer}'")
     except ProblemError as e:
         raise ProblemError(e.message, path="trainer") from None
     factory = getattr(module, attr, None)
