@@ -85,6 +85,12 @@ def test_the_readme_run_section_leads_with_the_user_loop_example_and_its_command
         capsys.readouterr()
         assert main([command[1], str(copy), *command[3:], *cheap[command[1]]]) == 0, command
         outputs[command[1]] = capsys.readouterr().out
+    from thrifty.perfmodels.job_profiles import job_key, profile_path
+    from thrifty.perfmodels.profile import load_profile
+
+    # `thrifty profile PROBLEM.json` timed the problem's job, with its arguments, at its batch sizes
+    profile = load_profile(profile_path(job_key(str((ROOT / problem_path).parent / job), TINY_IMAGES), device="cpu"))
+    assert [point.batch for point in profile.points] == problem["batch_sizes"]
     plan = json.loads(outputs["solve"])  # priced by the profile the first command measured of the job itself
     assert plan["status"] == "optimal"
     assert {p["compute"]["kind"] for p in plan["provenance"].values()} == {"measured"}

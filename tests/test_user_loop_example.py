@@ -83,6 +83,11 @@ def test_a_job_file_or_function_that_is_not_there_is_one_line_and_exit_2(tmp_pat
     assert f"there is no file '{ROOT / 'jobs' / 'missing.py'}'" in one_line_error(capsys)  # from the current folder
     assert main(["profile", "datasets/examples/cnn/train.py:trian", "--batches", "4,8"]) == 2
     assert "has no attribute 'trian'; did you mean 'train'?" in one_line_error(capsys)
+    assert main(["profile", str(problem)]) == 2  # a problem file in place of the job must name one
+    assert "names no job" in one_line_error(capsys)
+    problem.write_text(json.dumps(demo_problem(job=f"{EXAMPLE}:train", job_args=TINY)))
+    assert main(["profile", str(problem), "--job-args", "{}"]) == 2
+    assert "gives the job's arguments (job_args); leave --job-args out" in one_line_error(capsys)
     problem.write_text(json.dumps(demo_problem(job="missing.py:train")))
     assert main(["solve", str(problem)]) == 2
     err = one_line_error(capsys)
