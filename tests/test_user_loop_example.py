@@ -163,3 +163,13 @@ def test_an_experiments_trainer_in_a_file_is_read_from_the_experiments_folder(tm
     path.write_text(json.dumps({**experiment, "trainer": "jobs/mine.py:factory"}))
     with pytest.raises(ProblemError, match="takes no argument 'optimizer'"):
         resolve_trainer(load_experiment(path))
+
+
+def test_a_profiled_iteration_of_micro_batches_counts_each_ones_backward_as_backward():
+    from thrifty.runtime.measure.job_profile import _Iteration, _split
+
+    # forward 0-1, backward 1-3, forward 3-4, backward 4-6 (its last gradient at 6), step 6-7
+    two = _Iteration(start=0.0, forwards=[(0.0, 1.0), (3.0, 4.0)], ready={"w": 5.5, "b": 6.0}, end=7.0)
+    assert _split(two) == (2.0, 4.0, 1.0)
+    one = _Iteration(start=0.0, forwards=[(0.5, 1.5)], ready={"w": 3.0, "b": 4.0}, end=5.0)
+    assert _split(one) == (1.0, 2.5, 1.5)  # one pass: from its end to the last gradient, as before
