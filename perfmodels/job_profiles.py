@@ -1,12 +1,12 @@
 """The compute profiles measured from a job itself, keyed by the job's code
 and arguments, and where they are kept.
 
-A job (``mypkg.jobs:train``, a loop function or a `Trainer` factory) is
-profiled by ``thrifty profile mypkg.jobs:train`` on each machine type it may
+A job (``mypkg.jobs:train`` or ``path/to/train.py:train``, a loop function
+or a `Trainer` factory) is profiled by ``thrifty profile mypkg.jobs:train`` on each machine type it may
 run on; a training problem that names the job (``"job": "mypkg.jobs:train"``,
 optional ``"job_args"``) is priced with those profiles. A profile belongs to
 one version of the job: its key (`job_key`) hashes the source file of the
-job's module, the job's name and its JSON arguments, so an edited loop (or
+job's module (or the job's file), the job's name and its JSON arguments, so an edited loop (or
 other arguments) misses the cache instead of being priced with another
 loop's times.
 
@@ -37,6 +37,7 @@ from typing import Any
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import write_json
+from thrifty.core.optional import file_spec
 
 __all__ = ["CACHE_ENV", "cache_root", "module_source", "job_key", "profile_path", "profiles_for",
            "store_profile", "measure_command"]
@@ -79,16 +80,26 @@ def module_source(module: str) -> Path:
 
 def job_key(job: str, args: Mapping[str, Any] | None = None) -> str:
     """The cache key of a job: a hash of its module's source file, its name
-    (``module:function``) and its arguments as sorted JSON."""
-    if not isinstance(job, str) or job.count(":") != 1 or not all(job.split(":")):
-        raise ProblemError(f"job is {job!r}, but must be 'package.module:function'", path="job")
-    module = job.split(":")[0].strip()
+    (``module:function``; for a file's job, ``path/to/file.py:function``, the
+    file's name and the function: the same file keys alike from any folder)
+    and its arguments as sorted JSON."""
+    in_file = file_spec(job) if isinstance(job, str) else None
+    if in_file is not None:
+        path = Path(in_file[0]).expanduser()
+        if not path.is_file():
+            raise ProblemError(f"job '{job}': there is no file {in_file[0]!r}", path="job")
+        source, name = path, f"{path.name}:{in_file[1]}"
+    elif isinstance(job, str) and job.count(":") == 1 and all(job.split(":")):
+        source, name = module_source(job.split(":")[0].strip()), job.strip()
+    else:
+        raise ProblemError(f"job is {job!r}, but must be 'package.module:function' or 'path/to/file.py:function'",
+                           path="job")
     try:
         arguments = json.dumps(dict(args or {}), sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ProblemError(f"job arguments must be JSON values: {e}", path="job_args") from None
     digest = hashlib.sha256()
-    for part in (module_source(module).read_bytes(), job.strip().encode(), arguments.encode()):
+    for part in (source.read_bytes(), name.encode(), arguments.encode()):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()[:20]

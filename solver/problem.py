@@ -20,13 +20,15 @@ in cost; ``min_billed_s``: the billing minimum per machine, 60 s on EC2),
 GPUs of a machine times a power of two, the default; ``"pow2"``, any power of
 two; or an explicit list), ``respect_threshold`` (skip batches below the
 latency-to-throughput transition, Srifty takeaway 4; default true), ``job``
-(``package.module:function``: the job's own profiles, measured by ``thrifty
-profile JOB`` and cached by its code and arguments, price the instance types;
-`thrifty.perfmodels.job_profiles`) with its ``job_args`` (JSON keyword
-arguments; ``model`` defaults to the job's name, ``package.module.function``).
+(``package.module:function`` or ``path/to/train.py:function``: the job's own
+profiles, measured by ``thrifty profile JOB`` and cached by its code and
+arguments, price the instance types; `thrifty.perfmodels.job_profiles`;
+``thrifty run`` runs it when no ``--job`` is given) with its ``job_args``
+(JSON keyword arguments; ``model`` defaults to the job's name,
+``package.module.function``, or for a file's job ``stem.function``).
 
-Relative paths inside a problem file (``catalog``, ``allreduce``, and
-``model`` when it names a profile file) are read from the problem file's
+Relative paths inside a problem file (``catalog``, ``allreduce``, ``model``
+when it names a profile file, and the file of a ``job``) are read from the problem file's
 folder, whatever the current folder; a problem built in Python (``solve(dict)``)
 reads them from the current folder. A file that is not there is an error
 naming the problem file and the field (``copy.json: catalog: file not found:
@@ -43,6 +45,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document
+from thrifty.core.optional import absolute_spec, file_spec
 from thrifty.core.validation import FieldPathError, short_value, validate_model
 from thrifty.perfmodels.cluster import MAX_MACHINES
 
@@ -183,8 +186,8 @@ class TrainingProblem(_Frozen):
     model: Text
     # the job (``package.module:function``) whose own profiles price the instance types
     # (`thrifty.perfmodels.job_profiles`); `model` then defaults to the job's name
-    job: Annotated[Text, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
-                               description="package.module:function")] | None = None
+    job: Annotated[Text, Field(pattern=r"^(?:[A-Za-z_][\w.]*|.+\.py):[A-Za-z_][\w.]*$",
+                               description="package.module:function or path/to/file.py:function")] | None = None
     job_args: dict[str, Any] = Field(default_factory=dict)
     global_batch: Annotated[int, *_int_range(1, MAX_GLOBAL_BATCH, "samples per iteration over all machines "
                                              "(16x the largest published data-parallel batch)")]
@@ -206,7 +209,9 @@ class TrainingProblem(_Frozen):
     @classmethod
     def _model_of_job(cls, data: Any) -> Any:
         if isinstance(data, dict) and "model" not in data and isinstance(data.get("job"), str):
-            return {**data, "model": data["job"].replace(":", ".")}  # (a colon would read as an emoji code)
+            in_file = file_spec(data["job"])  # a file's job: the file's stem and the function
+            name = f"{Path(in_file[0]).stem}.{in_file[1]}" if in_file else data["job"].replace(":", ".")
+            return {**data, "model": name}  # (a colon would read as an emoji code)
         return data
 
     @model_validator(mode="after")
@@ -253,12 +258,16 @@ def _names_file(key: str, value: str, base: Path | None) -> bool:
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """`data` with each relative file field read from the folder `base` (the problem file's)."""
+    """`data` with each relative file field read from the folder `base` (the problem file's), and a `job`
+    in a file (``train.py:train``) with its path made absolute from there."""
     out = dict(data)
     for key in FILE_FIELDS:
         value = out.get(key)
         if isinstance(value, str) and value and "\x00" not in value and _names_file(key, value, base):
             out[key] = str(base / value)  # an absolute value stays itself
+    job = out.get("job")
+    if isinstance(job, str) and "\x00" not in job and file_spec(job) is not None:
+        out["job"] = absolute_spec(job, base)
     return out
 
 
@@ -274,6 +283,9 @@ def _check_files(problem: Problem, source: str | None) -> None:
                 found = False
             if not found:
                 raise ProblemError(f"file not found: {value}", path=key, source=source)
+    in_file = file_spec(problem.job) if isinstance(problem, TrainingProblem) and problem.job is not None else None
+    if in_file is not None and not Path(in_file[0]).is_file():
+        raise ProblemError(f"file not found: {in_file[0]}", path="job", source=source)
 
 
 def parse_problem(data: Any, source: str | None = None, base: Path | None = None) -> Problem:

@@ -135,6 +135,22 @@ def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, demo, 
     assert provider.machines() == []
 
 
+def test_a_loop_named_by_its_file_runs_on_the_cluster_like_one_process(provider, demo, demo_plan, tmp_path,
+                                                                       monkeypatch):
+    """A job named by its file (issue 35: the README's user-loop example, ``path/to/train.py:train``) is
+    imported by its path in the driver and in every rank on the cluster's nodes."""
+    monkeypatch.chdir(ROOT)
+    job = "datasets/examples/cnn/train.py:train"
+    args = {"precision": "fp32", "samples": 96, "held_out": 16, "size": 8, "channels": 2, "width": 4, "classes": 3}
+    problem = {**json.loads(demo.read_text()), "iterations": 6}
+    result = train(demo_plan, job, trainer_args=args, problem=problem, provider=provider, run_dir=tmp_path / "ray",
+                   config=CONFIG)
+    assert [s.config for s in result.segments] == ["2xlocal-a@32"] and result.iterations == 6
+    single = train(plan_dict(("local-a", "spot", 1, 64)), job, trainer_args=args, problem=problem,
+                   run_dir=tmp_path / "single", config=CONFIG)
+    assert max_difference(model_state(result.checkpoint_path), model_state(single.checkpoint_path)) < 1e-6
+
+
 def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(nodes, provider, demo, demo_plan,
                                                                              tmp_path):
     # from the removal on, each iteration takes 20 ms longer (the world's pace is its slowest machine's), so

@@ -59,6 +59,20 @@ Other examples here:
   gives the stage plan at the least cost under its deadline).
 - `local-demo-srifty54.json` with `local-demo-catalog.json`: Srifty 5.4 in
   miniature on worker processes of this host (`thrifty run`).
+- `cnn/train.py`: a user's own training loop, the job contract of
+  `runtime/ddp/context.py` as a user writes it (`train(ctx, lr=...,
+  weight_decay=..., ...)`): a small CNN, a OneCycle schedule, bf16
+  autocast, gradient clipping, gradient accumulation over micro-batches, an
+  evaluation on held-out images at each epoch's end, and its checkpoint
+  (model, optimizer, schedule, gradient scaler) restored on resume. Its data
+  is synthetic and derived: `synthetic_images` in the file makes it from a
+  seed (class templates of Gaussian noise, each sample its class's template
+  shifted by up to two pixels plus noise); nothing is downloaded or shipped.
+- `cnn-job.json`: a training problem that names that loop as its job
+  (`"job": "cnn/train.py:train"`, read from this folder) on the local demo
+  types of `local-demo-catalog.json` (demo prices): `thrifty profile`,
+  `thrifty solve` and `thrifty run` take it with no other input (the
+  README's `thrifty run` section).
 """
 
 

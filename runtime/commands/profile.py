@@ -1,7 +1,9 @@
 """``thrifty profile JOB``: measure a compute profile (Srifty 4.1) on this
 machine and write it atomically.
 
-JOB (``package.module:function``) is resolved once
+JOB (``package.module:function``, or ``path/to/train.py:function``, a file
+imported by its path; or a training problem file that names its ``job``, whose
+``job_args`` and listed ``batch_sizes`` it takes) is resolved once
 (`thrifty.runtime.measure.job_profile.resolve_target`): a job (a loop
 function ``train(ctx, **args)``, or a factory of the four-factory
 `Trainer`), whose own loop is timed (`profile_job`), or a `Workload`
@@ -58,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              1: "a worker or measurement failed, or the cluster gave no machine"})
     parser.add_argument("factory", metavar="JOB",
                         help="a job (a loop function train(ctx, ...), or a Trainer factory) or a Workload factory, "
-                             "as package.module:function, e.g. thrifty.runtime.measure.zoo:mlp")
+                             "as package.module:function or path/to/train.py:function, e.g. "
+                             "thrifty.runtime.measure.zoo:mlp; or a training problem file naming its job "
+                             "(\"job\": its job_args and listed batch_sizes are used)")
     parser.add_argument("--job-args", metavar="JSON", help="the job's (or factory's) keyword arguments, a JSON object")
     parser.add_argument("--instance-type", metavar="TYPE",
                         help="a job: the catalog's instance type this machine is (its profile prices that type; "
@@ -146,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from thrifty.runtime.measure import profile_workload, resolve_target
 
     check_cluster_arguments(args)
+    _job_of_problem(args)
     batches = parse_batches(args.batches) if args.batches is not None else None
     name = args.name or default_name(args.factory)
     job_args = parse_job_args(args.job_args)
@@ -185,6 +190,38 @@ def run(args: argparse.Namespace) -> int:
     save_profile(profile, args.out)
     _print_summary(profile, args.out)
     return 0
+
+
+def _job_of_problem(args: argparse.Namespace) -> None:
+    """JOB as every process names it: a file's path made absolute; a training
+    problem file (``.json``, ``.yaml``) in its place stands for the job it
+    names (``"job"``), with its ``job_args`` and, unless ``--batches`` or
+    ``--max-batch`` is given, its listed ``batch_sizes``: the profile that
+    ``thrifty solve`` on that problem looks for."""
+    import json
+    from pathlib import Path
+
+    from thrifty.core.optional import absolute_spec, file_spec
+
+    given = args.factory
+    if file_spec(given) is None and given.lower().endswith((".json", ".yaml", ".yml")) and Path(given).is_file():
+        from thrifty.solver.problem import TrainingProblem, load_problem
+
+        problem = load_problem(given)
+        job = problem.job if isinstance(problem, TrainingProblem) else None
+        if job is None:
+            raise ProblemError(f"{given} names no job: profile a job (MODULE:FUNCTION or path/to/train.py:FUNCTION), "
+                               "or give the problem one (\"job\")")
+        if args.job_args is not None:
+            raise ProblemError(f"{given} gives the job's arguments (job_args); leave --job-args out")
+        assert isinstance(problem, TrainingProblem)
+        args.factory = job
+        args.job_args = json.dumps(problem.job_args, sort_keys=True) if problem.job_args else None
+        listed = problem.batch_sizes
+        if args.batches is None and args.max_batch is None and isinstance(listed, list) and len(set(listed)) > 1:
+            args.batches = ",".join(str(b) for b in sorted(set(listed)))
+    else:
+        args.factory = absolute_spec(given)
 
 
 def parse_job_args(text: str | None) -> dict[str, Any]:

@@ -3,7 +3,8 @@ live progress bar (predicted against actual), re-planning on preemption or a
 certain slowdown (Srifty 4.5), a JSON-lines run log and a timeline at the end.
 
 ``thrifty run PLAN.json --problem PROBLEM.json --job MODULE:FUNCTION`` (a loop function, or a
-`Trainer` factory; ``--trainer`` is the same); a
+`Trainer` factory; ``path/to/train.py:FUNCTION`` names one in a file; ``--trainer`` is the same;
+without it, the problem's ``"job"``); a
 problem file (JSON or YAML) in place of the plan is solved first.
 ``thrifty run --resume [RUN_DIR]`` continues a run from its checkpoint with
 what its run record holds (plan, problem, trainer, settings, cluster, plot);
@@ -110,7 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a plan from `thrifty solve --out`, or a training problem (JSON or YAML) to solve "
                              "first; not needed with --resume RUN_DIR")
     parser.add_argument("--job", "--trainer", dest="trainer", metavar="MODULE:FUNCTION",
-                        help="the job: a loop function `def train(ctx, **args)` run once per rank "
+                        help="the job (default: the problem's \"job\"), as MODULE:FUNCTION or "
+                             "path/to/train.py:FUNCTION: a loop function `def train(ctx, **args)` run once per rank "
                              "(thrifty.runtime.ddp.context states the contract; e.g. "
                              "thrifty.runtime.training.examples:mlp_loop), or a function returning a "
                              "thrifty.runtime.training.Trainer (e.g. thrifty.runtime.training.examples:zoo)")

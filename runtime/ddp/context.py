@@ -39,7 +39,14 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   whose batch size and sampler it replaces) and iterates this rank's share of
   each global batch (`thrifty.runtime.ddp.sharding`: the same global batches in
   the same order whatever the machines) from the data position to the job's
-  end, on the context's device.
+  end, on the context's device. Its `RankLoader.epoch_end` says when the batch
+  just drawn ends an epoch (``len(data) / global batch`` batches, rounded
+  up: where a loop evaluates, and where a tuning trial's iteration ends).
+- The loop trains on each batch as it comes, in one forward pass or in
+  micro-batches (gradient accumulation, ``no_sync`` on all but the last, each
+  micro-batch's mean loss weighted by its share of the local batch): the
+  training forward passes of the prepared model between two draws from the
+  loader must add up to the local batch (or each hold all of it).
 - `JobContext.report` is the iteration boundary. Its metrics (numbers, batch
   means on this rank's batch) are combined over the ranks by batch share and
   written to the job's metric sinks (`MetricsSink`, `metric_sinks`) about every
@@ -79,7 +86,8 @@ A bad job gets one line naming the job (and, from the driver, the rank's
 log), and loses nothing already checkpointed: a loop that raises, that never
 calls `prepare_model`, that reports a non-finite metric, that never reports
 (or draws many batches between reports), that returns before the job's end,
-or whose model is called on another batch size than the plan's.
+or whose training forward passes between two draws add up to another batch
+size than the plan's.
 
 The four-factory `Trainer` is the short form of a job: the runtime runs it as
 a loop function of its own (`thrifty.runtime.ddp.loop.trainer_loop`), which
@@ -199,6 +207,7 @@ class JobContext:
             int(self._saved["iteration"]) if self._saved is not None else 0
         self._state: Mapping[str, Any] | None = None
         self._ddp: Any = None
+        self._trained: list[tuple[int, ...]] = []  # the shapes of the training forwards since the last draw
         self._began = False
         self._stopping = False
         self._reports = 0
@@ -360,6 +369,7 @@ class JobContext:
                                "nothing (a Trainer factory takes only keyword arguments, all given or defaulted)")
         if not self._began:  # a world that starts at the job's end: nothing to train
             self._begin()
+        self._check_trained()
         if self._reports == 0 and self.step > self._start_step:
             raise ProblemError(f"{self._who()} returned without calling ctx.report(): the runtime checkpoints, "
                                "stops and re-plans a job only at its reports")
@@ -404,6 +414,7 @@ class JobContext:
             raise StopJob()
         if not self._began:
             self._begin()
+        self._check_trained()
         iteration = self.iteration
         if self.step % self.steps_per_iteration == 0 and self._fired_at != iteration:
             self._fired_at = iteration
@@ -415,17 +426,37 @@ class JobContext:
                                "its reports: report every iteration (or every few)")
 
     def _check_batch(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A forward pre-hook of the prepared model: in training (train mode,
-        gradients on), its input must hold the plan's local batch."""
-        if not module.training or not torch.is_grad_enabled():
+        """A forward pre-hook of the prepared model: notes the shape of each
+        training forward (train mode, gradients on) after the first draw, for
+        `_check_trained`."""
+        if not self._began or not module.training or not torch.is_grad_enabled():
             return
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-        # the local batch, or a part of it (micro-batches), along some dimension
-        if first is not None and not any(s == self.local_batch or (1 < s and self.local_batch % s == 0)
-                                         for s in first.shape):
-            raise ProblemError(f"{self._who()} trained on a batch of shape {tuple(first.shape)}, but the plan gives "
-                               f"this rank {self.local_batch} samples (ctx.local_batch): train on the batches of "
-                               "ctx.prepare_loader(...) as they come")
+        if first is not None:
+            self._trained.append(tuple(first.shape))
+
+    def _check_trained(self) -> None:
+        """Before the next draw (and at the loop's end): the training forwards
+        since the last draw held the plan's local batch along one dimension
+        (the batch's): micro-batches that add up to it (gradient accumulation),
+        or passes that each hold all of it (one pass; or several on the same
+        batch, as sharpness-aware steps and `prime_buckets` make)."""
+        shapes, self._trained = self._trained, []
+        if not shapes:
+            return
+        local = self.local_batch
+        ranks = {len(shape) for shape in shapes}
+        if len(ranks) == 1 and any(sum(shape[d] for shape in shapes) == local
+                                   or all(shape[d] == local for shape in shapes) for d in range(ranks.pop())):
+            return
+        if len(shapes) == 1:
+            got = f"a batch of shape {shapes[0]}"
+        else:
+            got = f"{len(shapes)} forward passes of shapes {', '.join(map(str, shapes))} between two draws (along no " \
+                  "dimension do they add up to it, or each hold it)"
+        raise ProblemError(f"{self._who()} trained on {got}, but the plan gives this rank {local} samples "
+                           "(ctx.local_batch): train on the batches of ctx.prepare_loader(...) as they come, whole "
+                           "or in micro-batches that add up to them")
 
     def _values(self, metrics: Metrics) -> dict[str, float]:
         got = metrics() if callable(metrics) else metrics
@@ -595,6 +626,17 @@ class RankLoader:
             and all(isinstance(t, torch.Tensor) for t in tensors) and not options.get("num_workers") \
             and options.get("collate_fn") in (None, _default_collate())
         self.batches_per_epoch = math.ceil(len(data) / ctx.global_batch)
+
+    @property
+    def epoch_end(self) -> bool:
+        """Whether the batch just drawn is the last of an epoch: every
+        `batches_per_epoch` (``ceil(len(data) / global batch)``, a
+        ``DataLoader``'s length) draws, as the four-factory `Trainer` and a
+        tuning trial count an epoch (a trial's iteration ends here, unless
+        its experiment sets ``steps_per_iteration``). The same on every rank;
+        False before the first draw. A loop evaluates here."""
+        step = self.ctx.step
+        return step > 0 and step % self.batches_per_epoch == 0
 
     def __len__(self) -> int:
         """Batches left to the job's end (a tuning trial's loader has no end: 0)."""

@@ -1,4 +1,5 @@
-"""What the runtime trains: a job named ``MODULE:FUNCTION``, written one of
+"""What the runtime trains: a job named ``MODULE:FUNCTION`` (or
+``path/to/file.py:FUNCTION``, a file imported by its path), written one of
 two ways: a loop function (the user's own training code, run once per rank
 with a `thrifty.runtime.ddp.context.JobContext`; that module states the
 contract), or a `Trainer`, four factories given by the user, the short form,
@@ -27,6 +28,7 @@ nothing on the others, and weights each rank's values by its batch share.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,11 +71,18 @@ class TunableTrainer(Trainer):
 
 
 def trainer_spec(trainer: str | Callable[..., Any]) -> str:
-    """The ``MODULE:FACTORY`` name of a trainer factory; a callable must be
-    importable under its own module and qualified name."""
+    """The name of a job every process resolves alike: ``MODULE:FUNCTION``,
+    or ``/absolute/path/file.py:FUNCTION`` (a file's path made absolute from
+    the current folder, `thrifty.core.optional.absolute_spec`); a callable
+    must be importable under its own module (or file) and qualified name."""
+    from thrifty.core.optional import absolute_spec
+
     if isinstance(trainer, str):
-        return trainer.strip()
+        return absolute_spec(trainer)
     module, name = getattr(trainer, "__module__", None), getattr(trainer, "__qualname__", None)
+    source = getattr(sys.modules.get(module or ""), "__file__", None)
+    if module and module.startswith("_thrifty_file_") and source and name and "<" not in name:
+        return f"{source}:{name}"  # a function of a file imported by its path
     if not callable(trainer) or not module or not name or "<" in name or module == "__main__":
         raise ProblemError(
             f"trainer is {trainer!r}, but must be 'module:factory' or a module-level function of an "

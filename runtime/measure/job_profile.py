@@ -19,8 +19,11 @@ timing hooks on the model the loop trains:
   calls in training mode, summed over an iteration's micro-batches);
 - ``register_post_accumulate_grad_hook`` on every parameter: when each
   gradient is ready; the backward pass is from the end of the iteration's last
-  forward to the last gradient ready (the loss is in it), and each gradient's
-  ``ready_frac`` is its time in that span over the span;
+  forward to the last gradient ready (the loss is in it), plus, with
+  micro-batches (gradient accumulation), the time between one micro-batch's
+  forward and the next one's (their backward passes); each gradient's
+  ``ready_frac`` is its time in the last span over that span (the last
+  micro-batch's backward is the one whose gradients DDP exchanges);
 - the step: the rest of the iteration, from the last gradient to the report,
   plus the time before the first forward (the optimizer step, zeroing, the
   schedule, clipping, drawing the next batch): every part of the loop's
@@ -221,7 +224,7 @@ class ProfilingContext:
 @functools.cache
 def _plain_wrapper() -> Any:
     """A module that wraps a model as DDP does (``.module``, the same
-    state-dict keys) without DDP: a loop written for the prepared model runs
+    state-dict keys, ``no_sync()``) without DDP: a loop written for the prepared model runs
     unchanged, timed without DDP's work."""
     import torch
 
@@ -232,6 +235,12 @@ def _plain_wrapper() -> Any:
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.module(*args, **kwargs)
+
+        def no_sync(self) -> Any:
+            """DDP's context of gradient accumulation; nothing to skip here."""
+            import contextlib
+
+            return contextlib.nullcontext()
 
     return Prepared
 
@@ -262,8 +271,8 @@ def _split(it: _Iteration) -> tuple[float, float, float]:
     if not it.forwards or not it.ready:
         raise ProblemError("the job's iteration ran no forward and backward pass through the prepared model")
     forward = sum(end - began for began, end in it.forwards)
-    last_forward_end = it.forwards[-1][1]
-    backward = max(it.ready.values()) - last_forward_end
+    # from the first forward to the last gradient, what is not forward: every micro-batch's backward (and loss)
+    backward = max(it.ready.values()) - it.forwards[0][0] - forward
     step = (it.end - it.start) - forward - backward
     return forward, max(backward, 1e-9), max(step, 0.0)
 

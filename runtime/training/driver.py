@@ -123,7 +123,8 @@ def prepare_run(plan: PlanArgument = None, trainer: str | Callable[..., Any] | N
                 options: Mapping[str, Any] | None = None) -> PreparedRun:
     """`train`'s arguments resolved, nothing checked past them and nothing
     started: a resumed run's record fills in what is not given (trainer and
-    its arguments, settings, cluster, options, plan, problem) and its log
+    its arguments, settings, cluster, options, plan, problem), else the
+    problem's ``job`` (with its ``job_args``) is the trainer, and its log
     says what its earlier sessions spent; `RunFinished` when it has finished
     (every iteration of the problem done: a problem with more goes on).
     ``thrifty run --dry-run`` checks what this returns with
@@ -143,6 +144,9 @@ def prepare_run(plan: PlanArgument = None, trainer: str | Callable[..., Any] | N
         cluster = cluster if cluster is not None else record.cluster
         options = {**record.options, **(options or {})}
     given = run_plan(plan, problem, record, folder if resuming else None)  # one type from here on
+    if trainer is None and given.problem.job is not None:  # the job the problem names (and was priced by)
+        trainer = given.problem.job
+        trainer_args = trainer_args if trainer_args is not None else given.problem.job_args
     finish = finished_run(events) if resuming else None
     if finish is not None and int(finish.get("iterations") or 0) >= given.problem.iterations:
         assert folder is not None  # resuming

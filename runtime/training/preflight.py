@@ -148,8 +148,9 @@ def _check_machines(run: RunInputs, catalog: Catalog, provider: Provider | None)
 
 def _check_trainer(run: RunInputs) -> None:
     if run.trainer is None:
-        raise ProblemError("is required: give MODULE:FUNCTION, a loop function or a Trainer factory (e.g. "
-                           "thrifty.runtime.training.examples:zoo)", path="trainer")
+        raise ProblemError("is required: give --job MODULE:FUNCTION or path/to/train.py:FUNCTION, a loop function "
+                           "or a Trainer factory (e.g. thrifty.runtime.training.examples:zoo), or name the job in the "
+                           "problem (\"job\")", path="trainer")
     from thrifty.runtime.ddp.trainer import check_loop_arguments, resolve_job, trainer_spec
 
     code = resolve_job(trainer_spec(run.trainer), run.trainer_args)  # a factory that raises is bad input

@@ -3,7 +3,8 @@ says what to tune, how, and for which goal (issue "thrifty tune").
 
 Fields (``thrifty schema experiment`` prints the JSON Schema):
 
-- ``trainer``: ``MODULE:FUNCTION``, the trials' job, written one of two ways
+- ``trainer``: ``MODULE:FUNCTION`` (or ``path/to/file.py:FUNCTION``, read
+  from the experiment file's folder), the trials' job, written one of two ways
   (`thrifty.runtime.ddp.trainer.resolve_job` tells them apart): a loop
   function (the job contract of `thrifty.runtime.ddp.context`), called in
   every rank as ``train(ctx, **config)``, or a `TunableTrainer` factory
@@ -82,7 +83,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from thrifty.core.errors import ProblemError
 from thrifty.core.io import read_document
-from thrifty.core.optional import import_named
+from thrifty.core.optional import absolute_spec, file_spec, import_file, import_named
 from thrifty.core.validation import FieldPathError, json_path, validate_model
 from thrifty.runtime.ddp.storage import parse_folder
 from thrifty.runtime.ddp.trainer import is_loop_function, loop_batch_size
@@ -194,9 +195,9 @@ class ExperimentFile(_Spec):
     """A tuning experiment (see the module docstring)."""
     name: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
         None, description="names the results folder: no path separators or control characters, no leading dot")
-    trainer: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-                         description="MODULE:FUNCTION, a loop function (train(ctx, **config)) or a TunableTrainer "
-                                     "factory")
+    trainer: str = Field(pattern=r"^(?:[A-Za-z_][\w.]*|.+\.py):[A-Za-z_]\w*$",
+                         description="MODULE:FUNCTION or path/to/file.py:FUNCTION, a loop function "
+                                     "(train(ctx, **config)) or a TunableTrainer factory")
     trainer_args: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments")
     search_space: dict[str, Any] = Field(min_length=1)
     samples: Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
@@ -391,6 +392,8 @@ def parse_experiment(data: Any, source: str | None = None, base: Path | None = N
                     updates[key] = str(base / value)
         if updates:
             experiment = experiment.model_copy(update={"resources": experiment.resources.model_copy(update=updates)})
+        if file_spec(experiment.trainer) is not None:  # a trainer's file, read from the experiment's folder
+            experiment = experiment.model_copy(update={"trainer": absolute_spec(experiment.trainer, base)})
     return experiment
 
 
@@ -458,9 +461,10 @@ def resolve_trainer(experiment: ExperimentFile) -> None:
     """Import the trainer now, so a typo fails before anything starts: it
     takes the trials' arguments, and a loop function has a global batch for
     every trial (`_check_loop_batch`)."""
-    module_name, _, attr = experiment.trainer.partition(":")
+    in_file = file_spec(experiment.trainer)
+    module_name, attr = in_file if in_file is not None else experiment.trainer.split(":")
     try:
-        module = import_named(module_name, f"'{experiment.trainer}'")
+        module = (import_file if in_file is not None else import_named)(module_name, f"'{experiment.trainer}'")
     except ProblemError as e:
         raise ProblemError(e.message, path="trainer") from None
     factory = getattr(module, attr, None)
