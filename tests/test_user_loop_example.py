@@ -3,7 +3,8 @@ as a user names it, through every command with no glue: `thrifty profile`
 times it, `thrifty solve` prices a problem naming it (``"job"``, read from the
 problem file's folder) with that profile, and a run of the problem re-planned
 after a preemption trains, on unequal batches split in unequal micro-batches,
-what one process trains (to 1e-6, in fp32). Also: a job file or function that
+what one process trains (to 1e-6, in fp32); `thrifty validate` measures it and
+`thrifty tune` tunes it (HyperSched, and POP on ``mode: min``). Also: a job file or function that
 is not there is one line and exit 2, the batch check lets micro-batches through
 that add up to the rank's batch (and no other batch), and the loader says where
 an epoch ends. Tiny images, worlds of 1-3 ranks."""
@@ -46,10 +47,21 @@ def one_line_error(capsys) -> str:
     return err
 
 
-def test_the_example_profiled_solved_and_replanned_after_a_preemption_trains_what_one_process_trains(
-        tmp_path, cache, capsys):
+def test_the_example_profiled_validated_solved_replanned_and_tuned_with_no_glue(tmp_path, cache, capsys):
+    """The one loop through every command: profile, validate, solve (its
+    problem names the job), run (re-planned after a preemption: what one
+    process trains, to 1e-6), and tune (HyperSched on its accuracy, POP on
+    ``mode: min`` on its loss)."""
     assert main(["profile", JOB, "--job-args", json.dumps(TINY), "--batches", "4,8,16", "--repeats", "2",
                  "--warmup", "1", "--rounds", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    # validate: its own loop in DDP on unequal batches, predicted from the profile just cached
+    assert main(["validate", JOB, "--job-args", json.dumps(TINY), "--config", "local@4+local@8", "--iterations",
+                 "3", "--warmup", "1", "--rounds", "1", "--device", "cpu", "--json"]) == 0
+    validated = json.loads(capsys.readouterr().out)
+    assert validated["kind"] == "job" and validated["profile"]["source"] == "job profile cache"
+    (config,) = validated["configs"]
+    assert config["batches"] == [4, 8] and config["measured"]["mean_s"] > 0 and config["predicted"]["mean_s"] > 0
     problem = tmp_path / "problems" / "cnn.json"  # its job is read from its own folder, whatever the current one
     problem.parent.mkdir()
     problem.write_text(json.dumps(demo_problem(iterations=20, limits={"time_s": 3600}, job_args=TINY,
@@ -73,6 +85,27 @@ def test_the_example_profiled_solved_and_replanned_after_a_preemption_trains_wha
     assert final["schedule"]["last_epoch"] == 20  # the OneCycle schedule went on from the checkpoint at 10
     assert max_difference(final["model"], reference["model"]) < 1e-6
     assert max_difference(final["model"], checkpoint(tmp_path / "run" / "checkpoint.pt")["model"]) == 0
+
+    # tune: the same file as the trials' job (read from the experiment's folder), the configuration as its
+    # arguments, a trial's iteration one epoch of its data (where the loop evaluates), its metric by name
+    experiment = {"name": "cnn", "trainer": f"{os.path.relpath(EXAMPLE, problem.parent)}:train",
+                  "trainer_args": {**TINY, "schedule_iterations": 40},
+                  "search_space": {"lr": {"loguniform": [0.01, 0.2]}, "batch_size": {"choice": [8, 16]}},
+                  "samples": 3, "seed": 0, "max_iterations": 3, "metric": "val_accuracy", "mode": "max",
+                  "scheduler": {"name": "hypersched", "min_iterations": 1, "eta": 2}, "deadline_s": 120,
+                  "resources": {"atoms": 2}, "iteration_timeout_s": 60}
+    for scheduler, metric, mode in (("hypersched", "val_accuracy", "max"), ("pop", "val_loss", "min")):
+        spec = problem.parent / f"tune-{scheduler}.json"
+        pop = {"scheduler": {"name": "pop", "boundary": 2}, "target": 0.01} if scheduler == "pop" else {}
+        spec.write_text(json.dumps({**experiment, "metric": metric, "mode": mode, **pop}))
+        out = tmp_path / f"tuned-{scheduler}"
+        assert main(["tune", str(spec), "--out", str(out), "--no-progress"]) in (0, 4)  # 4: the deadline ended it
+        summary = json.loads((out / "summary.json").read_text())
+        trials = summary["per_trial"]
+        assert summary["best"]["trial"] is not None and not any(t["error"] for t in trials), trials
+        pick = min if mode == "min" else max
+        assert summary["best"]["metric"] == pick(t["best"] for t in trials)  # in the metric's own units and mode
+        assert (0.0 <= summary["best"]["metric"] <= 1.0) if metric == "val_accuracy" else summary["best"]["metric"] > 0
 
 
 def test_a_job_file_or_function_that_is_not_there_is_one_line_and_exit_2(tmp_path, cache, capsys):
