@@ -60,7 +60,18 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command `argv` names: its first word that is not an option (the
+    top-level options, ``--debug`` and ``--version``, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """thrifty's parser. With `only` (a command's name), that command's
+    arguments alone are added and every other command is its name and help
+    line: a command line runs one command, and adding all thirteen commands'
+    arguments costs more than parsing the one (``thrifty --help`` lists each
+    by its help line either way)."""
     from thrifty.runtime.commands._args import EXIT_CODES, exit_codes_epilog
 
     parser = argparse.ArgumentParser(
@@ -76,13 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"thrifty.runtime.commands.{module_name}")
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(cmd)
+        if only is None or only == name:
+            module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=command_of(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

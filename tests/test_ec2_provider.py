@@ -480,7 +480,7 @@ def test_ctrl_c_and_sigterm_terminate_the_runs_machines(moto, sig):
         assert ready and proc.stdout.readline().strip() == "ready", proc.stderr.read()
         assert len(moto.live_instances()) == 2
         proc.send_signal(sig)
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)  # terminating takes a few calls to moto: seconds, many more on a loaded host
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -53,7 +53,8 @@ PER_RUN_S = 20.0
 WALL_S = 120.0  # the same run in wall-clock seconds, however loaded the host
 OK_CODES = (0, 2, 3)
 RUNS = {"training": 650, "tuning": 450, "raw": 150}
-SHARDS = 2  # tests per schema, each with its own seed and RUNS[kind] / SHARDS mutants
+SHARDS = 4  # tests per schema, each with its own seed and RUNS[kind] // SHARDS mutants (short tests, so that
+# the parallel workers end together instead of one finishing a long shard alone)
 
 
 def fuzz_settings(examples: int, *, derandomize: bool = True) -> settings:
