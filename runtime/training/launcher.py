@@ -69,7 +69,8 @@ class SegmentPoll:
     iteration: int | None = None  # iterations done, from rank 0's last report
     iteration_at: float | None = None  # unix time of that report
     events: list[dict[str, Any]] = field(default_factory=list)  # new worker events
-    metrics: dict[str, Any] | None = None  # a new loss and metrics report: iteration, at, loss, metrics
+    # the loss and metrics records rank 0 sent since the last poll ({iteration, at, loss, metrics}), in order
+    records: list[dict[str, Any]] = field(default_factory=list)
     clocks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its new cumulative clock marks
     formed: bool = False
     lost: list[tuple[int, int]] = field(default_factory=list)  # (rank, exit code) gone without a report
@@ -210,8 +211,9 @@ class Segment:
         """What happened since the last poll; raises when waiting on would hang."""
         now = time.monotonic()
         look = self.watch.look()
+        # records after the events: what rank 0 sent before posting its end is read with the end
         out = SegmentPoll(events=look.events, formed=len(self._ready) == len(self.slots),
-                          metrics=self.world.latest(METRICS))
+                          records=[r for batch in self.world.receive(METRICS) for r in batch])
         if self.job.clock_every_s is not None and out.formed:
             for rank in range(len(self.slots)):
                 marks = self.world.latest(CLOCK.format(rank))
