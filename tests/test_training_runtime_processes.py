@@ -219,6 +219,7 @@ def test_a_killed_driver_takes_its_workers_along_and_the_run_resumes(tmp_path):
                     problem=demo_problem(iterations=200), run_dir=tmp_path, config=FAST, resume=True)
     assert resumed.segments[0].start_iteration == saved and resumed.iterations == 200
     assert max_difference(model_state(resumed.checkpoint_path), single_process_reference(TINY, B, 200)) < 1e-6
+    assert_metrics_once_in_order(tmp_path, 200)  # the resumed session writes no iteration the killed one wrote
 
 
 def _events(folder: Path) -> list[dict]:

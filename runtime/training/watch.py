@@ -117,9 +117,10 @@ class SegmentWatch:
         self.first_progress_at: float | None = None
         self.last_throughput_log = 0.0
         self.timing: dict | None = None
-        # the last iteration an earlier world of this session wrote metrics for: this world replays those after
-        # its checkpoint, and their records are dropped (the first world's are the ones written)
-        self.written = int(run.metrics["iteration"]) if run.metrics is not None else None
+        # the last iteration an earlier world wrote metrics for (read at this world's first poll): this world
+        # replays those after its checkpoint, and their records are dropped (the earlier world's are kept)
+        self.written: int | None = None
+        self._metrics_polled = False
         catalog = run.calibrator.catalog
         self.groups = [MachineGroup(catalog.get(a.instance_type), a.count, a.batch_per_instance)
                        for a in plan.allocation]
@@ -207,10 +208,13 @@ class SegmentWatch:
         """Every loss and metrics record of the poll to the run's metrics
         (metrics.jsonl, TensorBoard, MLflow), once each and in iteration
         order: a record of an iteration an earlier world already wrote (one
-        replayed after a re-plan from an earlier checkpoint) is dropped. The
+        replayed after a re-plan from an earlier checkpoint, or by a resumed
+        run's first world) is dropped. The
         last one written is the run's latest (progress line) and goes to the
         run log."""
         d, last = self.d, None
+        if not self._metrics_polled:
+            self._metrics_polled, self.written = True, d.metrics_out.last_step
         for record in poll.records:
             iteration = int(record.get("iteration") or 0)
             if self.written is not None and iteration <= self.written:
