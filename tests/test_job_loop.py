@@ -166,6 +166,9 @@ def test_a_bad_loop_fails_with_one_line_naming_the_job_and_the_log_and_keeps_its
     assert __import__("re").search(message, text), text
     saved = tmp_path / "checkpoint.pt"
     assert (checkpoint(saved)["iteration"] if saved.exists() else None) == kept
+    if kept is not None:  # a failed run keeps the records it sent, at least those up to its checkpoint
+        steps = [w["step"] for w in metrics_written(tmp_path)]
+        assert steps[:kept] == list(range(1, kept + 1)) and steps == sorted(set(steps)), steps
 
 
 def test_run_takes_a_loop_function_as_its_job_and_checks_its_arguments_before_starting(tmp_path, capsys):

@@ -163,9 +163,11 @@ class SegmentWatch:
 
     def _stopped_after_interrupt(self, seg: Segment) -> bool:
         d = self.d
-        poll = seg.poll()
+        try:
+            poll = seg.poll()
+        finally:
+            self._metrics(seg.take_records())
         self._worker_events(poll)
-        self._metrics(poll)
         if poll.iteration is not None:
             self.reached = max(self.reached, poll.iteration)
             d.monitor.iterations = max(d.monitor.iterations, poll.iteration)
@@ -174,11 +176,13 @@ class SegmentWatch:
     def _follow(self) -> str:
         d, seg = self.d, self.segment
         while True:
-            poll = seg.poll()
+            try:
+                poll = seg.poll()
+            finally:  # the records a poll read, also when it raised (a worker failed)
+                self._metrics(seg.take_records())
             now = time.time()
             self._worker_events(poll)
             self._react(d.interruptions.poll(self.ours, pull=False))  # a notice a worker passed on
-            self._metrics(poll)
             if poll.clocks:
                 d.calibrator.observe(poll.clocks, now)
             if poll.iteration is not None and poll.iteration_at is not None:
@@ -204,8 +208,8 @@ class SegmentWatch:
                          "training" if poll.formed else "launching")
             time.sleep(d.config.poll_s)
 
-    def _metrics(self, poll: SegmentPoll) -> None:
-        """Every loss and metrics record of the poll to the run's metrics
+    def _metrics(self, records: list[dict[str, Any]]) -> None:
+        """Every loss and metrics record a poll read to the run's metrics
         (metrics.jsonl, TensorBoard, MLflow), once each and in iteration
         order: a record of an iteration an earlier world already wrote (one
         replayed after a re-plan from an earlier checkpoint, or by a resumed
@@ -215,7 +219,7 @@ class SegmentWatch:
         d, last = self.d, None
         if not self._metrics_polled:
             self._metrics_polled, self.written = True, d.metrics_out.last_step
-        for record in poll.records:
+        for record in records:
             iteration = int(record.get("iteration") or 0)
             if self.written is not None and iteration <= self.written:
                 continue
