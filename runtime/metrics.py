@@ -7,7 +7,9 @@ and three sinks:
 - `JsonlSink`, always: ``metrics.jsonl`` in the run folder, one JSON object a
   line (``{"step", "at", "metrics", "tags"}``; a non-finite value is
   ``null``), appended and flushed as written, so a resumed run continues
-  the file and a killed one keeps every line before the kill;
+  the file and a killed one keeps every line before the kill (`last_step`:
+  the greatest step without tags in it, which a training run's driver does
+  not write again);
 - `TensorBoardSink` (``tensorboard``: the ``tensorboard`` extra): event files
   under ``RUN/tensorboard/``, one TensorBoard run per tag set (a tuning
   trial is ``trial-3``), written with TensorBoard's own event writer (no
@@ -31,6 +33,7 @@ theirs is opened.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -100,17 +103,39 @@ class JsonlSink:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        # the greatest step written without tags: by an earlier session of the run (read once), then by this one
+        self.last_step = _last_step(self.path)
         self._log = JsonLinesLog(self.path)
 
     def write(self, step: int, metrics: Mapping[str, float], tags: Mapping[str, str] | None = None) -> None:
         values = {k: (v if math.isfinite(v) else None) for k, v in _values(metrics).items()}
         self._log.write({"step": int(step), "at": time.time(), "metrics": values, "tags": dict(tags or {})})
+        if not tags:
+            self.last_step = max(int(step), self.last_step if self.last_step is not None else int(step))
 
     def close(self) -> None:
         self._log.close()
 
     def where(self) -> str:
         return look_at(self.path.parent, ("jsonl",))[0]
+
+
+def _last_step(path: Path) -> int | None:
+    """The greatest step of the lines without tags in the metrics file
+    `path` (None without one); a line cut short by a kill is skipped."""
+    last = None
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and not entry.get("tags") and isinstance(entry.get("step"), int):
+                    last = entry["step"] if last is None else max(last, entry["step"])
+    except FileNotFoundError:
+        return None
+    return last
 
 
 class TensorBoardSink:
@@ -202,6 +227,13 @@ class Metrics:
 
     def __init__(self, sinks: list[MetricsSink]):
         self.sinks = sinks
+
+    @property
+    def last_step(self) -> int | None:
+        """The greatest step written without tags to ``metrics.jsonl``, by
+        this session or an earlier one of the run (None before any): a
+        training run's driver writes no step at or below it again."""
+        return next((s.last_step for s in self.sinks if isinstance(s, JsonlSink)), None)
 
     def write(self, step: int, metrics: Mapping[str, float], tags: Mapping[str, str] | None = None) -> None:
         for sink in self.sinks:

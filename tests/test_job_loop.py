@@ -6,6 +6,7 @@ checkpoint. Tiny float64 MLP, worlds of 1-3 ranks."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from test_training_runtime_processes import FAST, HETEROGENEOUS, max_difference,
 from test_training_runtime_units import demo_problem, plan_dict  # noqa: E402
 
 LOOP = "thrifty.runtime.training.examples:mlp_loop"
+VALIDATED = "test_job_loop:mlp_loop_validated_every_4"  # LOOP with a val_loss every 4th iteration
 ONE = plan_dict(("local-b", "on_demand", 1, 16))
 TWO = plan_dict(("local-a", "spot", 1, 6), ("local-b", "spot", 1, 10))
 CHECKPOINTS = RunConfig(**{**FAST.__dict__, "checkpoint_every": 5})
@@ -27,9 +29,34 @@ def checkpoint(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+class _ValidatedEvery:
+    """A context whose reports carry ``val_loss`` (= iteration / 100) every `k`-th iteration, as a loop's
+    evaluation at its epoch ends would."""
+
+    def __init__(self, ctx, k):
+        self._ctx, self._k = ctx, k
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def report(self, metrics, checkpoint=None):
+        i = self._ctx.iteration
+        self._ctx.report({**metrics, **({"val_loss": i / 100} if i % self._k == 0 else {})}, checkpoint=checkpoint)
+
+
+def mlp_loop_validated_every_4(ctx):
+    from thrifty.runtime.training.examples import mlp_loop
+
+    mlp_loop(_ValidatedEvery(ctx, 4))
+
+
+def metrics_written(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_a_user_loop_replanned_after_a_preemption_trains_what_one_process_trains(tmp_path):
-    single = train(ONE, LOOP, problem=demo_problem(iterations=40), run_dir=tmp_path / "single", config=FAST)
-    result = train(plan_dict(*HETEROGENEOUS), LOOP, problem=demo_problem(iterations=40), run_dir=tmp_path / "run",
+    single = train(ONE, VALIDATED, problem=demo_problem(iterations=40), run_dir=tmp_path / "single", config=FAST)
+    result = train(plan_dict(*HETEROGENEOUS), VALIDATED, problem=demo_problem(iterations=40), run_dir=tmp_path / "run",
                    config=FAST, faults=[KillWorker(0, at_iteration=15)])
     lost, after = result.segments
     assert (lost.ended, lost.committed_iteration) == ("lost", 10) and after.start_iteration == 10
@@ -43,6 +70,14 @@ def test_a_user_loop_replanned_after_a_preemption_trains_what_one_process_trains
     momentum = {k: v["momentum_buffer"] for k, v in final["optimizer"]["state"].items()}
     assert max((momentum[k] - v["momentum_buffer"]).abs().max().item()
                for k, v in reference["optimizer"]["state"].items()) < 1e-6
+    # every record reaches metrics.jsonl once, in order: the lost world's up to its end (past its checkpoint at
+    # 10), the new world's after those (its replays of 11.. are dropped), the val_loss of every 4th iteration too
+    for run in (single, result):
+        written = metrics_written(run.run_dir)
+        assert [w["step"] for w in written] == list(range(1, 41))
+        assert all(w["metrics"]["loss"] > 0 and 0 <= w["metrics"]["accuracy"] <= 1 for w in written)
+        assert [(w["step"], w["metrics"]["val_loss"]) for w in written if "val_loss" in w["metrics"]] == \
+            [(i, i / 100) for i in range(4, 41, 4)]
 
 
 # -- bad loops ------------------------------------------------------------------------
@@ -131,6 +166,9 @@ def test_a_bad_loop_fails_with_one_line_naming_the_job_and_the_log_and_keeps_its
     assert __import__("re").search(message, text), text
     saved = tmp_path / "checkpoint.pt"
     assert (checkpoint(saved)["iteration"] if saved.exists() else None) == kept
+    if kept is not None:  # a failed run keeps the records it sent, at least those up to its checkpoint
+        steps = [w["step"] for w in metrics_written(tmp_path)]
+        assert steps[:kept] == list(range(1, kept + 1)) and steps == sorted(set(steps)), steps
 
 
 def test_run_takes_a_loop_function_as_its_job_and_checks_its_arguments_before_starting(tmp_path, capsys):

@@ -43,6 +43,18 @@ def test_the_jsonl_sink_appends_one_flushed_line_a_write(tmp_path):
     assert again.where() == look_at(tmp_path) == [f"metrics: {tmp_path / 'metrics.jsonl'}"]
 
 
+def test_the_last_step_written_without_tags_carries_over_to_a_resumed_run(tmp_path):
+    metrics = open_metrics(tmp_path)
+    assert metrics.last_step is None
+    metrics.write(7, {"loss": 0.5})
+    metrics.write(9, {"score": 1.0}, {"trial": "3"})  # a tagged step is not the run's
+    assert metrics.last_step == 7
+    metrics.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 12, "metr')  # a line cut short by a kill
+    assert open_metrics(tmp_path).last_step == 7  # what a resumed training run does not write again
+
+
 @pytest.mark.parametrize(("given", "kinds"), [
     (None, ()), ("jsonl", ()), ("mlflow,tensorboard", ("tensorboard", "mlflow")), (["tensorboard"], ("tensorboard",)),
 ])

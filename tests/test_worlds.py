@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch", reason="worker worlds need torch; pip install -e '.[all]'")
 
 from thrifty.runtime.worlds import World, WorldFailed  # noqa: E402
+from thrifty.runtime.worlds.rank import records_key  # noqa: E402
 
 
 def _alive(pid: int) -> bool:
@@ -39,9 +40,14 @@ def test_events_arrive_in_one_protocol(tmp_path):
     try:
         events: list[dict] = []
         limit = time.monotonic() + 60
+        received: list[dict] = []
         while sum(e["event"] == "finished" for e in events) < 2 and time.monotonic() < limit:
             events += world.events()
+            received += world.receive("steps")
             time.sleep(0.05)
+        received += world.receive("steps")
+        assert received == [{"step": 0}, {"step": 1}, {"step": 2}] and world.receive("steps") == []  # each once
+        assert not any(world.store.check([records_key("steps", n)]) for n in (1, 2, 3))  # read ones are deleted
         hello = [e for e in events if e["event"] == "hello"]
         assert sorted(e["rank"] for e in hello) == [0, 1]
         assert all(e["env_thrifty"] == "1" and e["at"] > 0 for e in hello)

@@ -19,6 +19,8 @@ def _sum_ranks(channel: RankChannel) -> None:
     for step in range(3):
         channel.barrier(f"step-{step}")
         channel.progress(step + 1)
+        if channel.rank == 0:
+            channel.send("steps", {"step": step})
     channel.post("hello", env_thrifty=os.environ.get("THRIFTY_WORLD"))
     channel.finish({"rank": channel.rank, "total": int(total), "argv": ARGV})
     dist.destroy_process_group()

@@ -49,11 +49,13 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   loader must add up to the local batch (or each hold all of it).
 - `JobContext.report` is the iteration boundary. Its metrics (numbers, batch
   means on this rank's batch) are combined over the ranks by batch share and
-  written to the job's metric sinks (`MetricsSink`, `metric_sinks`) about every
-  ``metrics_every_s``, in batches; its `checkpoint` is the loop's state, a
-  mapping of names to objects with ``state_dict()`` (model, optimizer, schedule,
-  scaler) or plain values, which the runtime keeps a reference to and writes to
-  the job's storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
+  written to the job's metric sinks (`MetricsSink`, `metric_sinks`) about
+  every ``metrics_every_s``, in batches, and before each checkpoint, a stop
+  and the job's end (a world that is lost loses no record up to its
+  checkpoint); its `checkpoint` is the loop's state, a mapping of names to
+  objects with ``state_dict()`` (model, optimizer, schedule, scaler) or plain
+  values, which the runtime keeps a reference to and writes to the job's
+  storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
   iterations (one all-reduce of flags per report).
@@ -148,15 +150,16 @@ class MetricsSink(Protocol):
 
 
 class ChannelSink:
-    """The starter's view: the latest record, published under `METRICS`
-    (the live progress bar and the run log read it)."""
+    """The starter's view: every batch of records, sent under `METRICS`
+    (`RankChannel.send`), which the driver writes to the run's metrics
+    (metrics.jsonl, TensorBoard, MLflow) and shows the last of."""
 
     def __init__(self, channel: RankChannel):
         self.channel = channel
 
     def write(self, records: Sequence[Mapping[str, Any]]) -> None:
         if records:
-            self.channel.publish(METRICS, dict(records[-1]))
+            self.channel.send(METRICS, [dict(r) for r in records])
 
 
 def metric_sinks(job: JobSpec, channel: RankChannel) -> list[MetricsSink]:
@@ -358,6 +361,7 @@ class JobContext:
         self._iteration_started = (time.time(), time.perf_counter())
         if stopped:
             self._stopping = True
+            self._flush_records()  # every record reaches the starter before the world ends
             raise StopJob()
 
     # -- the runtime's side ----------------------------------------------------------------
@@ -377,8 +381,8 @@ class JobContext:
         if end is not None and iteration < end:
             raise ProblemError(f"{self._who()} returned after iteration {iteration} of {end}: iterate "
                                "ctx.prepare_loader(...) to its end (the job's last iteration)")
+        self._flush_records()  # every record reaches the starter before rank 0 posts the end
         if self._checkpointed != iteration:
-            self._flush_records()
             self._checkpoint()
         return "done" if end is not None and iteration >= end else "stopped"
 
@@ -507,7 +511,12 @@ class JobContext:
             return
         at = time.time()
         out: list[dict[str, Any]] = []
-        by_rank = [dict(buffered) for buffered in gathered]  # iteration -> values (a later report of one wins)
+        by_rank: list[dict[int, dict[str, float]]] = []  # iteration -> values (merged; a later report's win)
+        for buffered in gathered:
+            merged: dict[int, dict[str, float]] = {}
+            for iteration, values in buffered:
+                merged.setdefault(iteration, {}).update(values)
+            by_rank.append(merged)
         for iteration in sorted({i for buffered in by_rank for i in buffered}):
             per_rank: list[Mapping[str, float]] = [buffered.get(iteration, {}) for buffered in by_rank]
             values = combine_metrics(per_rank, self.batches)
@@ -575,6 +584,9 @@ class JobContext:
             raise ProblemError(f"{self._who()}: a checkpoint is due at iteration {self.iteration}, but the loop "
                                "has not given its state: ctx.report(metrics, checkpoint={'model': model, "
                                "'optimizer': optimizer, ...})")
+        # the records up to the checkpoint reach the starter first: a world lost later loses none of them (its
+        # successor replays the iterations after the checkpoint and reports those again)
+        self._flush_records()
         job = self.job
         states: list[Any] = [None] * self.world_size
         dist.all_gather_object(states, capture_rng(self.device if self._cuda else None))

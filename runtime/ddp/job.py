@@ -31,7 +31,7 @@ __all__ = ["WorkerFault", "JobSpec", "STOP", "METRICS", "DECISION", "CLOCK", "TR
 
 # the names a world's starter and its ranks share in the worlds' protocol (`thrifty.runtime.worlds`)
 STOP = "stop"  # the starter's command: checkpoint and stop after the current iteration
-METRICS = "metrics"  # rank 0 publishes the latest loss and metrics under this name
+METRICS = "metrics"  # rank 0 sends every batch of loss and metrics records under this name (`RankChannel.send`)
 CLOCK = "clock/{}"  # rank r publishes its cumulative clock marks under CLOCK.format(r)
 DECISION = "iteration-{}"  # the starter's decision after iteration n of an awaiting job: go | save | stop
 TRIAL_METRIC = "metric"  # a tuning trial's metric: a TunableTrainer's, and a loop's unless the job names another

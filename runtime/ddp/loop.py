@@ -38,7 +38,7 @@ uninterrupted run would.
 What a rank posts (the worlds' one protocol): ``joining``, ``ready``,
 ``checkpoint``, ``result`` (evaluated jobs), ``notice`` (injected spot
 notices), ``done`` or ``stopped``; its progress (iterations done) and, from
-rank 0, the latest loss and metrics (`METRICS`).
+rank 0, every loss and metrics record (`METRICS`), sent before its end.
 
 This module imports torch at the top: only worker processes import it.
 """

@@ -69,7 +69,6 @@ class SegmentPoll:
     iteration: int | None = None  # iterations done, from rank 0's last report
     iteration_at: float | None = None  # unix time of that report
     events: list[dict[str, Any]] = field(default_factory=list)  # new worker events
-    metrics: dict[str, Any] | None = None  # a new loss and metrics report: iteration, at, loss, metrics
     clocks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its new cumulative clock marks
     formed: bool = False
     lost: list[tuple[int, int]] = field(default_factory=list)  # (rank, exit code) gone without a report
@@ -97,6 +96,7 @@ class Segment:
         self.extra_env = dict(env or {})
         self.launcher = launcher
         self._world: World | None = None
+        self._records: list[dict[str, Any]] = []  # read by `poll`, not yet taken (`take_records`)
         self._watch: Watch | None = None
         self.started_at: float | None = None
         self.formed_at: float | None = None
@@ -210,8 +210,9 @@ class Segment:
         """What happened since the last poll; raises when waiting on would hang."""
         now = time.monotonic()
         look = self.watch.look()
-        out = SegmentPoll(events=look.events, formed=len(self._ready) == len(self.slots),
-                          metrics=self.world.latest(METRICS))
+        out = SegmentPoll(events=look.events, formed=len(self._ready) == len(self.slots))
+        # records after the events: what rank 0 sent before posting its end is read with the end
+        self._records += [r for batch in self.world.receive(METRICS) for r in batch]
         if self.job.clock_every_s is not None and out.formed:
             for rank in range(len(self.slots)):
                 marks = self.world.latest(CLOCK.format(rank))
@@ -257,6 +258,13 @@ class Segment:
             self.kill()  # the run restarts from its last checkpoint
             out.ended = "killed"
         return out
+
+    def take_records(self) -> list[dict[str, Any]]:
+        """The loss and metrics records rank 0 sent ({iteration, at, loss,
+        metrics}, in order) that polls read and nobody took yet: also those of
+        a poll that raised (a worker failed), so a failed run keeps them."""
+        records, self._records = self._records, []
+        return records
 
     def _stalled(self, formed: bool) -> None:
         """The world did not form within the world timeout, or made no progress for the stall timeout."""

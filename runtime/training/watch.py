@@ -67,7 +67,7 @@ class WatchedRun(Protocol):
     start: float  # the run's clock: Unix seconds at its start
     done: int  # the iteration the next world starts from
     launch_s: float  # the longest launch seen (the switching overhead of a re-plan)
-    metrics: dict[str, Any] | None
+    metrics: dict[str, Any] | None  # the last loss and metrics record written (`SegmentWatch._metrics`)
     metrics_out: Metrics  # where every reported loss and metric goes (metrics.jsonl, TensorBoard, MLflow)
     throughput_log_s: float
     calibrator: OnlineCalibrator  # the models corrected online
@@ -117,6 +117,10 @@ class SegmentWatch:
         self.first_progress_at: float | None = None
         self.last_throughput_log = 0.0
         self.timing: dict | None = None
+        # the last iteration an earlier world wrote metrics for (read at this world's first poll): this world
+        # replays those after its checkpoint, and their records are dropped (the earlier world's are kept)
+        self.written: int | None = None
+        self._metrics_polled = False
         catalog = run.calibrator.catalog
         self.groups = [MachineGroup(catalog.get(a.instance_type), a.count, a.batch_per_instance)
                        for a in plan.allocation]
@@ -159,7 +163,10 @@ class SegmentWatch:
 
     def _stopped_after_interrupt(self, seg: Segment) -> bool:
         d = self.d
-        poll = seg.poll()
+        try:
+            poll = seg.poll()
+        finally:
+            self._metrics(seg.take_records())
         self._worker_events(poll)
         if poll.iteration is not None:
             self.reached = max(self.reached, poll.iteration)
@@ -169,17 +176,13 @@ class SegmentWatch:
     def _follow(self) -> str:
         d, seg = self.d, self.segment
         while True:
-            poll = seg.poll()
+            try:
+                poll = seg.poll()
+            finally:  # the records a poll read, also when it raised (a worker failed)
+                self._metrics(seg.take_records())
             now = time.time()
             self._worker_events(poll)
             self._react(d.interruptions.poll(self.ours, pull=False))  # a notice a worker passed on
-            if poll.metrics is not None:
-                d.metrics = poll.metrics
-                d.log.write("metrics", at=poll.metrics.get("at"), segment=self.index,
-                            iteration=poll.metrics.get("iteration"), loss=poll.metrics.get("loss"),
-                            metrics=poll.metrics.get("metrics", {}))
-                reported = {"loss": poll.metrics.get("loss"), **(poll.metrics.get("metrics") or {})}
-                d.metrics_out.write(int(poll.metrics.get("iteration") or 0), reported)
             if poll.clocks:
                 d.calibrator.observe(poll.clocks, now)
             if poll.iteration is not None and poll.iteration_at is not None:
@@ -204,6 +207,29 @@ class SegmentWatch:
             self._report(now, "stopping" if seg.stop_requested_at is not None else
                          "training" if poll.formed else "launching")
             time.sleep(d.config.poll_s)
+
+    def _metrics(self, records: list[dict[str, Any]]) -> None:
+        """Every loss and metrics record a poll read to the run's metrics
+        (metrics.jsonl, TensorBoard, MLflow), once each and in iteration
+        order: a record of an iteration an earlier world already wrote (one
+        replayed after a re-plan from an earlier checkpoint, or by a resumed
+        run's first world) is dropped. The
+        last one written is the run's latest (progress line) and goes to the
+        run log."""
+        d, last = self.d, None
+        if not self._metrics_polled:
+            self._metrics_polled, self.written = True, d.metrics_out.last_step
+        for record in records:
+            iteration = int(record.get("iteration") or 0)
+            if self.written is not None and iteration <= self.written:
+                continue
+            values: dict[str, Any] = {"loss": record.get("loss"), **(record.get("metrics") or {})}
+            d.metrics_out.write(iteration, values)  # a loss of None (a loop that reports none) is left out
+            last = record
+        if last is not None:
+            d.metrics = last
+            d.log.write("metrics", at=last.get("at"), segment=self.index, iteration=last.get("iteration"),
+                        loss=last.get("loss"), metrics=last.get("metrics", {}))
 
     def _worker_events(self, poll: SegmentPoll) -> None:
         d = self.d

@@ -15,7 +15,12 @@ that store, in one protocol:
 - progress: each rank's ``"<count> <unix time>"``, overwritten (`progress`):
   the starter's stall clock restarts when it moves;
 - latest values: a JSON value per name, overwritten (`publish`), for reports
-  the starter reads when it likes (training loss and metrics);
+  the starter reads when it likes (clock marks);
+- records: a sequence of JSON values per name (`send`), each under a key of
+  its own (``thrifty/records/<name>/<n>``, n = 1, 2, ...) and then counted
+  (``thrifty/records/<name>`` holds the last n), which the starter reads
+  once each, in order, and deletes (`World.receive`): every flush of
+  training metrics reaches it, without an ever-growing value;
 - commands from the starter: a string per name (`command`, `wait_command`);
 - barriers of the whole world through the store (`barrier`), for worlds
   without a process group.
@@ -43,8 +48,8 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 __all__ = ["RankChannel", "serve_rank", "configure_logging", "join_world", "world_barrier", "KEY_EVENTS",
-           "broken_by_peer", "progress_key", "latest_key", "command_key", "DEFAULT_TIMEOUT_S", "leave", "STACKS_SIGNAL",
-           "dump_stacks_on_signal"]
+           "broken_by_peer", "progress_key", "latest_key", "records_key", "command_key", "DEFAULT_TIMEOUT_S", "leave",
+           "STACKS_SIGNAL", "dump_stacks_on_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,11 @@ def latest_key(name: str) -> str:
     return f"thrifty/latest/{name}"
 
 
+def records_key(name: str, n: int | None = None) -> str:
+    """The count of the records sent under `name` (n None), or its record `n` (from 1)."""
+    return f"thrifty/records/{name}" if n is None else f"thrifty/records/{name}/{n}"
+
+
 def command_key(name: str) -> str:
     return f"thrifty/command/{name}"
 
@@ -69,6 +79,7 @@ class RankChannel:
 
     def __init__(self, store: Any | None, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
+        self._sent: dict[str, int] = {}  # name -> records sent under it
 
     @classmethod
     def from_env(cls) -> "RankChannel":
@@ -97,6 +108,17 @@ class RankChannel:
     def publish(self, name: str, value: Any) -> None:
         if self.store is not None:
             self.store.set(latest_key(name), json.dumps(value))
+        elif self.rank == 0:
+            log.info("%s: %s", name, value)
+
+    def send(self, name: str, value: Any) -> None:
+        """Add `value` (JSON) to the records under `name`: its own key first,
+        then the count, so a starter that reads the count finds each record
+        it counts. One rank sends under a name."""
+        if self.store is not None:
+            n = self._sent[name] = self._sent.get(name, 0) + 1
+            self.store.set(records_key(name, n), json.dumps(value))
+            self.store.set(records_key(name), str(n))
         elif self.rank == 0:
             log.info("%s: %s", name, value)
 

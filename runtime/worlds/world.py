@@ -17,18 +17,20 @@ thread count and, under gloo, the interface to bind (`Launcher.network_env`). Ea
 protocol of `thrifty.runtime.worlds.rank`.
 
 Watching is by polling, never blocking: `events` (new events), `progress`,
-`latest`, `exit_codes`, read by the one watcher (`thrifty.runtime.worlds.watch.Watch`),
-whose looks end in a typed outcome. `run` is the whole life of a world that
-computes a result: it follows the ranks until their outcome, calls back on
-progress, and raises `WorldFailed` (or the caller's error type), naming the
-world, when a rank reports an error, dies, goes without progress for the
-stall timeout, or ends without its result. Every process dies with the fork
-server, which dies with this process (``PR_SET_PDEATHSIG`` on Linux), and
-`close` kills and reaps whatever still runs.
+`latest`, `receive` (new records, each once), `exit_codes`, read by the one
+watcher (`thrifty.runtime.worlds.watch.Watch`), whose looks end in a typed
+outcome. `run` is the whole life of a world that computes a result: it follows
+the ranks until their outcome, calls back on progress, and raises
+`WorldFailed` (or the caller's error type), naming the world, when a rank
+reports an error, dies, goes without progress for the stall timeout, or ends
+without its result. Every process dies with the fork server, which dies with
+this process (``PR_SET_PDEATHSIG`` on Linux), and `close` kills and reaps
+whatever still runs.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -39,7 +41,7 @@ from typing import Any
 from thrifty.runtime.worlds.errors import WorldFailed
 from thrifty.runtime.worlds.launcher import Launcher, LocalLauncher, RankProcess
 from thrifty.runtime.worlds.rank import KEY_EVENTS, DEFAULT_TIMEOUT_S, STACKS_SIGNAL, command_key
-from thrifty.runtime.worlds.rank import latest_key, progress_key
+from thrifty.runtime.worlds.rank import latest_key, progress_key, records_key
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Lost, Outcome, ServerGone, Stalled, Watch
 
 __all__ = ["World", "POLL_S"]
@@ -88,6 +90,7 @@ class World:
         self.started_at: float | None = None  # monotonic
         self._consumed = 0
         self._latest: dict[str, str] = {}
+        self._received: dict[str, int] = {}  # name -> records received under it (`receive`)
         self._closed = False
 
     # -- life cycle -------------------------------------------------------------------------
@@ -176,12 +179,15 @@ class World:
         cannot be reached any more (its host went down with rank 0's machine
         on a cluster) reads as empty and sets `store_failed`; the ranks' exit
         codes then say what happened."""
+        return self._ask(lambda store: store.get(key).decode("utf-8", errors="replace")
+                         if store.check([key]) else None)
+
+    def _ask(self, question: Callable[[Any], Any]) -> Any:
+        """`question(store)`, or None when the store cannot be reached (see `_read`)."""
         if self.store_failed is not None:
             return None
         try:
-            if not self.store.check([key]):
-                return None
-            return self.store.get(key).decode("utf-8", errors="replace")
+            return question(self.store)
         except Exception as e:  # noqa: BLE001 - torch raises DistStoreError, RuntimeError or OSError
             if self.launcher.on_this_host:
                 raise  # hosted by this process: a failure is a bug, not a lost machine
@@ -211,6 +217,20 @@ class World:
             return None
         self._latest[name] = text
         return json.loads(text)
+
+    def receive(self, name: str) -> list[Any]:
+        """The records the ranks sent under `name` (`RankChannel.send`) since
+        the last call, in the order sent, each once: each is deleted from the
+        store once read, so the store holds only what is not read yet."""
+        count = self._read(records_key(name))
+        out: list[Any] = []
+        for n in range(self._received.get(name, 0) + 1, int(count or 0) + 1):
+            text = self._ask(functools.partial(_take, key=records_key(name, n)))
+            if text is None:  # the store is gone: what it held went with it
+                break
+            out.append(json.loads(text))
+            self._received[name] = n
+        return out
 
     def command(self, name: str, value: str = "1") -> None:
         """Give the ranks the command `name` (they read it with `RankChannel.command`)."""
@@ -296,3 +316,10 @@ class World:
         watches remote exits less often while a world trains (the Ray one)
         watches them closely from now on."""
         self.launcher.hurry()
+
+
+def _take(store: Any, key: str) -> bytes:
+    """The store's value under `key` (which is there), deleted as it is read."""
+    value = store.get(key)
+    store.delete_key(key)
+    return value
