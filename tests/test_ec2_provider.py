@@ -459,7 +459,10 @@ def test_close_also_terminates_run_instances_it_has_no_record_of(moto):
 
 
 SIGNAL_SCRIPT = """
-import sys, time
+import signal, sys, time
+# Ctrl-C as in a terminal: a process started with SIGINT ignored keeps ignoring it (Python honours an inherited
+# SIG_IGN), and this test's own process may have inherited that from the harness that started it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from thrifty.runtime.providers.config import parse_cluster_config
 from thrifty.runtime.providers.ec2 import Ec2Provider
 config = parse_cluster_config({"region": "us-east-1", "ami": "ami-0123456789abcdef0", "prices": "catalog",

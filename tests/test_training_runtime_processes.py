@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dataclasses import replace  # noqa: E402
+
 from thrifty.core.errors import ProblemError  # noqa: E402
 from thrifty.runtime.providers.local import LocalProvider  # noqa: E402
 from thrifty.runtime.training import (  # noqa: E402
@@ -21,6 +23,7 @@ from thrifty.runtime.training import (  # noqa: E402
                                       Hooks,
                                       KillWorker,
                                       RunConfig,
+                                      SlowWorker,
                                       StallError,
                                       WorkerFailed,
                                       WorldFormationError,
@@ -281,9 +284,13 @@ def assert_stopped_on_notice_without_loss(result, provider, noticed_from: int, i
 def test_capacity_error_and_spot_notice_replan_without_losing_work(tmp_path):
     provider = LocalProvider("capacity", DEMO_CATALOG, capacity={("local-b", "spot"): 0})
     plan = plan_dict(("local-a", "spot", 1, 8), ("local-b", "spot", 1, 8))
+    # from the notice on, each iteration is 50 ms slower, so the last 30 cannot finish before the driver stops
+    # the world on a loaded host (a slowdown re-plan is off: this test is about the notice)
+    slow = SlowWorker(0, 20, 0.05)
     with provider:
-        result = train(plan, TINY, problem=demo_problem(iterations=50), run_dir=tmp_path, config=FAST,
-                       provider=provider, faults=[KillWorker(0, at_iteration=20, warning_s=120.0)])
+        result = train(plan, TINY, problem=demo_problem(iterations=50), run_dir=tmp_path,
+                       config=replace(FAST, replan_on_slowdown=False), provider=provider,
+                       faults=[KillWorker(0, at_iteration=20, warning_s=120.0), slow])
     assert [e.source for e in result.preemptions] == ["capacity", "injector"]
     assert result.preemptions[1].time_left_s == 120.0
     assert [r.reason for r in result.replans] == ["capacity", "preemption"]
