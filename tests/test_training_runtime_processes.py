@@ -284,9 +284,9 @@ def assert_stopped_on_notice_without_loss(result, provider, noticed_from: int, i
 def test_capacity_error_and_spot_notice_replan_without_losing_work(tmp_path):
     provider = LocalProvider("capacity", DEMO_CATALOG, capacity={("local-b", "spot"): 0})
     plan = plan_dict(("local-a", "spot", 1, 8), ("local-b", "spot", 1, 8))
-    # from the notice on, each iteration is 1 s slower, so the last 30 cannot finish before the driver stops
+    # from the notice on, each iteration is 50 ms slower, so the last 30 cannot finish before the driver stops
     # the world on a loaded host (a slowdown re-plan is off: this test is about the notice)
-    slow = SlowWorker(0, 20, 1.0)
+    slow = SlowWorker(0, 20, 0.05)
     with provider:
         result = train(plan, TINY, problem=demo_problem(iterations=50), run_dir=tmp_path,
                        config=replace(FAST, replan_on_slowdown=False), provider=provider,

@@ -58,8 +58,7 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
-  iterations (the ranks exchange flags at reports, in an all-reduce that
-  overlaps the next iterations; `JobContext._exchange`).
+  iterations (one all-reduce of flags per report).
 - `JobContext.restore` is the state of the latest checkpoint (the loop's
   mapping, each object's ``state_dict()``) when the job resumes or a re-plan
   relaunched it, else None; the data position, the learning-rate schedule and
@@ -216,9 +215,8 @@ class JobContext:
         self._stopping = False
         self._reports = 0
         self._fired_at = -1  # the iteration whose faults fired
-        # the exchange in flight: (its all-reduce, its flags [stop, checkpoint now, record next, reports until the
-        # next exchange]) (`_exchange`)
-        self._pending: tuple[Any, Any] | None = None
+        # [stop, checkpoint now, record next, reports until the next exchange] (`_exchange`)
+        self._flags = torch.zeros(4, dtype=torch.int64, device=device)
         self._next_exchange = 1  # the report at which the ranks next exchange flags
         self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
         self._last_checkpoint_at = self._last_record_at = time.monotonic()
@@ -383,7 +381,6 @@ class JobContext:
         if end is not None and iteration < end:
             raise ProblemError(f"{self._who()} returned after iteration {iteration} of {end}: iterate "
                                "ctx.prepare_loader(...) to its end (the job's last iteration)")
-        self._settle()
         self._flush_records()  # every record reaches the starter before rank 0 posts the end
         if self._checkpointed != iteration:
             self._checkpoint()
@@ -531,38 +528,12 @@ class JobContext:
         """The ranks agree, in one all-reduce of flags that rank 0 sets, on
         (stop after this report, checkpoint now), on recording metrics at the
         next report, and on how many reports until the next exchange: about
-        `_EXCHANGE_S` of them, so that a small all-reduce and the starter's
-        command check cost little on short iterations while a stop still comes
-        within `_EXCHANGE_S` of being asked.
-
-        The all-reduce runs while the next iterations train: an exchange
-        starts its own and acts on the one before (which every rank started at
-        the same report, so every rank acts at the same report), and no rank
-        waits for the others at a report, as a loop without the runtime would
-        not. A stop, a checkpoint or a metrics record asked for is done one
-        exchange later. A job that awaits its starter's decisions (a tuning
-        trial) exchanges at every report and acts at once."""
-        if self.job.await_decision:
-            flags = self._flags_now(advanced)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            return self._apply(flags)
-        stop = save = False
-        if self._pending is not None:
-            work, flags = self._pending
-            work.wait()
-            self._pending = None
-            stop, save = self._apply(flags)
-        else:  # the first exchange: nothing to act on yet, and the next report hears this one
-            self._next_exchange = self._reports + 1
-        if not stop:  # a stopping world starts no more collectives
-            flags = self._flags_now(advanced)
-            self._pending = (dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True), flags)
-        return stop, save
-
-    def _flags_now(self, advanced: bool) -> Any:
-        """This rank's flags for an exchange (rank 0's decisions; zeros elsewhere)."""
-        job = self.job
-        flags = torch.zeros(4, dtype=torch.int64, device=self.device)
+        `_EXCHANGE_S` of them (one, in a job that awaits its starter's
+        decisions), so that a small all-reduce and the starter's command check
+        cost little on short iterations while a stop still comes within
+        `_EXCHANGE_S` of being asked."""
+        job, flags = self.job, self._flags
+        flags.zero_()
         if self.rank == 0:
             stop, save = self._decide(advanced)
             now, reports = time.perf_counter(), self._reports - self._exchanged[0]
@@ -571,21 +542,12 @@ class JobContext:
             flags[2] = int(job.metrics_every_s is not None
                            and time.monotonic() - self._last_record_at >= job.metrics_every_s)
             flags[3] = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
-        self._exchanged = (self._reports, time.perf_counter())
-        return flags
-
-    def _apply(self, flags: Any) -> tuple[bool, bool]:
-        """Act on an exchange's reduced flags: (stop, checkpoint now)."""
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         stop_now, save_now, record, gap = (int(v) for v in flags.tolist())
         self._record_next = bool(record)
         self._next_exchange = self._reports + gap
+        self._exchanged = (self._reports, time.perf_counter())
         return bool(stop_now), bool(save_now)
-
-    def _settle(self) -> None:
-        """Wait for the exchange in flight (the job has ended: what it asks is moot)."""
-        if self._pending is not None:
-            self._pending[0].wait()
-            self._pending = None
 
     def _decide(self, advanced: bool) -> tuple[bool, bool]:
         """Rank 0: (stop after this iteration, checkpoint now). An awaiting job

@@ -22,9 +22,7 @@ short form) through the same context:
   checkpoint and metrics clocks (a training job), or from the starter's
   decision for this iteration, awaited (a tuning trial: go, save or stop;
   HyperSched 4.3's pause and resize are a save). So every rank stops and
-  checkpoints after the same iteration. In a training job the all-reduce
-  runs while the next iterations train, and the ranks act on it at the next
-  exchange (no rank waits for the others at a report);
+  checkpoints after the same iteration;
 - rank 0 writes atomic checkpoints (the loop's state, the data position and
   every rank's random state); a job that evaluates (a tuning trial) writes an
   iteration's due checkpoint, holding the iteration's result, before it posts
