@@ -191,8 +191,10 @@ def _unique_key_loader() -> Any:
 
 def flow_depth(text: str) -> int:
     """The deepest nesting of YAML flow collections in `text`: brackets and
-    braces outside quoted scalars and comments (a bracket inside a plain
-    scalar counts too: an estimate that errs towards deeper)."""
+    braces outside quoted scalars and comments. An estimate, as it reads no
+    YAML grammar: a bracket inside a plain scalar counts, and an apostrophe
+    inside one (``don't``) opens a quoted span that hides what follows it
+    on the line and beyond, up to the next apostrophe."""
     depth = deepest = 0
     for match in _FLOW_TOKENS.finditer(text):
         char = match.group()
