@@ -10,13 +10,14 @@ A machine's batch is split evenly over its GPUs.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from thrifty.datasets.catalog import Catalog, InstanceType
 from thrifty.core.errors import ProblemError
 from thrifty.core.validation import short_value
 
-__all__ = ["MachineGroup", "parse_cluster", "format_cluster", "world_size", "instance_count"]
+__all__ = ["MachineGroup", "merge_groups", "parse_cluster", "format_cluster", "world_size", "instance_count"]
 
 MAX_MACHINES = 10_000  # machines of one type: above any cloud account's quota (a problem's quota bound too)
 MAX_BATCH = 2**20      # samples per machine: 16x the largest published data-parallel batch
@@ -70,6 +71,19 @@ def parse_cluster(text: str, catalog: Catalog) -> list[MachineGroup]:
         except ProblemError as e:
             raise ProblemError(f"part {i + 1} '{part.strip()}': {e.message}", path="config") from None
     return groups
+
+
+def merge_groups(groups: Sequence[MachineGroup]) -> list[MachineGroup]:
+    """The same machines with the groups of one instance type and one batch
+    joined into one (at the first's place): a type's spot and on-demand
+    machines at the same batch are, to an iteration, one group of identical
+    machines. Groups that differ keep their order."""
+    merged: dict[tuple[str, int], MachineGroup] = {}
+    for g in groups:
+        key = (g.instance_type.name, g.batch)
+        seen = merged.get(key)
+        merged[key] = g if seen is None else MachineGroup(g.instance_type, seen.count + g.count, g.batch)
+    return list(merged.values())
 
 
 def format_cluster(groups: list[MachineGroup]) -> str:

@@ -93,7 +93,7 @@ import numpy as np
 from thrifty.datasets.catalog import InstanceType
 from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.bandwidth import AnalyticAllreduce, BandwidthModel, ConcurrentBandwidthModel, allreduce_time
-from thrifty.perfmodels.cluster import MachineGroup
+from thrifty.perfmodels.cluster import MachineGroup, merge_groups
 from thrifty.perfmodels.compute import ComputeModel
 from thrifty.perfmodels.library import ModelLibrary, shipped_library
 from thrifty.perfmodels.normal import normal_quantile
@@ -373,6 +373,7 @@ class IterationSimulator:
         self._broadcast_cache: dict[tuple, float] = {}
         self._tail_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._cap_cache: dict[tuple, float] = {}
+        self._host_work: dict[tuple[str, int], tuple[float, float, int] | None] = {}
         self._transfers: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._log_u = np.log(self._uniform)
         self._stats: dict[tuple[str, bool, int], tuple[float, float, float, float, float]] = {}
@@ -502,6 +503,44 @@ class IterationSimulator:
         as the demo's ``local-a``): all of them share its cores."""
         return itype.host_worker or itype.name in self.shared_host_types
 
+    def host_work(self, itype: InstanceType, device_batch: int) -> tuple[float, float, int] | None:
+        """For a lower bound on a cluster's iteration under `host_stats`: one
+        device of a shared-host type `itype` with co-located points at
+        `device_batch` gives (its passes' work, its step's work, the host's
+        cores), the work being what the pass takes alone or co-located,
+        whichever is less; None for any other type (its passes do not
+        contend for the host in `host_stats`).
+
+        While ``m`` workers compute, a pass takes at least ``max(1, m /
+        cores)`` times its work (`host_stats`' ``level``), so together they
+        finish at most ``cores`` works a second: the passes of all of them
+        take at least the sum of their works over the cores
+        (`host_lower_bound`)."""
+        key = (itype.name, device_batch)
+        if key in self._host_work:
+            return self._host_work[key]
+        cm = self.compute_model(itype)
+        work = None
+        if cm.colocated is not None and cm.host_cores and self.shares_host(itype):
+            mu_f, _, mu_b, _, step = self.device_stats(itype, device_batch)
+            work = (mu_f + mu_b, step, cm.host_cores)
+        self._host_work[key] = work
+        return work
+
+    @staticmethod
+    def host_lower_bound(work_s: float, step_work_s: float, workers: int, cores: int) -> tuple[float, float]:
+        """(passes, step): lower bounds on the slowest forward and backward
+        passes together, and on the optimizer step, of an iteration whose
+        shared-host devices (`host_work`) add up to `work_s` seconds of pass
+        work on a host of `cores` cores (the most of theirs), `step_work_s`
+        being their largest step's work, and `workers` counting every
+        shared-host worker (those without co-located points keep the host
+        busy too). The step runs on all workers at once, at ``max(1, workers
+        / cores)`` times its work."""
+        if cores <= 0:
+            return 0.0, 0.0
+        return work_s / cores, max(1.0, workers / cores) * step_work_s
+
     def host_stats(self, bases: Sequence[ComputeModel],
                    groups: Sequence[MachineGroup]) -> list[tuple[float, float, float, float, float]]:
         """(forward mean, forward sd, backward mean, backward sd, step) of
@@ -607,12 +646,22 @@ class IterationSimulator:
 
     # -- the simulation ---------------------------------------------------------
     def simulate(self, groups: list[MachineGroup] | tuple[MachineGroup, ...]) -> IterationPrediction:
+        """The iteration of a cluster of machine `groups`. Groups of the same
+        instance type at the same batch (a type's spot and on-demand machines)
+        are one group of their machines together: the cluster, not how a plan
+        splits it by market, decides the prediction, so such splits are one
+        simulation (`merge_groups`)."""
         key = tuple((g.instance_type.name, g.count, g.batch) for g in groups)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         if not groups:
             raise ProblemError("a cluster needs at least one machine group")
+        merged = merge_groups(groups)
+        if len(merged) < len(groups):
+            result = self.simulate(merged)
+            self._cache[key] = result
+            return result
         if len(groups) > self._max_groups:
             raise ProblemError(f"{len(groups)} machine groups; at most {self._max_groups} are supported")
         result = self._simulate(list(groups))

@@ -107,10 +107,12 @@ def better(a: Evaluation, b: Evaluation | None) -> bool:
 
 
 def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float | None = None,
-                      any_feasible: bool = False) -> SearchResult:
+                      any_feasible: bool = False, max_candidates: int | None = None) -> SearchResult:
     """Exact optimum of the pruned space (see module docstring). With
     `any_feasible`, stop at the first feasible plan: a feasibility test, whose
-    `best` is some feasible plan (not the optimum) or None (proven none)."""
+    `best` is some feasible plan (not the optimum) or None (proven none).
+    With `max_candidates`, give up (nothing simulated, not complete, ``capped``
+    in the details) when the limits' bounds leave more candidates than that."""
     start = time.perf_counter()
     simulated0 = space.simulated
     ranked: list[tuple[float, Candidate, float]] = []
@@ -118,6 +120,10 @@ def search_exhaustive(space: TrainingSpace, prune: bool = True, deadline: float 
     total = beyond = 0
     for cand in space.candidates(within_limits=prune):
         total += 1
+        if max_candidates is not None and total > max_candidates:
+            return SearchResult(method="exhaustive", best=None, bound=None, complete=False, simulated=0,
+                                wall_s=time.perf_counter() - start,
+                                details={"candidates": total, "pruned": prune, "capped": True})
         if not prune:
             ranked.append((0.0, cand, 0.0))
             continue

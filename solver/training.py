@@ -89,21 +89,30 @@ def count_candidates(global_batch: int, groups: tuple[tuple[int, tuple[int, ...]
     ``(quota, allowed batches)``: the ways to place `global_batch` samples
     with, per choice, none or 1..quota machines of one of its batches.
     Counted by dynamic programming over the batch still to place (a float,
-    since large spaces overflow any sensible int).
+    since large spaces overflow any sensible int; `placements`).
 
     The count depends on nothing else (not on limits, prices or the model),
     so it is kept per shape: an infeasibility explanation asks it of many
     variants of one problem that differ only in their limits or one quota,
-    and each count is O(global batch x batches), seconds for batches of
-    hundreds of thousands."""
-    ways = np.zeros(global_batch + 1)
+    and of the global batches near the problem's, and each count is
+    O(global batch x batches), a tenth of a second for a batch of a million."""
+    span = 1 << max(10, global_batch.bit_length())  # > global_batch: nearby global batches share one table
+    return float(placements(groups, span)[global_batch])
+
+
+@lru_cache(maxsize=4)
+def placements(groups: tuple[tuple[int, tuple[int, ...]], ...], span: int) -> np.ndarray:
+    """``ways[r]``, r < `span`: the ways to place r samples on `groups`
+    (`count_candidates`); the same for every r whatever the span (read-only)."""
+    ways = np.zeros(span)
     ways[0] = 1.0
     for quota, batches in groups:
         new = ways.copy()
         for batch in batches:
             new += group_sums(ways, batch, quota)
         ways = new
-    return float(ways[global_batch])
+    ways.setflags(write=False)
+    return ways
 
 
 # The bound sums means in another order than the simulator's sample mean, so
@@ -111,6 +120,17 @@ def count_candidates(global_batch: int, groups: tuple[tuple[int, tuple[int, ...]
 # above the simulated time; shrunk by this factor it never prunes a candidate
 # whose simulated time meets a limit exactly (a relaxation's "needed" value).
 BOUND_ROUNDING = 1.0 - 1e-12
+
+
+NO_HOST_WORK = (0.0, 0.0, 0, 0)
+
+
+def add_host_work(a: tuple[float, float, int, int], b: tuple[float, float, int, int]) -> tuple[float, float, int, int]:
+    """Two parts of a cluster's shared-host work (`TrainingSpace.group_host_work`) together:
+    the works and the workers add up, the step's work and the cores are the larger."""
+    if b is NO_HOST_WORK:
+        return a
+    return a[0] + b[0], max(a[1], b[1]), max(a[2], b[2]), a[3] + b[3]
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,7 @@ class Choice:
     itype: InstanceType
     price_per_hour: float
     batches: tuple[int, ...]  # allowed per-machine batches, ascending
+    shares_host: bool = False  # its machines are worker processes of this host (`IterationSimulator.shares_host`)
 
     @property
     def quota(self) -> int:
@@ -198,7 +219,8 @@ class TrainingSpace:
         # the threshold is relative to the best throughput this problem can reach per device
         usable = min(cm.max_batch, -(-self.problem.global_batch // itype.gpus))
         return Choice(index, spec, itype, price,
-                      self._allowed_batches(itype, cm.max_batch, cm.threshold_within(usable)))
+                      self._allowed_batches(itype, cm.max_batch, cm.threshold_within(usable)),
+                      self.simulator.shares_host(itype))
 
     def rule_batches(self, itype: InstanceType, max_device_batch: int | None = None,
                      upto: int | None = None) -> tuple[int, ...]:
@@ -276,16 +298,45 @@ class TrainingSpace:
         e = self.simulator.expected_max_factor(count * choice.itype.gpus)
         return mu_f + sd_f * e, mu_b + sd_b * e, step
 
+    def group_host_work(self, choice: Choice, count: int, batch: int) -> tuple[float, float, int, int]:
+        """`count` machines of `choice` at `batch` on the shared host: (their
+        passes' work, their step's work, the host's cores, their workers)
+        (`IterationSimulator.host_work`); zeros for machines of their own."""
+        itype = choice.itype
+        if not choice.shares_host:
+            return NO_HOST_WORK
+        devices = count * itype.gpus
+        work = self.simulator.host_work(itype, -(-batch // itype.gpus))
+        if work is None:
+            return 0.0, 0.0, 0, devices
+        return devices * work[0], work[1], work[2], devices
+
+    @staticmethod
+    def bound_s(fw: float, rest: float, step: float, host: tuple[float, float, int, int]) -> float:
+        """An iteration's lower bound from the slowest forward, what follows it
+        (the slowest backward, or the exposed exchange), the largest step and
+        the shared host's work (`group_host_work`, summed; the most cores;
+        the workers summed): the passes take at least the host's work over
+        its cores, the step at least its share of the cores
+        (`IterationSimulator.host_lower_bound`)."""
+        if host is NO_HOST_WORK:
+            return (fw + rest + step) * BOUND_ROUNDING
+        work, step_work, cores, workers = host
+        passes, host_step = IterationSimulator.host_lower_bound(work, step_work, workers, cores)
+        return (max(fw + rest, passes) + max(step, host_step)) * BOUND_ROUNDING
+
     def lower_bound(self, candidate: Candidate) -> float:
         """A lower bound on the simulated iteration time of `candidate`: the
         slowest forward, then the larger of the slowest backward and the
         exchange's tail (`IterationSimulator.exposed_lower_bound`), then the
-        step."""
+        step; with machines that share this host (local workers), the host's
+        cores time-shared by their passes and steps (`bound_s`)."""
         sim = self.simulator
         fw = bw = step = 0.0
         slowest, slowest_mu_b = None, -1.0
         world = machines = 0
         types = {}
+        host = NO_HOST_WORK
         for i, count, batch in candidate:
             itype = self.choices[i].itype
             mu_f, sd_f, mu_b, sd_b, s = sim.device_stats(itype, -(-batch // itype.gpus))
@@ -296,11 +347,12 @@ class TrainingSpace:
             world += count * itype.gpus
             machines += count
             types[itype.name] = itype
+            host = add_host_work(host, self.group_host_work(self.choices[i], count, batch))
         if world <= 1 or slowest is None:
-            return (fw + bw + step) * BOUND_ROUNDING
+            return self.bound_s(fw, bw, step, host)
         ordered = tuple(types[name] for name in sorted(types))
         exposed = sim.exposed_lower_bound(ordered, world, machines, sim.compute_model(slowest), bw)
-        return (fw + exposed + step) * BOUND_ROUNDING
+        return self.bound_s(fw, exposed, step, host)
 
     def objective_bound(self, candidate: Candidate, iteration_s: float) -> float:
         total = self.launch_s + self.iterations * iteration_s
@@ -340,40 +392,44 @@ class TrainingSpace:
         check = within_limits and (limits.time_s is not None or limits.cost_usd is not None)
         n, launch, floor_s = self.iterations, self.launch_s, self.problem.overheads.min_billed_s
 
-        def breaks(fw: float, bw: float, step: float, rate: float) -> bool:
-            total = launch + n * (fw + bw + step) * BOUND_ROUNDING  # as `lower_bound`
+        def breaks(fw: float, bw: float, step: float, rate: float, host: tuple[float, float, int, int]) -> bool:
+            total = launch + n * self.bound_s(fw, bw, step, host)  # as `lower_bound`
             return (limits.time_s is not None and total > limits.time_s) or (
                 limits.cost_usd is not None and rate * max(total, floor_s) / 3600.0 > limits.cost_usd)
 
         def rec(k: int, remaining: int, chosen: tuple, fw: float, bw: float, step: float,
-                rate: float) -> Iterator[Candidate]:
+                rate: float, host: tuple[float, float, int, int]) -> Iterator[Candidate]:
             if remaining == 0:
                 if chosen:
                     yield chosen
                 return
             nxt = reach[k + 1]
             if nxt[remaining]:
-                yield from rec(k + 1, remaining, chosen, fw, bw, step, rate)  # choice k unused
+                yield from rec(k + 1, remaining, chosen, fw, bw, step, rate, host)  # choice k unused
             c = choices[k]
-            quota = c.quota
             for batch in c.batches:
                 if batch > remaining:
                     break
-                for count in range(1, min(quota, remaining // batch) + 1):
+                top = min(c.quota, remaining // batch)
+                # the counts that leave a batch the later choices can place (a scan of many counts in numpy)
+                counts = range(1, top + 1) if top <= 32 else \
+                    (np.flatnonzero(nxt[remaining - batch * np.arange(1, top + 1)]) + 1).tolist()
+                for count in counts:
                     left = remaining - count * batch
                     if not nxt[left]:
                         continue
                     if check:
                         f, b, st = self.group_compute_bound(c, count, batch)
-                        bounds = (max(fw, f), max(bw, b), max(step, st), rate + c.price_per_hour * count)
+                        bounds = (max(fw, f), max(bw, b), max(step, st), rate + c.price_per_hour * count,
+                                  add_host_work(host, self.group_host_work(c, count, batch)))
                         if breaks(*bounds):
                             break  # more machines of this batch only raise the bound
                     else:
-                        bounds = (fw, bw, step, rate)
+                        bounds = (fw, bw, step, rate, host)
                     yield from rec(k + 1, left, chosen + ((k, count, batch),), *bounds)
 
         if reach[0][target]:
-            yield from rec(0, target, (), 0.0, 0.0, 0.0, 0.0)
+            yield from rec(0, target, (), 0.0, 0.0, 0.0, 0.0, NO_HOST_WORK)
 
     @cached_property
     def size(self) -> float:
