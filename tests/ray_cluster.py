@@ -67,6 +67,16 @@ class ThreeNodes:
         for server in self.imds.values():
             server.close()
 
+    def lend(self, provider):
+        """For a test's fixture (``yield from nodes.lend(provider)``): `provider`, shared by the tests of a
+        module or class, holding no machine, with the cluster back at three nodes (a test removes one) and
+        an agent warm on each; what the test left held is given back after it, as closing a provider does."""
+        self.refill()
+        self.warm(provider)
+        assert provider.machines() == []
+        yield provider
+        provider.terminate(provider.machines())
+
     def warm(self, provider) -> None:
         """Start `provider`'s agent on each of the three nodes and wait for its fork server (torch
         imported), then give the machines back: the agents stay, and the run's first launch on them

@@ -55,12 +55,19 @@ def make_provider(nodes) -> RayProvider:
                        preload=WORKER_PRELOAD)
 
 
-@pytest.fixture
-def provider(nodes):
+@pytest.fixture(scope="class")
+def plan_provider(nodes):
+    """One provider for the tests that run a plan (`TestPlans`): its agents and their fork servers, warm,
+    serve every run (as they serve a run's re-plans); closed, with its connection to Ray, before the tests
+    whose commands connect on their own."""
     made = make_provider(nodes)
-    nodes.warm(made)
     yield made
     made.close()
+
+
+@pytest.fixture
+def provider(nodes, plan_provider):
+    yield from nodes.lend(plan_provider)
 
 
 @pytest.fixture(scope="module")
@@ -125,81 +132,84 @@ class WhenReaching:
             self.thread.join(60)
 
 
-def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(provider, demo, demo_plan, tmp_path):
-    result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG)
-    assert result.iterations == 600 and result.within_limits
-    [segment] = result.segments
-    assert segment.config == "2xlocal-a@32" and segment.ended == "finished"
-    assert {m.host for m in provider.all_machines()} == {"127.0.0.1"}
-    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
-    assert provider.machines() == []
+class TestPlans:
+    """Plans run on the cluster, each on the one provider of the class (`plan_provider`)."""
+
+    def test_a_plan_runs_on_the_cluster_and_trains_like_one_process(self, provider, demo, demo_plan, tmp_path):
+        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG)
+        assert result.iterations == 600 and result.within_limits
+        [segment] = result.segments
+        assert segment.config == "2xlocal-a@32" and segment.ended == "finished"
+        assert {m.host for m in provider.all_machines()} == {"127.0.0.1"}
+        assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
+        assert provider.machines() == []
 
 
-def test_a_loop_named_by_its_file_runs_on_the_cluster_like_one_process(provider, demo, demo_plan, tmp_path,
-                                                                       monkeypatch):
-    """A job named by its file (issue 35: the README's user-loop example, ``path/to/train.py:train``) is
-    imported by its path in the driver and in every rank on the cluster's nodes."""
-    monkeypatch.chdir(ROOT)
-    job = "datasets/examples/cnn/train.py:train"
-    args = {"precision": "fp32", "samples": 96, "held_out": 16, "size": 8, "channels": 2, "width": 4, "classes": 3}
-    problem = {**json.loads(demo.read_text()), "iterations": 6}
-    result = train(demo_plan, job, trainer_args=args, problem=problem, provider=provider, run_dir=tmp_path / "ray",
-                   config=CONFIG)
-    assert [s.config for s in result.segments] == ["2xlocal-a@32"] and result.iterations == 6
-    single = train(plan_dict(("local-a", "spot", 1, 64)), job, trainer_args=args, problem=problem,
-                   run_dir=tmp_path / "single", config=CONFIG)
-    assert max_difference(model_state(result.checkpoint_path), model_state(single.checkpoint_path)) < 1e-6
+    def test_a_loop_named_by_its_file_runs_on_the_cluster_like_one_process(self, provider, demo, demo_plan, tmp_path,
+                                                                           monkeypatch):
+        """A job named by its file (issue 35: the README's user-loop example, ``path/to/train.py:train``) is
+        imported by its path in the driver and in every rank on the cluster's nodes."""
+        monkeypatch.chdir(ROOT)
+        job = "datasets/examples/cnn/train.py:train"
+        args = {"precision": "fp32", "samples": 96, "held_out": 16, "size": 8, "channels": 2, "width": 4, "classes": 3}
+        problem = {**json.loads(demo.read_text()), "iterations": 6}
+        result = train(demo_plan, job, trainer_args=args, problem=problem, provider=provider, run_dir=tmp_path / "ray",
+                       config=CONFIG)
+        assert [s.config for s in result.segments] == ["2xlocal-a@32"] and result.iterations == 6
+        single = train(plan_dict(("local-a", "spot", 1, 64)), job, trainer_args=args, problem=problem,
+                       run_dir=tmp_path / "single", config=CONFIG)
+        assert max_difference(model_state(result.checkpoint_path), model_state(single.checkpoint_path)) < 1e-6
 
 
-def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(nodes, provider, demo, demo_plan,
-                                                                             tmp_path):
-    # from the removal on, each iteration takes 20 ms longer (the world's pace is its slowest machine's), so
-    # the run's last 300 iterations cannot outrun Ray's removal of the node on a loaded host (6 s at least);
-    # a slowdown re-plan is off, as this test is about the loss alone
-    slow = SlowWorker(0, 300, 0.02)
-    with WhenReaching(300, nodes.remove_spare) as remove:
-        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path,
-                       config=replace(CONFIG, replan_on_slowdown=False), faults=[slow], on_progress=remove)
-        remove.join()
-    assert result.iterations == 600 and result.within_limits, result.exceeded
-    [event] = result.preemptions
-    assert (event.instance_type, event.market, event.time_left_s) == ("local-a", "spot", 0)
-    assert event.source in ("worker-exit", "node-lost")
-    lost, after = result.segments
-    assert lost.ended == "lost" and lost.committed_iteration >= 300 - 50
-    assert after.start_iteration == lost.committed_iteration and after.ended == "finished"
-    assert "2xlocal-a" not in after.config
-    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
+    def test_a_node_removed_mid_run_replans_and_finishes_like_an_uninterrupted_run(self, nodes, provider, demo,
+                                                                                 demo_plan, tmp_path):
+        # from the removal on, each iteration takes 20 ms longer (the world's pace is its slowest machine's), so
+        # the run's last 300 iterations cannot outrun Ray's removal of the node on a loaded host (6 s at least);
+        # a slowdown re-plan is off, as this test is about the loss alone
+        slow = SlowWorker(0, 300, 0.02)
+        with WhenReaching(300, nodes.remove_spare) as remove:
+            result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path,
+                           config=replace(CONFIG, replan_on_slowdown=False), faults=[slow], on_progress=remove)
+            remove.join()
+        assert result.iterations == 600 and result.within_limits, result.exceeded
+        [event] = result.preemptions
+        assert (event.instance_type, event.market, event.time_left_s) == ("local-a", "spot", 0)
+        assert event.source in ("worker-exit", "node-lost")
+        lost, after = result.segments
+        assert lost.ended == "lost" and lost.committed_iteration >= 300 - 50
+        assert after.start_iteration == lost.committed_iteration and after.ended == "finished"
+        assert "2xlocal-a" not in after.config
+        assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
 
 
-def test_a_spot_notice_ten_seconds_ahead_loses_no_iteration(nodes, provider, demo, demo_plan, tmp_path):
-    def notice_then_remove() -> None:
-        nodes.imds["spare"].interrupt(in_s=10.0)
-        time.sleep(10.0)
-        nodes.remove_spare()
+    def test_a_spot_notice_ten_seconds_ahead_loses_no_iteration(self, nodes, provider, demo, demo_plan, tmp_path):
+        def notice_then_remove() -> None:
+            nodes.imds["spare"].interrupt(in_s=10.0)
+            time.sleep(10.0)
+            nodes.remove_spare()
 
-    with WhenReaching(300, notice_then_remove) as notice:
-        result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG,
-                       on_progress=notice)
-        notice.join()  # the machine is taken 10 s after its notice: by then the run had moved off it
-    assert result.iterations == 600 and result.within_limits, result.exceeded
-    [event] = result.preemptions
-    assert (event.source, event.instance_type, event.market) == ("imds", "local-a", "spot")
-    assert 0 < event.time_left_s <= 10
-    noticed, after = result.segments
-    assert noticed.ended == "stopped" and noticed.lost_iterations == 0
-    assert sum(s.lost_iterations for s in result.segments) == 0
-    assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
+        with WhenReaching(300, notice_then_remove) as notice:
+            result = train(demo_plan, TINY, problem=demo, provider=provider, run_dir=tmp_path, config=CONFIG,
+                           on_progress=notice)
+            notice.join()  # the machine is taken 10 s after its notice: by then the run had moved off it
+        assert result.iterations == 600 and result.within_limits, result.exceeded
+        [event] = result.preemptions
+        assert (event.source, event.instance_type, event.market) == ("imds", "local-a", "spot")
+        assert 0 < event.time_left_s <= 10
+        noticed, after = result.segments
+        assert noticed.ended == "stopped" and noticed.lost_iterations == 0
+        assert sum(s.lost_iterations for s in result.segments) == 0
+        assert max_difference(model_state(result.checkpoint_path), single_process_reference(TINY, 64, 600)) < 1e-6
 
 
-def test_a_cluster_without_the_plans_machines_is_a_clear_error_before_anything_runs(provider, tmp_path):
-    plan = plan_dict(("local-b", "spot", 2, 32))
-    with pytest.raises(ProblemError) as error:
-        train(plan, TINY, problem=DEMO, provider=provider, run_dir=tmp_path, config=CONFIG)
-    assert error.value.path == "cluster"
-    assert "2 x local-b (spot): the cluster has 0" in str(error.value)
-    assert "local-a (spot)" in str(error.value)
-    assert not (tmp_path / "checkpoint.pt").exists()
+    def test_a_cluster_without_the_plans_machines_is_a_clear_error_before_anything_runs(self, provider, tmp_path):
+        plan = plan_dict(("local-b", "spot", 2, 32))
+        with pytest.raises(ProblemError) as error:
+            train(plan, TINY, problem=DEMO, provider=provider, run_dir=tmp_path, config=CONFIG)
+        assert error.value.path == "cluster"
+        assert "2 x local-b (spot): the cluster has 0" in str(error.value)
+        assert "local-a (spot)" in str(error.value)
+        assert not (tmp_path / "checkpoint.pt").exists()
 
 
 def probe_args(nodes, out, world_sizes: str) -> list[str]:

@@ -53,13 +53,18 @@ def nodes(s3):
     cluster.close()
 
 
-@pytest.fixture
-def provider(nodes):  # noqa: F811 -- the fixture imported above
-    nodes.refill()
+@pytest.fixture(scope="module")
+def shared_provider(nodes):
+    """One provider for the module: its agents and their fork servers, warm, serve every test (as they
+    serve one tuning run's trials)."""
     made = RayProvider("tuning-test", load_catalog(CATALOG), nodes.cluster.address, preload=RANK_PRELOAD)
-    nodes.warm(made)
     yield made
     made.close()
+
+
+@pytest.fixture
+def provider(nodes, shared_provider):  # noqa: F811 -- the fixture imported above
+    yield from nodes.lend(shared_provider)
 
 
 def node_of(provider: RayProvider, machine_id: str) -> str:
