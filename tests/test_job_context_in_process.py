@@ -40,7 +40,7 @@ def _context(channel, tmp_path, batches=(16,)):
     return JobContext(job, channel, torch.device("cpu"), False, sum(batches), list(batches))
 
 
-def test_a_stop_lands_at_the_exchange_after_it_without_reading_the_store_there(world, tmp_path, monkeypatch):
+def test_a_stop_lands_at_the_report_after_the_exchange_carrying_it_without_a_store_read(world, tmp_path, monkeypatch):
     server, channel = world
     # an exchange reads the stop its rank's watch thread saw: never a round trip to the starter's store
     monkeypatch.setattr(RankChannel, "command", lambda self, name: pytest.fail("a store round trip at an exchange"))
@@ -48,7 +48,7 @@ def test_a_stop_lands_at_the_exchange_after_it_without_reading_the_store_there(w
     model = ctx.prepare_model(torch.nn.Linear(4, 2))
     state = {"model": model}
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
-    asked_at = carrying = None
+    asked_at, started = None, []  # the report from which rank 0 knows the stop; the reports that start an exchange
     with pytest.raises(StopJob):
         for inputs, targets in ctx.prepare_loader(data):
             torch.nn.functional.mse_loss(model(inputs), targets).backward()
@@ -57,10 +57,13 @@ def test_a_stop_lands_at_the_exchange_after_it_without_reading_the_store_there(w
                 limit = time.monotonic() + 10
                 while ctx._stop.given is None and time.monotonic() < limit:
                     time.sleep(0.001)
-                asked_at, carrying = ctx._reports + 1, ctx._next_exchange  # the next exchange carries it
+                asked_at = ctx._reports + 1
             ctx.report({"loss": 1.0}, checkpoint=state)
+            if ctx._exchanged[0] == ctx._reports:
+                started.append(ctx._reports)
     assert ctx._stop.given == "1"
-    assert ctx._reports == max(carrying, asked_at)  # stopped at that exchange's report, not later
+    carrying = next(r for r in started if r >= asked_at)  # the first exchange to start after the stop was seen
+    assert started[-1] == carrying and ctx._reports == carrying + 1  # every rank acts at the report after it
     assert torch.load(tmp_path / "c.pt", weights_only=False)["iteration"] == ctx.iteration  # after a checkpoint
 
 

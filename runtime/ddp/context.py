@@ -62,11 +62,12 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
-  iterations: at a report about every 0.05 s (every report in a tuning
-  trial) the ranks exchange flags in one small all-reduce, and a stop the
-  starter asked for lands at the first such exchange after rank 0 saw it
-  (rank 0 watches for it in a thread of its own, so no exchange waits for
-  the starter's store).
+  iterations: at a report about every 0.05 s, and at least every 8 reports
+  (every report in a tuning trial), the ranks start an exchange of flags, one small all-reduce, and act
+  on it at the next report (a tuning trial's at once), so that no rank waits
+  for the others at a report; a stop the starter asked for lands at the
+  report after the first exchange after rank 0 saw it (rank 0 watches for it
+  in a thread of its own, so no exchange waits for the starter's store).
 - `JobContext.restore` is the state of the latest checkpoint (the loop's
   mapping, each object's ``state_dict()``) when the job resumes or a re-plan
   relaunched it, else None; the data position, the learning-rate schedule and
@@ -137,7 +138,10 @@ TIMING_WARMUP = 3  # iterations left out of the throughput a finished world repo
 RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global_batch", "trainer", "trainer_args",
                           "seed", "rng", "saved_at", "result", "state_keys"})
 _EXCHANGE_S = 0.05  # the ranks exchange flags about this often (every report in a job that awaits decisions)
-_MAX_GAP = 1000  # and at least every this many reports
+# and at least every this many reports: the gap is agreed on at the pace of the iterations before it, so this
+# bounds a stop's delay when they slow down at once (a straggler, a spot notice's last iterations); the exchange
+# overlaps an iteration, so a short gap costs no wait
+_MAX_GAP = 8
 _UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports
 
 
@@ -225,11 +229,13 @@ class JobContext:
         self._fired_at = -1  # the iteration whose faults fired
         # [stop, checkpoint now, record next, reports until the next exchange] (`_exchange`)
         self._flags = torch.zeros(4, dtype=torch.int64, device=device)
+        self._pending: Any = None  # the all-reduce of the exchange started at the previous report (`_exchange`)
         self._next_exchange = 1  # the report at which the ranks next exchange flags
         self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
         # rank 0: the starter's stop, watched by a thread from the first exchange on (no round trip to the store
-        # at an exchange), and its progress, written at the exchanges, the job's end and every iteration a fault
-        # is at (any rank's: the starter learns from the progress that an injected kill fired)
+        # at an exchange), and its progress, written at the exchanges, checkpoints, a stop, the job's end and
+        # every iteration a fault is at (any rank's: the starter learns from the progress that an injected kill
+        # fired, and never sees a checkpoint past the progress)
         self._stop: CommandWatch | None = None
         self._progress_due = False
         self._fault_iterations = frozenset(f.at_iteration for f in job.faults)
@@ -366,12 +372,11 @@ class JobContext:
             self._clock.on = self._clock.on or iteration >= self._start + TIMING_WARMUP
         if iteration == self._start + TIMING_WARMUP and self._timing_from is None:
             self._timing_from = (iteration, time.perf_counter())
-        stopped = save_now = False
-        if job.await_decision or self._reports >= self._next_exchange:
-            stopped, save_now = self._exchange(advanced)
+        stopped, save_now = self._exchange(advanced, last)
         if (save_now or due or last) and not saved and self._checkpointed != iteration:
             self._checkpoint()
-        if self.rank == 0 and advanced and (self._progress_due or last or iteration in self._fault_iterations):
+        if self.rank == 0 and advanced and (self._progress_due or last or stopped or self._checkpointed == iteration
+                                            or iteration in self._fault_iterations):
             self._channel.progress(iteration)
             self._progress_due = False
         if self._clock is not None:
@@ -400,6 +405,9 @@ class JobContext:
         if end is not None and iteration < end:
             raise ProblemError(f"{self._who()} returned after iteration {iteration} of {end}: iterate "
                                "ctx.prepare_loader(...) to its end (the job's last iteration)")
+        if self._pending is not None:  # an exchange the job's end made moot
+            self._pending.wait()
+            self._pending = None
         self._flush_records()  # every record reaches the starter before rank 0 posts the end
         if self._checkpointed != iteration:
             self._checkpoint()
@@ -546,17 +554,44 @@ class JobContext:
         for sink in self._sinks:
             sink.write(out)
 
-    def _exchange(self, advanced: bool) -> tuple[bool, bool]:
-        """The ranks agree, in one all-reduce of flags that rank 0 sets, on
-        (stop after this report, checkpoint now), on recording metrics at the
-        next report, and on how many reports until the next exchange: about
-        `_EXCHANGE_S` of them (one, in a job that awaits its starter's
-        decisions), so that a small all-reduce costs little on short
-        iterations while a stop still comes within `_EXCHANGE_S` (and the
-        moment rank 0's watch thread takes to wake) of being asked. Rank 0
-        reads the starter's stop from that thread (`CommandWatch`): an
-        exchange makes no round trip to the starter's store, which on a busy
-        host could keep every rank waiting for it."""
+    def _exchange(self, advanced: bool, last: bool) -> tuple[bool, bool]:
+        """At a report: (stop after this report, checkpoint now), as the ranks
+        agreed. They agree, in one all-reduce of flags that rank 0 sets, on
+        those, on recording metrics at the next report, and on how many
+        reports until the next exchange: about `_EXCHANGE_S` of them (one, in
+        a job that awaits its starter's decisions) and at most `_MAX_GAP`, so
+        that a small all-reduce costs little on short iterations.
+
+        The all-reduce overlaps one iteration: an exchange starts it at one
+        report, and every rank waits for it (long done: the iteration's own
+        gradient all-reduce came after it) and acts on it at the next report,
+        so no rank waits for the others at a report, as a loop without the
+        runtime would not. A stop (or a checkpoint) rank 0 decides on at an
+        exchange is so done at the report after it, by every rank, and no
+        further exchange starts once a stop is agreed: a stop comes within
+        about `_EXCHANGE_S` plus one iteration at the pace the gap was agreed
+        at (and the moment rank 0's watch thread takes to wake) of being
+        asked, and within `_MAX_GAP` + 1 iterations whatever their pace. Rank 0 reads the starter's stop
+        from that thread (`CommandWatch`): an exchange makes no round trip to
+        the starter's store, which on a busy host would keep every rank
+        waiting. A job that awaits its starter's decisions (a tuning trial)
+        exchanges at every report and acts at once."""
+        stop = save = False
+        if self._pending is not None:  # the exchange of the previous report
+            self._pending.wait()
+            self._pending = None
+            stop, save = self._agreed()
+        if stop or (self._reports < self._next_exchange and not self.job.await_decision):
+            return stop, save
+        if self.job.await_decision:
+            dist.all_reduce(self._fill(advanced), op=dist.ReduceOp.MAX)
+            return self._agreed()
+        if not last:  # the job's last report waits for no later one: nothing to start
+            self._pending = dist.all_reduce(self._fill(advanced), op=dist.ReduceOp.MAX, async_op=True)
+        return stop, save
+
+    def _fill(self, advanced: bool) -> Any:
+        """The flags of an exchange starting now: rank 0's decisions, zeros elsewhere."""
         job, flags = self.job, self._flags
         flags.zero_()
         if self.rank == 0:
@@ -567,12 +602,16 @@ class JobContext:
             flags[2] = int(job.metrics_every_s is not None
                            and time.monotonic() - self._last_record_at >= job.metrics_every_s)
             flags[3] = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop_now, save_now, record, gap = (int(v) for v in flags.tolist())
-        self._record_next = bool(record)
-        self._next_exchange = self._reports + gap
         self._exchanged = (self._reports, time.perf_counter())
         self._progress_due = True
+        return flags
+
+    def _agreed(self) -> tuple[bool, bool]:
+        """Act on the reduced flags of the exchange started at report
+        ``self._exchanged[0]``: (stop, checkpoint now)."""
+        stop_now, save_now, record, gap = (int(v) for v in self._flags.tolist())
+        self._record_next = bool(record)
+        self._next_exchange = self._exchanged[0] + gap
         return bool(stop_now), bool(save_now)
 
     def _decide(self, advanced: bool) -> tuple[bool, bool]:
