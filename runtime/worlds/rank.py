@@ -182,9 +182,9 @@ class CommandWatch:
     the store (its own clone of the channel's connection, which a thread may
     use beside the channel's): `given` is the command once it came, else
     None, read locally. It comes within the time that thread takes to wake
-    after the starter gives it. A channel without a store (torchrun), or a
-    store that cannot be cloned, reads the command at each `given` instead
-    (one round trip)."""
+    after the starter gives it. A channel without a store (torchrun), a
+    store that cannot be cloned, or a watch whose connection broke, reads the
+    command at each `given` instead (one round trip)."""
 
     def __init__(self, channel: RankChannel, name: str):
         import threading
@@ -220,7 +220,8 @@ class CommandWatch:
                 return
             except dist.DistStoreError:  # the wait timed out: wait again
                 continue
-            except Exception:  # noqa: BLE001 - the store went away: the world is ending, no command comes
+            except Exception:  # noqa: BLE001 - the connection broke: `given` reads the channel's store instead
+                self._store = None
                 return
 
 
