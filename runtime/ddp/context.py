@@ -30,10 +30,14 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   the job's end (None in a tuning trial, whose scheduler ends it) and
   `iteration` the iterations done, the data position.
 - `JobContext.prepare_model` wraps the model in DDP with Srifty 4.5's
-  gradient reweighting as a communication hook (`thrifty.runtime.ddp.reweight`):
-  rank r's gradient bucket is weighted ``b_r / B`` and the buckets summed, so
-  with unequal local batches the update is the single-device update on the
-  global batch, whatever the loss, as long as it is a batch mean.
+  gradient reweighting (`thrifty.runtime.ddp.reweight`): with unequal local
+  batches, the gradient reaching each output of the model's training
+  forwards is weighted ``b_r * W / B`` before DDP's own average
+  (`OutputWeighting`; for an output it cannot look into, and with the job's
+  ``weighting: "hook"``, a communication hook weighs rank r's gradient
+  buckets ``b_r / B`` and sums them instead), so the update is the
+  single-device update on the global batch, whatever the loss, as long as it
+  is a batch mean; with equal batches DDP's own average is that weighting.
 - `JobContext.prepare_loader` takes a map-style dataset or a ``DataLoader``
   (whose dataset, ``collate_fn``, workers and their options it keeps, and
   whose batch size and sampler it replaces) and iterates this rank's share of
@@ -58,7 +62,12 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
-  iterations (one all-reduce of flags per report).
+  iterations: at a report about every 0.05 s, and at least every 8 reports
+  (every report in a tuning trial), the ranks start an exchange of flags, one small all-reduce, and act
+  on it at the next report (a tuning trial's at once), so that no rank waits
+  for the others at a report; a stop the starter asked for lands at the
+  report after the first exchange after rank 0 saw it (rank 0 watches for it
+  in a thread of its own, so no exchange waits for the starter's store).
 - `JobContext.restore` is the state of the latest checkpoint (the loop's
   mapping, each object's ``state_dict()``) when the job resumes or a re-plan
   relaunched it, else None; the data position, the learning-rate schedule and
@@ -117,9 +126,9 @@ from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_se
     seed_everything
 from thrifty.runtime.ddp.clock import ClockMarks
 from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, TRIAL_METRIC, JobSpec, WorkerFault
-from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
+from thrifty.runtime.ddp.reweight import OutputWeighting, loss_scale, register_reweighting
 from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
-from thrifty.runtime.worlds import RankChannel
+from thrifty.runtime.worlds import CommandWatch, RankChannel
 
 __all__ = ["JobContext", "StopJob", "MetricsSink", "ChannelSink", "metric_sinks", "RankLoader", "combine_metrics",
            "TRIAL_METRIC", "TIMING_WARMUP", "RUNTIME_KEYS"]
@@ -129,7 +138,10 @@ TIMING_WARMUP = 3  # iterations left out of the throughput a finished world repo
 RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global_batch", "trainer", "trainer_args",
                           "seed", "rng", "saved_at", "result", "state_keys"})
 _EXCHANGE_S = 0.05  # the ranks exchange flags about this often (every report in a job that awaits decisions)
-_MAX_GAP = 1000  # and at least every this many reports
+# and at least every this many reports: the gap is agreed on at the pace of the iterations before it, so this
+# bounds a stop's delay when they slow down at once (a straggler, a spot notice's last iterations); the exchange
+# overlaps an iteration, so a short gap costs no wait
+_MAX_GAP = 8
 _UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports
 
 
@@ -217,8 +229,16 @@ class JobContext:
         self._fired_at = -1  # the iteration whose faults fired
         # [stop, checkpoint now, record next, reports until the next exchange] (`_exchange`)
         self._flags = torch.zeros(4, dtype=torch.int64, device=device)
+        self._pending: Any = None  # the all-reduce of the exchange started at the previous report (`_exchange`)
         self._next_exchange = 1  # the report at which the ranks next exchange flags
         self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
+        # rank 0: the starter's stop, watched by a thread from the first exchange on (no round trip to the store
+        # at an exchange), and its progress, written at the exchanges, checkpoints, a stop, the job's end and
+        # every iteration a fault is at (any rank's: the starter learns from the progress that an injected kill
+        # fired, and never sees a checkpoint past the progress)
+        self._stop: CommandWatch | None = None
+        self._progress_due = False
+        self._fault_iterations = frozenset(f.at_iteration for f in job.faults)
         self._last_checkpoint_at = self._last_record_at = time.monotonic()
         self._record_next = job.metrics_every_s is not None  # a world's first iteration records its metrics
         self._records: list[tuple[int, dict[str, float]]] = []
@@ -262,10 +282,11 @@ class JobContext:
     # -- the contract ----------------------------------------------------------------------
     def prepare_model(self, model: Any, *, scale_loss: bool = False) -> Any:
         """`model` on this rank's device, wrapped in DDP, its gradients
-        reweighted by batch share: by the communication hook, or, with
+        reweighted by batch share: through its outputs (`OutputWeighting`),
+        by the communication hook (the job's ``weighting: "hook"``), or, with
         `scale_loss`, by the loop itself multiplying its loss by `loss_scale`
-        (cheaper; the `Trainer` short form does it); with equal local batches
-        DDP's own average is the same weighting, and no hook is installed.
+        (the `Trainer` short form does it); with equal local batches DDP's own
+        average is the same weighting, and nothing is installed.
         Call it once, after loading a restored state into the model."""
         if self._ddp is not None:
             raise ProblemError(f"{self._who()} called prepare_model twice; a job trains one model")
@@ -276,8 +297,10 @@ class JobContext:
         ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
         weighting = self.job.weighting
         # equal local batches: DDP's own averaging is the reweighting (b_r / B = 1 / W), in C++ without a hook
-        if weighting == "hook" or (weighting == "batch" and not scale_loss and len(set(self.batches)) > 1):
+        if weighting == "hook":
             register_reweighting(ddp, self.local_batch, self.global_batch)
+        elif weighting == "batch" and not scale_loss and len(set(self.batches)) > 1:
+            OutputWeighting(ddp, self.local_batch, self.global_batch, self.world_size)
         ddp.register_forward_pre_hook(self._check_batch, with_kwargs=True)
         if self.job.clock_every_s is not None:  # a training job's clock marks, for its online calibration
             self._clock = ClockMarks(model, ddp, self.job.clock_every_s)
@@ -316,7 +339,7 @@ class JobContext:
         if not self._began:
             raise ProblemError(f"{self._who()} reported before drawing a batch from ctx.prepare_loader(...): "
                                "the plan's batches reach a job only through it")
-        if checkpoint is not None:
+        if checkpoint is not None and checkpoint is not self._state:  # the same mapping is checked when written
             self._state = _checked_state(checkpoint, self._who())
         self._reports += 1
         iteration = self.iteration
@@ -328,8 +351,8 @@ class JobContext:
             values = self._values(metrics)  # numbers are checked at every report; a callable only when needed
         if job.metrics_every_s is not None and (self._record_next or last or not callable(metrics)):
             values = values if values is not None else self._values(metrics)
-            self._records.append((iteration, {k: v for k, v in values.items()
-                                              if not (job.evaluate and k == TRIAL_METRIC == self._trial_metric)}))
+            self._records.append((iteration, values if not job.evaluate else
+                                  {k: v for k, v in values.items() if k != TRIAL_METRIC or k != self._trial_metric}))
         if self._record_next or last:
             self._flush_records()
             self._record_next = False
@@ -349,16 +372,17 @@ class JobContext:
             self._clock.on = self._clock.on or iteration >= self._start + TIMING_WARMUP
         if iteration == self._start + TIMING_WARMUP and self._timing_from is None:
             self._timing_from = (iteration, time.perf_counter())
-        stopped = save_now = False
-        if job.await_decision or self._reports >= self._next_exchange:
-            stopped, save_now = self._exchange(advanced)
+        stopped, save_now = self._exchange(advanced, last)
         if (save_now or due or last) and not saved and self._checkpointed != iteration:
             self._checkpoint()
-        if self.rank == 0 and advanced:
+        if self.rank == 0 and advanced and (self._progress_due or last or stopped or self._checkpointed == iteration
+                                            or iteration in self._fault_iterations):
             self._channel.progress(iteration)
+            self._progress_due = False
         if self._clock is not None:
             self._clock.publish(self._channel, iteration, force=stopped or last)
-        self._iteration_started = (time.time(), time.perf_counter())
+        if job.evaluate:  # when the next iteration started, for its result
+            self._iteration_started = (time.time(), time.perf_counter())
         if stopped:
             self._stopping = True
             self._flush_records()  # every record reaches the starter before the world ends
@@ -381,6 +405,9 @@ class JobContext:
         if end is not None and iteration < end:
             raise ProblemError(f"{self._who()} returned after iteration {iteration} of {end}: iterate "
                                "ctx.prepare_loader(...) to its end (the job's last iteration)")
+        if self._pending is not None:  # an exchange the job's end made moot
+            self._pending.wait()
+            self._pending = None
         self._flush_records()  # every record reaches the starter before rank 0 posts the end
         if self._checkpointed != iteration:
             self._checkpoint()
@@ -420,7 +447,7 @@ class JobContext:
             self._begin()
         self._check_trained()
         iteration = self.iteration
-        if self.step % self.steps_per_iteration == 0 and self._fired_at != iteration:
+        if self._faults and self.step % self.steps_per_iteration == 0 and self._fired_at != iteration:
             self._fired_at = iteration
             _fire_faults(self, iteration)
         limit = max(_UNREPORTED_ITERATIONS, self.job.checkpoint_every or 0)
@@ -435,9 +462,11 @@ class JobContext:
         `_check_trained`."""
         if not self._began or not module.training or not torch.is_grad_enabled():
             return
-        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-        if first is not None:
-            self._trained.append(tuple(first.shape))
+        for given in (args, kwargs.values()):
+            for a in given:
+                if isinstance(a, torch.Tensor) and a.dim() > 0:
+                    self._trained.append(a.shape)  # a torch.Size, a tuple
+                    return
 
     def _check_trained(self) -> None:
         """Before the next draw (and at the loop's end): the training forwards
@@ -446,9 +475,10 @@ class JobContext:
         or passes that each hold all of it (one pass; or several on the same
         batch, as sharpness-aware steps and `prime_buckets` make)."""
         shapes, self._trained = self._trained, []
-        if not shapes:
-            return
         local = self.local_batch
+        if not shapes or len(shapes) == 1 and shapes[0][0] == local:  # none, or the usual one pass
+            return
+        shapes = [tuple(shape) for shape in shapes]
         ranks = {len(shape) for shape in shapes}
         if len(ranks) == 1 and any(sum(shape[d] for shape in shapes) == local
                                    or all(shape[d] == local for shape in shapes) for d in range(ranks.pop())):
@@ -524,14 +554,44 @@ class JobContext:
         for sink in self._sinks:
             sink.write(out)
 
-    def _exchange(self, advanced: bool) -> tuple[bool, bool]:
-        """The ranks agree, in one all-reduce of flags that rank 0 sets, on
-        (stop after this report, checkpoint now), on recording metrics at the
-        next report, and on how many reports until the next exchange: about
-        `_EXCHANGE_S` of them (one, in a job that awaits its starter's
-        decisions), so that a small all-reduce and the starter's command check
-        cost little on short iterations while a stop still comes within
-        `_EXCHANGE_S` of being asked."""
+    def _exchange(self, advanced: bool, last: bool) -> tuple[bool, bool]:
+        """At a report: (stop after this report, checkpoint now), as the ranks
+        agreed. They agree, in one all-reduce of flags that rank 0 sets, on
+        those, on recording metrics at the next report, and on how many
+        reports until the next exchange: about `_EXCHANGE_S` of them (one, in
+        a job that awaits its starter's decisions) and at most `_MAX_GAP`, so
+        that a small all-reduce costs little on short iterations.
+
+        The all-reduce overlaps one iteration: an exchange starts it at one
+        report, and every rank waits for it (long done: the iteration's own
+        gradient all-reduce came after it) and acts on it at the next report,
+        so no rank waits for the others at a report, as a loop without the
+        runtime would not. A stop (or a checkpoint) rank 0 decides on at an
+        exchange is so done at the report after it, by every rank, and no
+        further exchange starts once a stop is agreed: a stop comes within
+        about `_EXCHANGE_S` plus one iteration at the pace the gap was agreed
+        at (and the moment rank 0's watch thread takes to wake) of being
+        asked, and within `_MAX_GAP` + 1 iterations whatever their pace. Rank 0 reads the starter's stop
+        from that thread (`CommandWatch`): an exchange makes no round trip to
+        the starter's store, which on a busy host would keep every rank
+        waiting. A job that awaits its starter's decisions (a tuning trial)
+        exchanges at every report and acts at once."""
+        stop = save = False
+        if self._pending is not None:  # the exchange of the previous report
+            self._pending.wait()
+            self._pending = None
+            stop, save = self._agreed()
+        if stop or (self._reports < self._next_exchange and not self.job.await_decision):
+            return stop, save
+        if self.job.await_decision:
+            dist.all_reduce(self._fill(advanced), op=dist.ReduceOp.MAX)
+            return self._agreed()
+        if not last:  # the job's last report waits for no later one: nothing to start
+            self._pending = dist.all_reduce(self._fill(advanced), op=dist.ReduceOp.MAX, async_op=True)
+        return stop, save
+
+    def _fill(self, advanced: bool) -> Any:
+        """The flags of an exchange starting now: rank 0's decisions, zeros elsewhere."""
         job, flags = self.job, self._flags
         flags.zero_()
         if self.rank == 0:
@@ -542,11 +602,16 @@ class JobContext:
             flags[2] = int(job.metrics_every_s is not None
                            and time.monotonic() - self._last_record_at >= job.metrics_every_s)
             flags[3] = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop_now, save_now, record, gap = (int(v) for v in flags.tolist())
-        self._record_next = bool(record)
-        self._next_exchange = self._reports + gap
         self._exchanged = (self._reports, time.perf_counter())
+        self._progress_due = True
+        return flags
+
+    def _agreed(self) -> tuple[bool, bool]:
+        """Act on the reduced flags of the exchange started at report
+        ``self._exchanged[0]``: (stop, checkpoint now)."""
+        stop_now, save_now, record, gap = (int(v) for v in self._flags.tolist())
+        self._record_next = bool(record)
+        self._next_exchange = self._exchanged[0] + gap
         return bool(stop_now), bool(save_now)
 
     def _decide(self, advanced: bool) -> tuple[bool, bool]:
@@ -559,7 +624,9 @@ class JobContext:
         if job.await_decision and advanced:
             decision = self._channel.wait_command(DECISION.format(self.iteration), job.timeout_s)
             return decision != "go", decision == "save"
-        stop = self._channel.command(STOP) is not None
+        if self._stop is None:
+            self._stop = self._channel.watch_command(STOP)
+        stop = self._stop.given is not None
         timed = job.checkpoint_every_s is not None and \
             time.monotonic() - self._last_checkpoint_at >= job.checkpoint_every_s
         return stop, stop or timed
@@ -584,6 +651,7 @@ class JobContext:
             raise ProblemError(f"{self._who()}: a checkpoint is due at iteration {self.iteration}, but the loop "
                                "has not given its state: ctx.report(metrics, checkpoint={'model': model, "
                                "'optimizer': optimizer, ...})")
+        _checked_state(self._state, self._who())  # as it is now: a report checks only a new mapping
         # the records up to the checkpoint reach the starter first: a world lost later loses none of them (its
         # successor replays the iterations after the checkpoint and reports those again)
         self._flush_records()
@@ -638,6 +706,8 @@ class RankLoader:
             and all(isinstance(t, torch.Tensor) for t in tensors) and not options.get("num_workers") \
             and options.get("collate_fn") in (None, _default_collate())
         self.batches_per_epoch = math.ceil(len(data) / ctx.global_batch)
+        # slices of tensors already on the device stay there: nothing to move
+        self._moves = to_device and not (self._sliced and all(t.device == ctx.device for t in tensors or ()))
 
     @property
     def epoch_end(self) -> bool:
@@ -682,7 +752,7 @@ class RankLoader:
             ctx._before_batch()
             batch = next(source)
             ctx.step += 1
-            yield _to(batch, ctx.device) if self.to_device else batch
+            yield _to(batch, ctx.device) if self._moves else batch
 
 
 _REPLACED = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
@@ -707,14 +777,14 @@ def _default_collate() -> Any:
 def _to(batch: Any, device: Any) -> Any:
     """`batch` (tensors in tuples, lists and mappings) on `device`."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+            return type(batch)(*(_to(v, device) for v in batch))
+        return type(batch)(_to(v, device) for v in batch)
     if isinstance(batch, Mapping):
         return type(batch)({k: _to(v, device) for k, v in batch.items()}) if type(batch) is dict \
             else {k: _to(v, device) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(_to(v, device) for v in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to(v, device) for v in batch)
     return batch
 
 

@@ -47,9 +47,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn
 
-__all__ = ["RankChannel", "serve_rank", "configure_logging", "join_world", "world_barrier", "KEY_EVENTS",
-           "broken_by_peer", "progress_key", "latest_key", "records_key", "command_key", "DEFAULT_TIMEOUT_S", "leave",
-           "STACKS_SIGNAL", "dump_stacks_on_signal"]
+__all__ = ["RankChannel", "CommandWatch", "serve_rank", "configure_logging", "join_world", "world_barrier",
+           "KEY_EVENTS", "broken_by_peer", "progress_key", "latest_key", "records_key", "command_key",
+           "DEFAULT_TIMEOUT_S", "leave", "STACKS_SIGNAL", "dump_stacks_on_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,12 @@ class RankChannel:
             return None
         return self.store.get(command_key(name)).decode()
 
+    def watch_command(self, name: str) -> "CommandWatch":
+        """A watch on the starter's command `name`: a thread of this rank
+        waits for it on a connection of its own, so that reading it
+        (`CommandWatch.given`) costs no round trip to the starter's store."""
+        return CommandWatch(self, name)
+
     def wait_command(self, name: str, timeout_s: float | None = None) -> str:
         """Wait (at most `timeout_s`, default the world's timeout) for the command `name`."""
         if self.store is None:
@@ -169,6 +175,54 @@ def leave() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+class CommandWatch:
+    """The starter's command `name`, watched by a daemon thread blocked on
+    the store (its own clone of the channel's connection, which a thread may
+    use beside the channel's): `given` is the command once it came, else
+    None, read locally. It comes within the time that thread takes to wake
+    after the starter gives it. A channel without a store (torchrun), a
+    store that cannot be cloned, or a watch whose connection broke, reads the
+    command at each `given` instead (one round trip)."""
+
+    def __init__(self, channel: RankChannel, name: str):
+        import threading
+
+        self.channel, self.name = channel, name
+        self._given: str | None = None
+        clone = getattr(channel.store, "clone", None)
+        self._store = None
+        if clone is not None:
+            try:
+                self._store = clone()
+            except Exception:  # noqa: BLE001 - a store that cannot be cloned is read at each look
+                self._store = None
+        if self._store is not None:
+            threading.Thread(target=self._watch, name=f"thrifty-command-{name}", daemon=True).start()
+
+    @property
+    def given(self) -> str | None:
+        """The command, once the starter gave it; else None."""
+        if self._given is None and self._store is None:
+            self._given = self.channel.command(self.name)
+        return self._given
+
+    def _watch(self) -> None:
+        import torch.distributed as dist
+
+        assert self._store is not None
+        key = command_key(self.name)
+        while True:
+            try:
+                self._store.wait([key], timedelta(seconds=self.channel.timeout_s))
+                self._given = self._store.get(key).decode()
+                return
+            except dist.DistStoreError:  # the wait timed out: wait again
+                continue
+            except Exception:  # noqa: BLE001 - the connection broke: `given` reads the channel's store instead
+                self._store = None
+                return
 
 
 def configure_logging(rank: int) -> None:

@@ -1,0 +1,125 @@
+"""The job contract's iteration boundary in this process (a one-rank gloo
+world on a TCPStore here, no workers): the starter's stop lands at the flag
+exchange that follows it without a store round trip at any exchange, and a
+loop's unequal batch shares weigh the gradients through its model's outputs
+(or, for an output it cannot look into, through the communication hook)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the job contract needs torch; pip install -e '.[all]'")
+dist = pytest.importorskip("torch.distributed")
+
+from thrifty.runtime.ddp.context import JobContext, StopJob  # noqa: E402
+from thrifty.runtime.ddp.job import STOP, JobSpec  # noqa: E402
+from thrifty.runtime.worlds import RankChannel  # noqa: E402
+from thrifty.runtime.worlds.rank import command_key  # noqa: E402
+
+
+@pytest.fixture
+def world():
+    """A one-rank gloo world: (the starter's store, the rank's channel)."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    client = dist.TCPStore("127.0.0.1", server.port, 1, False, timedelta(seconds=30))
+    dist.init_process_group("gloo", store=client, rank=0, world_size=1)
+    try:
+        yield server, RankChannel(client, 0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def _context(channel, tmp_path, batches=(16,)):
+    """The context of rank 0 (of a world with local `batches`, in this one-rank world)."""
+    job = JobSpec(trainer="tests:loop", global_batch=sum(batches), iterations=1000, checkpoint_every=None,
+                  checkpoint_path=str(tmp_path / "c.pt"), restore="never", backend="gloo")
+    return JobContext(job, channel, torch.device("cpu"), False, sum(batches), list(batches))
+
+
+def test_a_stop_lands_at_the_report_after_the_exchange_carrying_it_without_a_store_read(world, tmp_path, monkeypatch):
+    server, channel = world
+    # an exchange reads the stop its rank's watch thread saw: never a round trip to the starter's store
+    monkeypatch.setattr(RankChannel, "command", lambda self, name: pytest.fail("a store round trip at an exchange"))
+    ctx = _context(channel, tmp_path)
+    model = ctx.prepare_model(torch.nn.Linear(4, 2))
+    state = {"model": model}
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
+    asked_at, started = None, []  # the report from which rank 0 knows the stop; the reports that start an exchange
+    with pytest.raises(StopJob):
+        for inputs, targets in ctx.prepare_loader(data):
+            torch.nn.functional.mse_loss(model(inputs), targets).backward()
+            if ctx.iteration == 5:
+                server.set(command_key(STOP), "1")  # the starter asks
+                limit = time.monotonic() + 10
+                while ctx._stop.given is None and time.monotonic() < limit:
+                    time.sleep(0.001)
+                asked_at = ctx._reports + 1
+            ctx.report({"loss": 1.0}, checkpoint=state)
+            if ctx._exchanged[0] == ctx._reports:
+                started.append(ctx._reports)
+    assert ctx._stop.given == "1"
+    carrying = next(r for r in started if r >= asked_at)  # the first exchange to start after the stop was seen
+    assert started[-1] == carrying and ctx._reports == carrying + 1  # every rank acts at the report after it
+    assert torch.load(tmp_path / "c.pt", weights_only=False)["iteration"] == ctx.iteration  # after a checkpoint
+
+
+@dataclasses.dataclass
+class _Out:
+    logits: torch.Tensor
+    note: str = "x"
+
+
+class _Opaque:  # an output the weighting cannot look into
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, wrap):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear, self.wrap = torch.nn.Linear(4, 3), wrap
+
+    def forward(self, x):
+        return self.wrap(self.linear(x))
+
+
+WRAPS = {"tensor": lambda y: y, "tuple": lambda y: (y, None, 3), "dict": lambda y: {"logits": [y], "n": 1.0},
+         "dataclass": _Out, "opaque": _Opaque}
+
+
+def _logits(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, tuple):
+        return out[0]
+    if isinstance(out, dict):
+        return out["logits"][0]
+    return out.logits
+
+
+@pytest.mark.parametrize("wrap", list(WRAPS))
+def test_unequal_shares_weigh_the_gradient_through_any_output(world, tmp_path, wrap):
+    """Rank 0 of a world with local batches (6, 10) weighs its gradient by
+    ``6 * W / 16`` before DDP's average (W = 1 here), whatever its model
+    returns; an output it cannot look into gets the communication hook,
+    which weighs the buckets by ``6 / 16``, the same here."""
+    _, channel = world
+    ctx = _context(channel, tmp_path, batches=(6, 10))
+    ddp = ctx.prepare_model(_Net(WRAPS[wrap]))
+    reference = _Net(WRAPS[wrap])
+    x, target = torch.randn(6, 4), torch.randn(6, 3)
+    for _ in range(2):  # a second step as the first (the fallback is installed once)
+        ddp.zero_grad()
+        reference.zero_grad()
+        torch.nn.functional.mse_loss(_logits(ddp(x)), target).backward()
+        torch.nn.functional.mse_loss(_logits(reference(x)), target).backward()
+        for mine, theirs in zip(ddp.parameters(), reference.parameters()):
+            assert torch.allclose(mine.grad, theirs.grad * 6 / 16, rtol=1e-6, atol=0)
+    with torch.no_grad():  # an evaluation forward: nothing to weigh, nothing changes
+        ddp(x)
+    assert (ddp._get_ddp_logging_data().get("comm_hook") is not None) == (wrap == "opaque")
