@@ -1,8 +1,8 @@
 """The job contract's iteration boundary in this process (a one-rank gloo
 world on a TCPStore here, no workers): the starter's stop lands at the flag
 exchange that follows it without a store round trip at any exchange, and a
-loop's unequal batch shares weigh the gradients through its model's outputs
-(or, for an output it cannot look into, through the communication hook)."""
+loop's unequal batch shares weigh its gradients exactly (the communication
+hook) whatever its model returns and whatever its loss is made of."""
 
 from __future__ import annotations
 
@@ -73,19 +73,25 @@ class _Out:
     note: str = "x"
 
 
-class _Opaque:  # an output the weighting cannot look into
+class _Opaque:  # an output no weighting at the outputs could look into
     def __init__(self, logits):
         self.logits = logits
 
 
 class _Net(torch.nn.Module):
+    """A linear layer whose output `wrap` returns; it keeps an auxiliary loss of its own output (as
+    mixture-of-experts layers keep their balancing loss), which reaches the parameters around the output."""
+
     def __init__(self, wrap):
         super().__init__()
         torch.manual_seed(0)
         self.linear, self.wrap = torch.nn.Linear(4, 3), wrap
+        self.aux = torch.zeros(())
 
     def forward(self, x):
-        return self.wrap(self.linear(x))
+        y = self.linear(x)
+        self.aux = y.pow(2).mean()
+        return self.wrap(y)
 
 
 WRAPS = {"tensor": lambda y: y, "tuple": lambda y: (y, None, 3), "dict": lambda y: {"logits": [y], "n": 1.0},
@@ -102,24 +108,24 @@ def _logits(out):
     return out.logits
 
 
+@pytest.mark.parametrize("aux", [False, True], ids=["loss-of-outputs", "auxiliary-loss"])
 @pytest.mark.parametrize("wrap", list(WRAPS))
-def test_unequal_shares_weigh_the_gradient_through_any_output(world, tmp_path, wrap):
+def test_unequal_shares_weigh_the_gradient_whatever_the_output_and_the_loss(world, tmp_path, wrap, aux):
     """Rank 0 of a world with local batches (6, 10) weighs its gradient by
-    ``6 * W / 16`` before DDP's average (W = 1 here), whatever its model
-    returns; an output it cannot look into gets the communication hook,
-    which weighs the buckets by ``6 / 16``, the same here."""
+    ``6 / 16`` (the communication hook; W = 1 here), whatever its model
+    returns, also when a term of the loss (a module's auxiliary loss)
+    reaches the parameters around the model's outputs."""
     _, channel = world
     ctx = _context(channel, tmp_path, batches=(6, 10))
     ddp = ctx.prepare_model(_Net(WRAPS[wrap]))
     reference = _Net(WRAPS[wrap])
     x, target = torch.randn(6, 4), torch.randn(6, 3)
-    for _ in range(2):  # a second step as the first (the fallback is installed once)
+    for _ in range(2):
         ddp.zero_grad()
         reference.zero_grad()
-        torch.nn.functional.mse_loss(_logits(ddp(x)), target).backward()
-        torch.nn.functional.mse_loss(_logits(reference(x)), target).backward()
+        for net, model in ((ddp, ddp.module), (reference, reference)):
+            loss = torch.nn.functional.mse_loss(_logits(net(x)), target)
+            (loss + model.aux if aux else loss).backward()
         for mine, theirs in zip(ddp.parameters(), reference.parameters()):
             assert torch.allclose(mine.grad, theirs.grad * 6 / 16, rtol=1e-6, atol=0)
-    with torch.no_grad():  # an evaluation forward: nothing to weigh, nothing changes
-        ddp(x)
-    assert (ddp._get_ddp_logging_data().get("comm_hook") is not None) == (wrap == "opaque")
+    assert ddp._get_ddp_logging_data().get("comm_hook") is not None

@@ -30,14 +30,11 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   the job's end (None in a tuning trial, whose scheduler ends it) and
   `iteration` the iterations done, the data position.
 - `JobContext.prepare_model` wraps the model in DDP with Srifty 4.5's
-  gradient reweighting (`thrifty.runtime.ddp.reweight`): with unequal local
-  batches, the gradient reaching each output of the model's training
-  forwards is weighted ``b_r * W / B`` before DDP's own average
-  (`OutputWeighting`; for an output it cannot look into, and with the job's
-  ``weighting: "hook"``, a communication hook weighs rank r's gradient
-  buckets ``b_r / B`` and sums them instead), so the update is the
-  single-device update on the global batch, whatever the loss, as long as it
-  is a batch mean; with equal batches DDP's own average is that weighting.
+  gradient reweighting as a communication hook (`thrifty.runtime.ddp.reweight`):
+  rank r's gradient bucket is weighted ``b_r / B`` and the buckets summed, so
+  with unequal local batches the update is the single-device update on the
+  global batch, whatever the loss, as long as it is a batch mean; with equal
+  batches DDP's own average is that weighting, and no hook is installed.
 - `JobContext.prepare_loader` takes a map-style dataset or a ``DataLoader``
   (whose dataset, ``collate_fn``, workers and their options it keeps, and
   whose batch size and sampler it replaces) and iterates this rank's share of
@@ -126,7 +123,7 @@ from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_se
     seed_everything
 from thrifty.runtime.ddp.clock import ClockMarks
 from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, TRIAL_METRIC, JobSpec, WorkerFault
-from thrifty.runtime.ddp.reweight import OutputWeighting, loss_scale, register_reweighting
+from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
 from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
 from thrifty.runtime.worlds import CommandWatch, RankChannel
 
@@ -282,11 +279,10 @@ class JobContext:
     # -- the contract ----------------------------------------------------------------------
     def prepare_model(self, model: Any, *, scale_loss: bool = False) -> Any:
         """`model` on this rank's device, wrapped in DDP, its gradients
-        reweighted by batch share: through its outputs (`OutputWeighting`),
-        by the communication hook (the job's ``weighting: "hook"``), or, with
+        reweighted by batch share: by the communication hook, or, with
         `scale_loss`, by the loop itself multiplying its loss by `loss_scale`
-        (the `Trainer` short form does it); with equal local batches DDP's own
-        average is the same weighting, and nothing is installed.
+        (cheaper; the `Trainer` short form does it); with equal local batches
+        DDP's own average is the same weighting, and no hook is installed.
         Call it once, after loading a restored state into the model."""
         if self._ddp is not None:
             raise ProblemError(f"{self._who()} called prepare_model twice; a job trains one model")
@@ -297,10 +293,8 @@ class JobContext:
         ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
         weighting = self.job.weighting
         # equal local batches: DDP's own averaging is the reweighting (b_r / B = 1 / W), in C++ without a hook
-        if weighting == "hook":
+        if weighting == "hook" or (weighting == "batch" and not scale_loss and len(set(self.batches)) > 1):
             register_reweighting(ddp, self.local_batch, self.global_batch)
-        elif weighting == "batch" and not scale_loss and len(set(self.batches)) > 1:
-            OutputWeighting(ddp, self.local_batch, self.global_batch, self.world_size)
         ddp.register_forward_pre_hook(self._check_batch, with_kwargs=True)
         if self.job.clock_every_s is not None:  # a training job's clock marks, for its online calibration
             self._clock = ClockMarks(model, ddp, self.job.clock_every_s)
