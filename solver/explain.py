@@ -25,10 +25,11 @@ rarely run. A set of quotas alone that conflicts (the batches cannot add up
 within them) is reported with ``global_batch``, its other side; when the
 batches cannot add up even with no quota, ``[global_batch]`` is the one set.
 Past `MUS_MAX_CONSTRAINTS` constraints, `MUS_BUDGET_S` CPU seconds or a test
-CP-SAT cannot decide within `CPSAT_TEST_WORK` (spaces whose limits leave more than
-`EXHAUSTIVE_TEST_LIMIT` candidates), the sets found so far are returned and marked incomplete (z3's
-unsat core when none was found, said to be not shown minimal; none when z3
-cannot decide in its time either). A search stopped by its time limit
+CP-SAT cannot decide within `CPSAT_TEST_WORK` (spaces of more than
+`EXHAUSTIVE_TEST_LIMIT` candidates whose limits leave more than
+`BOUNDED_TEST_LIMIT`), the sets found so far are returned and marked
+incomplete (z3's unsat core when none was found, said to be not shown
+minimal; none when z3 cannot decide in its time either). A search stopped by its time limit
 without a plan is not analysed: the problem may have one.
 
 Relaxations
@@ -111,7 +112,10 @@ MUS_MAX_CONSTRAINTS = 10  # 2^10 subsets in MARCO's map at most
 # a busy host stretches the wall time of the same work several-fold, and the same problem must get the same answer
 MUS_BUDGET_S = 5.0
 BATCH_SCAN_LIMIT = 40  # global batches searched each side for the nearest one with a plan
-EXHAUSTIVE_TEST_LIMIT = 50_000  # candidates within the limits' bounds a feasibility test enumerates; past it, CP-SAT
+EXHAUSTIVE_TEST_LIMIT = 50_000  # candidates a feasibility test enumerates; past it, CP-SAT decides
+# a larger space is enumerated too when its limits' bounds leave at most this many candidates (found out at the
+# cost of enumerating that many: so few that giving up costs little beside CP-SAT's budget)
+BOUNDED_TEST_LIMIT = 5_000
 # CP-SAT's budget for one feasibility test, in its deterministic time (work, not wall-clock seconds, so that a busy
 # host gets the same answer), and a wall-clock backstop far past it
 CPSAT_TEST_WORK = 5.0
@@ -503,16 +507,16 @@ class _MinimalConflicts:
 
 def _any_plan(space: TrainingSpace) -> Evaluation | bool | None:
     """A feasibility test: some plan of `space`, False when none exists, None
-    when CP-SAT could not decide within `CPSAT_TEST_WORK`. A space whose
-    limits' bounds leave at most `EXHAUSTIVE_TEST_LIMIT` candidates is
-    enumerated (an exact branch and bound; the bounds cut most of a large
-    space whose limits are tight); one where they cut too little goes to
-    CP-SAT, which minimizes a limited figure and proves infeasibility when
-    it completes."""
+    when CP-SAT could not decide within `CPSAT_TEST_WORK`. A space of up to
+    `EXHAUSTIVE_TEST_LIMIT` candidates, or a larger one whose limits' bounds
+    leave at most `BOUNDED_TEST_LIMIT` (the bounds cut most of a large space
+    whose limits are tight), is enumerated (an exact branch and bound); one
+    where they cut too little goes to CP-SAT, which minimizes a limited
+    figure and proves infeasibility when it completes."""
     if space.size == 0:
         return False
     found = search_exhaustive(space, any_feasible=True,
-                              max_candidates=None if space.size <= EXHAUSTIVE_TEST_LIMIT else EXHAUSTIVE_TEST_LIMIT)
+                              max_candidates=None if space.size <= EXHAUSTIVE_TEST_LIMIT else BOUNDED_TEST_LIMIT)
     if not found.details.get("capped"):
         return found.best or False
     from thrifty.solver.cpsat import search_cpsat
