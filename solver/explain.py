@@ -29,8 +29,8 @@ CP-SAT cannot decide within `CPSAT_TEST_WORK` (spaces of more than
 `EXHAUSTIVE_TEST_LIMIT` candidates whose limits leave more than
 `BOUNDED_TEST_LIMIT`), the sets found so far are returned and marked
 incomplete (z3's unsat core when none was found, said to be not shown
-minimal; none when z3 cannot decide in its time either). A search stopped by its time limit
-without a plan is not analysed: the problem may have one.
+minimal; none when z3 cannot decide in its time either). A search stopped
+by its time limit without a plan is not analysed: the problem may have one.
 
 Relaxations
 -----------

@@ -412,12 +412,10 @@ class TrainingSpace:
                     break
                 top = min(c.quota, remaining // batch)
                 # the counts that leave a batch the later choices can place (a scan of many counts in numpy)
-                counts = range(1, top + 1) if top <= 32 else \
+                counts = [n for n in range(1, top + 1) if nxt[remaining - n * batch]] if top <= 32 else \
                     (np.flatnonzero(nxt[remaining - batch * np.arange(1, top + 1)]) + 1).tolist()
                 for count in counts:
                     left = remaining - count * batch
-                    if not nxt[left]:
-                        continue
                     if check:
                         f, b, st = self.group_compute_bound(c, count, batch)
                         bounds = (max(fw, f), max(bw, b), max(step, st), rate + c.price_per_hour * count,

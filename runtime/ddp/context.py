@@ -60,11 +60,12 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
   iterations: at a report about every 0.05 s, and at least every 8 reports
-  (every report in a tuning trial), the ranks start an exchange of flags, one small all-reduce, and act
-  on it at the next report (a tuning trial's at once), so that no rank waits
-  for the others at a report; a stop the starter asked for lands at the
-  report after the first exchange after rank 0 saw it (rank 0 watches for it
-  in a thread of its own, so no exchange waits for the starter's store).
+  (every report in a tuning trial), the ranks start an exchange of flags,
+  one small all-reduce, and act on it at the next report (a tuning trial's
+  at once), so that no rank waits for the others at a report; a stop the
+  starter asked for lands at the report after the first exchange after
+  rank 0 saw it (rank 0 watches for it in a thread of its own, so no
+  exchange waits for the starter's store).
 - `JobContext.restore` is the state of the latest checkpoint (the loop's
   mapping, each object's ``state_dict()``) when the job resumes or a re-plan
   relaunched it, else None; the data position, the learning-rate schedule and
@@ -345,8 +346,10 @@ class JobContext:
             values = self._values(metrics)  # numbers are checked at every report; a callable only when needed
         if job.metrics_every_s is not None and (self._record_next or last or not callable(metrics)):
             values = values if values is not None else self._values(metrics)
-            self._records.append((iteration, values if not job.evaluate else
-                                  {k: v for k, v in values.items() if k != TRIAL_METRIC or k != self._trial_metric}))
+            # a trial whose metric goes by the default name ("metric"): that value is the scheduler's, not a record
+            hidden = TRIAL_METRIC if job.evaluate and self._trial_metric == TRIAL_METRIC else None
+            self._records.append((iteration, values if hidden not in values else
+                                  {k: v for k, v in values.items() if k != hidden}))
         if self._record_next or last:
             self._flush_records()
             self._record_next = False
@@ -565,10 +568,10 @@ class JobContext:
         further exchange starts once a stop is agreed: a stop comes within
         about `_EXCHANGE_S` plus one iteration at the pace the gap was agreed
         at (and the moment rank 0's watch thread takes to wake) of being
-        asked, and within `_MAX_GAP` + 1 iterations whatever their pace. Rank 0 reads the starter's stop
-        from that thread (`CommandWatch`): an exchange makes no round trip to
-        the starter's store, which on a busy host would keep every rank
-        waiting. A job that awaits its starter's decisions (a tuning trial)
+        asked, and within `_MAX_GAP` + 1 iterations whatever their pace.
+        Rank 0 reads the starter's stop from that thread (`CommandWatch`): an
+        exchange makes no round trip to the starter's store, which on a busy
+        host would keep every rank waiting. A job that awaits its starter's decisions (a tuning trial)
         exchanges at every report and acts at once."""
         stop = save = False
         if self._pending is not None:  # the exchange of the previous report
