@@ -82,6 +82,18 @@ def slots(gpus_per_trial: int, instances: int, gpus_per_instance: int) -> int:
     return instances // math.ceil(g / G)
 
 
+def wave_chains(lat: np.ndarray, parallel: int) -> np.ndarray:
+    """(parallel, S) busy time of each of `parallel` slots when the n trials
+    of `lat` (n, S) run in waves, trial j in slot j mod parallel after trial
+    j - parallel: the full waves summed in place of a zero-padded copy, then
+    the last wave's r < parallel trials added to the first r slots."""
+    full, rest = divmod(lat.shape[0], parallel)
+    chains = lat[:full * parallel].reshape(full, parallel, lat.shape[1]).sum(axis=0)
+    if rest:
+        chains[:rest] += lat[full * parallel:]
+    return chains
+
+
 @dataclass(frozen=True)
 class Node:
     id: int
@@ -147,6 +159,7 @@ class JobSimulator:
         self._init: dict[int, np.ndarray] = {}
         self._train_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._latency_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._sums_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._scale_cache: dict[tuple, np.ndarray] = {}
         self._scale_up_cache: dict[tuple, np.ndarray] = {}
         self._means: dict[int, tuple[np.ndarray, float]] = {}
@@ -221,8 +234,11 @@ class JobSimulator:
         prof, cloud = self.profiles[itype], self.clouds[itype]
         mean, sd = prof.iteration(g)
         d = self.draws(k)
-        per_iter = np.maximum(mean + sd * d.train, MIN_FRACTION * mean)
-        lat = prof.startup_s + iters * per_iter
+        lat = d.train * sd  # in place from here: (n, S) arrays, a few MB each on large stages
+        lat += mean
+        np.maximum(lat, MIN_FRACTION * mean, out=lat)
+        lat *= iters
+        lat += prof.startup_s
         if cloud.preemptions_per_hour > 0:
             from scipy.stats import poisson
 
@@ -231,8 +247,19 @@ class JobSimulator:
             penalty = cloud.scale_latency_s + cloud.init_latency_s + cloud.recovery_s + d.lost_u * mean
             lat = lat + count * penalty
         else:
-            count = np.zeros_like(lat)
+            count = np.broadcast_to(0.0, lat.shape)  # no preemptions: a read-only view, no memory
         return lat, count
+
+    def _train_sums(self, k: int, itype: str, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """(S,) sums over stage k's trials of their TRAIN latencies and
+        preemption counts at g GPUs per trial: the same for every cluster
+        size of the stage, so computed once."""
+        key = (k, itype, g)
+        hit = self._sums_cache.get(key)
+        if hit is None:
+            lat, count = self.train_latencies(k, itype, g)
+            hit = self._sums_cache[key] = (lat.sum(axis=0), count.sum(axis=0))
+        return hit
 
     def stage_train(self, k: int, a: StageAllocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage k's TRAIN phase: (duration to SYNC, busy GPU-seconds, preemptions), each (S,)."""
@@ -246,12 +273,9 @@ class JobSimulator:
         if parallel < 1:
             raise ProblemError(f"stage {k}: {a.instances} x {itype} cannot hold one trial of "
                                f"{a.gpus_per_trial} GPUs")
-        lat, count = self.train_latencies(k, itype, a.gpus_per_trial)
-        waves = math.ceil(n / parallel)
-        padded = np.zeros((waves * parallel, self.samples))
-        padded[:n] = lat
-        chains = padded.reshape(waves, parallel, self.samples).sum(axis=0)  # trial j after j - P
-        out = (chains.max(axis=0), a.gpus_per_trial * lat.sum(axis=0), count.sum(axis=0))
+        lat, _ = self.train_latencies(k, itype, a.gpus_per_trial)
+        lat_sum, count_sum = self._train_sums(k, itype, a.gpus_per_trial)
+        out = (wave_chains(lat, parallel).max(axis=0), a.gpus_per_trial * lat_sum, count_sum)
         self._train_cache[key] = out
         return out
 

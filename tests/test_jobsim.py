@@ -6,7 +6,7 @@ import pytest
 
 from thrifty.core.errors import ProblemError
 from thrifty.perfmodels.experiment import ExperimentSpec, hyperband_spec, sha_spec
-from thrifty.perfmodels.jobsim import (JobSimulator, StageAllocation, build_dag, critical_path,
+from thrifty.perfmodels.jobsim import (JobSimulator, StageAllocation, build_dag, critical_path, wave_chains,
                                        dag_latencies, slots)
 from thrifty.perfmodels.scaling import CloudProfile, ScalingProfile, load_scaling_profile
 
@@ -123,3 +123,11 @@ def test_spot_preemptions_add_time_and_cost():
     r0 = JobSimulator(spec, {"p3.8xlarge": prof}, {"p3.8xlarge": base}).simulate(plan)
     r1 = JobSimulator(spec, {"p3.8xlarge": prof}, {"p3.8xlarge": spot}).simulate(plan)
     assert r1.jct_s > r0.jct_s and r1.cost_usd > r0.cost_usd
+
+
+@pytest.mark.parametrize("n,parallel", [(12, 4), (13, 4), (3, 5), (1, 1), (7, 7)])
+def test_wave_chains_are_each_slot_s_trials_in_order(n, parallel):
+    # trial j runs in slot j mod parallel after trial j - parallel: each slot's busy time is the sum of its trials
+    lat = np.random.default_rng(n).uniform(1, 2, size=(n, 3))
+    expected = np.array([lat[j::parallel].sum(axis=0) for j in range(parallel)])
+    assert np.allclose(wave_chains(lat, parallel), expected)
