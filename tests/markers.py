@@ -143,7 +143,7 @@ def _defined_in_tests(obj: Any) -> bool:
     return source is not None and Path(source).resolve().parent == TESTS
 
 
-def _object_launches(obj: Any, seen: set[int], sought: Sought) -> str | None:
+def _object_launches(obj: Any, walk: _Walk, sought: Sought) -> str | None:
     """What in using `obj` (a module, a function or class, a method) may start processes, or None."""
     if isinstance(obj, types.ModuleType):
         return f"module {obj.__name__}" if _module_launches(obj.__name__, sought) else None
@@ -156,7 +156,7 @@ def _object_launches(obj: Any, seen: set[int], sought: Sought) -> str | None:
     if not callable(obj) or not isinstance(module, str) or module == __name__:  # this module reads code, runs none
         return None
     if _defined_in_tests(obj):
-        why = _code_launches(obj, seen, sought)
+        why = _code_launches(obj, walk, sought)
         return f"{obj.__qualname__}: {why}" if why else None
     name = f"{module}.{getattr(obj, '__qualname__', '')}"
     if name == CLI_MAIN:
@@ -201,20 +201,42 @@ def _loaded(module: str) -> types.ModuleType | None:
     return None
 
 
-_FOUND: dict[tuple[str, int], str | None] = {}  # (sought, id of a test's function or class) -> what, once known
+class _Walk:
+    """One reading of a test's code: the depth of each object being read
+    (the chain of calls followed so far), and the lowest depth that a call
+    back into that chain reached while reading the current object (a
+    recursion: what the object it enters does is counted where it was
+    entered, so an answer read below it may be partial)."""
+
+    def __init__(self) -> None:
+        self.depth: dict[int, int] = {}
+        self.low = sys.maxsize
 
 
-def _code_launches(obj: Any, seen: set[int], sought: Sought) -> str | None:
+# (sought, id of a test's function or class) -> (it, what it does), once known for good: a "yes" always; a "no"
+# when its reading called back into no object read above it (the object is kept, so its id is not reused)
+_FOUND: dict[tuple[str, int], tuple[Any, str | None]] = {}
+
+
+def _code_launches(obj: Any, walk: _Walk, sought: Sought) -> str | None:
     """What in the code of `obj` (a function or a class of the tests) does what `sought` seeks, or None."""
     key = (sought.name, id(obj))
-    if key in _FOUND:
-        return _FOUND[key]
-    if id(obj) in seen:
-        return None  # being read (recursion): what it does is counted where it was entered
-    seen.add(id(obj))
-    found = _reads_launching(obj, seen, sought)
-    if found or len(seen) == 1:  # a "no" inside a recursion may be partial: kept only for where it began
-        _FOUND[key] = found
+    hit = _FOUND.get(key)
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    entered = walk.depth.get(id(obj))
+    if entered is not None:  # being read (recursion): what it does is counted where it was entered
+        walk.low = min(walk.low, entered)
+        return None
+    depth = walk.depth[id(obj)] = len(walk.depth)
+    outer_low, walk.low = walk.low, sys.maxsize
+    try:
+        found = _reads_launching(obj, walk, sought)
+    finally:
+        del walk.depth[id(obj)]
+    if found or walk.low >= depth:  # no call back above this object: the answer is whole
+        _FOUND[key] = (obj, found)
+    walk.low = min(outer_low, walk.low)
     return found
 
 
@@ -253,7 +275,7 @@ def _read(obj: Any) -> tuple[list[ast.AST], dict[str, Any]] | None:
     return read
 
 
-def _reads_launching(obj: Any, seen: set[int], sought: Sought) -> str | None:
+def _reads_launching(obj: Any, walk: _Walk, sought: Sought) -> str | None:
     read = _read(obj)
     if read is None:
         return None
@@ -278,7 +300,7 @@ def _reads_launching(obj: Any, seen: set[int], sought: Sought) -> str | None:
             if target is os.fork:
                 why = "os.fork" if sought.library else None
             else:
-                why = None if target is None else _object_launches(target, seen, sought)
+                why = None if target is None else _object_launches(target, walk, sought)
             found = [why] if why else []
         else:
             continue
@@ -292,7 +314,7 @@ def why_processes(code: list[Any], sought: Sought = PROCESS) -> str | None:
     processes (``helper: thrifty run``), or with `sought` do what it seeks; None if nothing."""
     for obj in code:
         obj = inspect.unwrap(obj)
-        why = _code_launches(obj, set(), sought)
+        why = _code_launches(obj, _Walk(), sought)
         if why:
             return f"{getattr(obj, '__qualname__', obj)}: {why}"
     return None

@@ -16,7 +16,13 @@ import pytest
 from thrifty.perfmodels.allreduce.trees import TreeEnsemble, TreeModelError
 from thrifty.perfmodels.loading import SHIPPED_LOCAL_MODEL
 
-xgb = pytest.importorskip("xgboost")
+
+
+def xgboost():
+    """xgboost, imported by the tests that compare with it (a skip without it): not at collection, where
+    every parallel worker would import it (a second of CPU each) whether it runs these tests or not."""
+    return pytest.importorskip("xgboost")
+
 
 RTOL = 1e-6
 
@@ -44,6 +50,7 @@ def _trained(objective: str, seed: int, base_score: float | None = None, booster
         params["base_score"] = base_score
     if booster == "dart":
         params["rate_drop"] = 0.2
+    xgb = xgboost()
     return xgb.train(params, xgb.DMatrix(X, label=y), num_boost_round=rounds)
 
 
@@ -94,7 +101,7 @@ def test_the_shipped_allreduce_boosters_predict_as_xgboost_loads_them():
     rng = np.random.default_rng(7)
     for name in ("small", "large"):
         doc = shipped["submodels"][name]["booster"]
-        booster = xgb.Booster()
+        booster = xgboost().Booster()
         booster.load_model(bytearray(json.dumps(doc).encode()))
         trees = TreeEnsemble.from_json(doc)
         columns = trees.num_features
