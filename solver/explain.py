@@ -100,7 +100,7 @@ import numpy as np
 from thrifty.solver.plan import Infeasibility, limits_note
 from thrifty.solver.problem import MAX_GLOBAL_BATCH
 from thrifty.solver.search import SearchResult, search_exhaustive
-from thrifty.solver.training import Evaluation, TrainingSpace, group_sums
+from thrifty.solver.training import Evaluation, TrainingSpace, batch_unit, group_sums
 
 __all__ = ["CORE_TIME_S", "QUOTA_SEARCH_CAP", "explain_infeasibility", "explain_tuning_infeasibility",
            "limit_relaxations", "relaxed_problem"]
@@ -549,16 +549,18 @@ def _reachable_sums(space: TrainingSpace, upto: int) -> np.ndarray:
     up to, with every batch the rule allows up to each machine's memory (a
     superset of what any global batch allows: a smaller global batch only
     removes batches above it, and the throughput threshold only small ones)."""
-    reach = np.zeros(upto + 1, dtype=np.int64)
+    rules = [(c.quota, [b for b in space.rule_batches(c.itype) if b <= upto]) for c in space.choices]
+    unit = batch_unit(b for _, batches in rules for b in batches)  # every sum is a multiple: a table per unit
+    reach = np.zeros(upto // unit + 1, dtype=np.int64)
     reach[0] = 1
-    for c in space.choices:
-        batches = space.rule_batches(c.itype)
+    for quota, batches in rules:
         new = reach.copy()
         for b in batches:
-            if b <= upto:
-                new += group_sums(reach, b, c.quota)
+            new += group_sums(reach, b // unit, quota)
         reach = np.minimum(new, 1)
-    return reach > 0
+    out = np.zeros(upto + 1, dtype=bool)
+    out[::unit] = reach > 0
+    return out
 
 
 def _global_batch_relaxations(space: TrainingSpace) -> list[dict[str, Any]]:

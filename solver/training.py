@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -83,6 +83,18 @@ def group_sums(ways: np.ndarray, batch: int, quota: int) -> np.ndarray:
     return out
 
 
+def batch_unit(batches: Iterable[int]) -> int:
+    """The greatest common divisor of `batches` (1 for none): every sum of
+    them is a multiple of it, so a table of what they can add up to needs
+    only one entry per unit (per-machine batches are multiples of 8 or a
+    power of two, so tables over a large global batch shrink 8 to 1024
+    times)."""
+    unit = 0
+    for b in batches:
+        unit = math.gcd(unit, b)
+    return unit or 1
+
+
 @lru_cache(maxsize=512)
 def count_candidates(global_batch: int, groups: tuple[tuple[int, tuple[int, ...]], ...]) -> float:
     """How many candidates a space holds whose choices are `groups`, each
@@ -95,9 +107,15 @@ def count_candidates(global_batch: int, groups: tuple[tuple[int, tuple[int, ...]
     so it is kept per shape: an infeasibility explanation asks it of many
     variants of one problem that differ only in their limits or one quota,
     and of the global batches near the problem's, and each count is
-    O(global batch x batches), a tenth of a second for a batch of a million."""
-    span = 1 << max(10, global_batch.bit_length())  # > global_batch: nearby global batches share one table
-    return float(placements(groups, span)[global_batch])
+    O(global batch / unit x batches), where the unit is the batches'
+    greatest common divisor (`batch_unit`)."""
+    unit = batch_unit(b for _, batches in groups for b in batches)
+    if global_batch % unit:
+        return 0.0
+    groups = tuple((quota, tuple(b // unit for b in batches)) for quota, batches in groups)
+    # > global_batch: nearby global batches share one table
+    span = 1 << max(10, (global_batch // unit).bit_length())
+    return float(placements(groups, span)[global_batch // unit])
 
 
 @lru_cache(maxsize=4)
@@ -377,15 +395,19 @@ class TrainingSpace:
         limits. The candidates left out are exactly those `bound_feasible`
         rejects."""
         choices = self.choices
-        target = self.problem.global_batch
-        # reach[k][r]: choices k.. can place exactly r (so dead branches are never entered)
+        # sample counts in units of the batches' common divisor: every sum of batches is a multiple of it
+        unit = batch_unit(b for c in choices for b in c.batches)
+        if self.problem.global_batch % unit:
+            return
+        target = self.problem.global_batch // unit
+        # reach[k][r]: choices k.. can place exactly r units (so dead branches are never entered)
         reach = [np.zeros(target + 1, dtype=bool) for _ in range(len(choices) + 1)]
         reach[len(choices)][0] = True
         for k in range(len(choices) - 1, -1, -1):
             nxt = reach[k + 1]
             cur = nxt.astype(np.int64)
             for batch in choices[k].batches:
-                cur += group_sums(nxt.astype(np.int64), batch, choices[k].quota)
+                cur += group_sums(nxt.astype(np.int64), batch // unit, choices[k].quota)
             reach[k] = cur > 0
 
         limits = self.problem.limits
@@ -408,14 +430,15 @@ class TrainingSpace:
                 yield from rec(k + 1, remaining, chosen, fw, bw, step, rate, host)  # choice k unused
             c = choices[k]
             for batch in c.batches:
-                if batch > remaining:
+                units = batch // unit
+                if units > remaining:
                     break
-                top = min(c.quota, remaining // batch)
+                top = min(c.quota, remaining // units)
                 # the counts that leave a batch the later choices can place (a scan of many counts in numpy)
-                counts = [n for n in range(1, top + 1) if nxt[remaining - n * batch]] if top <= 32 else \
-                    (np.flatnonzero(nxt[remaining - batch * np.arange(1, top + 1)]) + 1).tolist()
+                counts = [n for n in range(1, top + 1) if nxt[remaining - n * units]] if top <= 32 else \
+                    (np.flatnonzero(nxt[remaining - units * np.arange(1, top + 1)]) + 1).tolist()
                 for count in counts:
-                    left = remaining - count * batch
+                    left = remaining - count * units
                     if check:
                         f, b, st = self.group_compute_bound(c, count, batch)
                         bounds = (max(fw, f), max(bw, b), max(step, st), rate + c.price_per_hour * count,

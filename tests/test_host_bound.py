@@ -12,6 +12,8 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
+
 from thrifty.perfmodels.cluster import MachineGroup, merge_groups
 from thrifty.solver import solve
 from thrifty.solver.problem import parse_problem
@@ -68,11 +70,14 @@ def test_one_type_at_one_batch_is_one_group_whatever_its_markets():
     assert space.simulator.simulate(split) == space.simulator.simulate([MachineGroup(local_a, 2, 32)])
 
 
-def test_candidate_counts_agree_with_enumerating_every_placement():
-    groups = ((2, (1, 2, 4)), (3, (2, 4)), (1, (3,)))
+@pytest.mark.parametrize("groups,global_batches", [
+    (((2, (1, 2, 4)), (3, (2, 4)), (1, (3,))), range(0, 40)),
+    # a common divisor of 8: counted in units of 8 samples, none for a global batch off the unit
+    (((2, (8, 16, 32)), (3, (16, 48)), (1, (24,))), range(0, 300, 4))])
+def test_candidate_counts_agree_with_enumerating_every_placement(groups, global_batches):
     options = [[(0, 0)] + [(count, batch) for batch in batches for count in range(1, quota + 1)]
                for quota, batches in groups]
-    for global_batch in range(0, 40):
+    for global_batch in global_batches:
         expected = sum(1 for picked in itertools.product(*options)
                        if sum(count * batch for count, batch in picked) == global_batch)
         assert count_candidates(global_batch, groups) == expected, global_batch
