@@ -140,6 +140,8 @@ _EXCHANGE_S = 0.05  # the ranks exchange flags about this often (every report in
 # bounds a stop's delay when they slow down at once (a straggler, a spot notice's last iterations); the exchange
 # overlaps an iteration, so a short gap costs no wait
 _MAX_GAP = 8
+_FLAGS_MAX = dist.AllreduceOptions()  # the exchange's all-reduce (`JobContext._reduce`)
+_FLAGS_MAX.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
 _UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports
 
 
@@ -227,15 +229,19 @@ class JobContext:
         self._fired_at = -1  # the iteration whose faults fired
         # [stop, checkpoint now, record next, reports until the next exchange] (`_exchange`)
         self._flags = torch.zeros(4, dtype=torch.int64, device=device)
+        # rank 0 writes its flags through a host tensor's numpy view (on a GPU, then copied in one)
+        self._host_flags = self._flags if self._flags.device.type == "cpu" else torch.zeros(4, dtype=torch.int64)
+        self._host_view = self._host_flags.numpy()
         self._pending: Any = None  # the all-reduce of the exchange started at the previous report (`_exchange`)
         self._next_exchange = 1  # the report at which the ranks next exchange flags
         self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
         # rank 0: the starter's stop, watched by a thread from the first exchange on (no round trip to the store
-        # at an exchange), and its progress, written at the exchanges, checkpoints, a stop, the job's end and
-        # every iteration a fault is at (any rank's: the starter learns from the progress that an injected kill
-        # fired, and never sees a checkpoint past the progress)
+        # at an exchange), and its progress, written at the exchanges about every `_EXCHANGE_S`, at checkpoints, a
+        # stop, the job's end and every iteration a fault is at (any rank's: the starter learns from the progress
+        # that an injected kill fired, and never sees a checkpoint past the progress)
         self._stop: CommandWatch | None = None
         self._progress_due = False
+        self._progress_at = -math.inf  # when rank 0 last wrote its progress (perf_counter)
         self._fault_iterations = frozenset(f.at_iteration for f in job.faults)
         self._last_checkpoint_at = self._last_record_at = time.monotonic()
         self._record_next = job.metrics_every_s is not None  # a world's first iteration records its metrics
@@ -375,7 +381,7 @@ class JobContext:
         if self.rank == 0 and advanced and (self._progress_due or last or stopped or self._checkpointed == iteration
                                             or iteration in self._fault_iterations):
             self._channel.progress(iteration)
-            self._progress_due = False
+            self._progress_due, self._progress_at = False, time.perf_counter()
         if self._clock is not None:
             self._clock.publish(self._channel, iteration, force=stopped or last)
         if job.evaluate:  # when the next iteration started, for its result
@@ -581,27 +587,36 @@ class JobContext:
         if stop or (self._reports < self._next_exchange and not self.job.await_decision):
             return stop, save
         if self.job.await_decision:
-            dist.all_reduce(self._fill(advanced), op=dist.ReduceOp.MAX)
+            self._reduce(advanced).wait()
             return self._agreed()
         if not last:  # the job's last report waits for no later one: nothing to start
-            self._pending = dist.all_reduce(self._fill(advanced), op=dist.ReduceOp.MAX, async_op=True)
+            self._pending = self._reduce(advanced)
         return stop, save
 
-    def _fill(self, advanced: bool) -> Any:
-        """The flags of an exchange starting now: rank 0's decisions, zeros elsewhere."""
-        job, flags = self.job, self._flags
-        flags.zero_()
+    def _reduce(self, advanced: bool) -> Any:
+        """Start the all-reduce (maximum) of the flags of an exchange
+        starting now: rank 0's decisions, zeros elsewhere. It calls the
+        process group's all-reduce directly, as the reweighting hook does
+        (`thrifty.runtime.ddp.reweight`), without ``dist.all_reduce``'s Python
+        checks."""
+        job = self.job
         if self.rank == 0:
             stop, save = self._decide(advanced)
             now, reports = time.perf_counter(), self._reports - self._exchanged[0]
             per_report = (now - self._exchanged[1]) / max(1, reports)
-            flags[0], flags[1] = int(stop), int(save)
-            flags[2] = int(job.metrics_every_s is not None
-                           and time.monotonic() - self._last_record_at >= job.metrics_every_s)
-            flags[3] = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
+            record = job.metrics_every_s is not None and time.monotonic() - self._last_record_at >= job.metrics_every_s
+            gap = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
+            self._host_view[:] = (int(stop), int(save), int(record), gap)
+            if self._host_flags is not self._flags:
+                self._flags.copy_(self._host_flags)
+            # the progress goes to the starter's store at about every `_EXCHANGE_S` of exchanges, not at each
+            self._progress_due = self._progress_due or now - self._progress_at >= _EXCHANGE_S
+        else:
+            self._flags.zero_()
         self._exchanged = (self._reports, time.perf_counter())
-        self._progress_due = True
-        return flags
+        group = dist.group.WORLD
+        assert group is not None, "a rank's job runs in its world's process group"
+        return group.allreduce([self._flags], _FLAGS_MAX)
 
     def _agreed(self) -> tuple[bool, bool]:
         """Act on the reduced flags of the exchange started at report
@@ -732,11 +747,19 @@ class RankLoader:
             yield step
             step += 1
 
+    def _slices(self) -> Iterator[tuple[Any, ...]]:
+        """The batches of a dataset of tensors (a ``TensorDataset``): each
+        tensor indexed at once by the batch's indices, as the default
+        collate function would stack its samples."""
+        tensors, indices = tuple(self.dataset.tensors), self.stream.indices
+        for step in self._steps():
+            index = torch.from_numpy(indices(step))
+            yield tuple([t[index] for t in tensors])
+
     def __iter__(self) -> Iterator[Any]:
         ctx = self.ctx
         if self._sliced:
-            source: Iterator[Any] = (tuple(t[torch.from_numpy(self.stream.indices(step))] for t in self.dataset.tensors)
-                                     for step in self._steps())
+            source: Iterator[Any] = self._slices()
         else:
             from torch.utils.data import DataLoader
 

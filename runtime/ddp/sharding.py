@@ -57,6 +57,9 @@ class ShardedStream:
 
     def indices(self, iteration: int) -> np.ndarray:
         start = iteration * self.global_batch + self.offset
+        epoch, slot = divmod(start, self.dataset_size)
+        if slot + self.batch <= self.dataset_size:  # the usual case: one slice of one epoch's order
+            return self._permutation(epoch)[slot:slot + self.batch].copy()
         positions = np.arange(start, start + self.batch, dtype=np.int64)
         epochs, slots = np.divmod(positions, self.dataset_size)
         out = np.empty(self.batch, dtype=np.int64)
