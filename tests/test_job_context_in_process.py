@@ -6,6 +6,7 @@ hook) whatever its model returns and whatever its loss is made of."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from datetime import timedelta
@@ -129,3 +130,28 @@ def test_unequal_shares_weigh_the_gradient_whatever_the_output_and_the_loss(worl
         for mine, theirs in zip(ddp.parameters(), reference.parameters()):
             assert torch.allclose(mine.grad, theirs.grad * 6 / 16, rtol=1e-6, atol=0)
     assert ddp._get_ddp_logging_data().get("comm_hook") is not None
+
+
+def test_the_hook_weighs_every_bucket_of_a_model_with_several(world, tmp_path):
+    """With several gradient buckets (each hook starts its bucket's
+    all-reduce; the last one waits for them all) every bucket comes back
+    summed and weighted, also after micro-batches accumulated under
+    ``no_sync``."""
+    _, channel = world
+    ctx = _context(channel, tmp_path, batches=(6, 10))
+    torch.manual_seed(0)
+    # a 600 x 600 layer outgrows DDP's first bucket (1 MB): the gradients travel in more than one
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 600), torch.nn.Tanh(), torch.nn.Linear(600, 600),
+                                    torch.nn.Tanh(), torch.nn.Linear(600, 3))
+    ddp = ctx.prepare_model(copy.deepcopy(reference))
+    x, target = torch.randn(6, 4), torch.randn(6, 3)
+    for _ in range(3):  # DDP rebuilds its buckets after the first iteration: two from the second on
+        ddp.zero_grad()
+        reference.zero_grad()
+        with ddp.no_sync():
+            torch.nn.functional.mse_loss(ddp(x[:2]), target[:2]).mul(2 / 6).backward()
+        torch.nn.functional.mse_loss(ddp(x[2:]), target[2:]).mul(4 / 6).backward()
+        torch.nn.functional.mse_loss(reference(x), target).backward()
+        for mine, theirs in zip(ddp.parameters(), reference.parameters()):
+            assert torch.allclose(mine.grad, theirs.grad * 6 / 16, rtol=1e-5, atol=1e-7)  # micro-batches round apart
+    assert "," in ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]  # more than one bucket

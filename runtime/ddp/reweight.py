@@ -19,15 +19,20 @@ counts equally whatever its machine. Two equivalent implementations:
   each rank multiplies its gradient bucket by ``b_r / B`` and the buckets are
   summed. Same result whatever the loss is made of: terms that reach the
   parameters through the model's outputs or around them (an auxiliary loss
-  a module keeps, as mixture-of-experts layers do). A Python hook (a call and
-  a thread hand-off per bucket) costs some percent of throughput on models
-  with large gradients or very short iterations
-  (``benchmarks/runtime_overheads.py`` measures it; PyTorch's own Python
-  ``allreduce_hook`` costs the same); it calls the process group's
-  all-reduce directly, without ``dist.all_reduce``'s Python checks.
-  Weighting at the outputs instead (a tensor hook multiplying the gradient
-  reaching each output) would cost less, but misses every term that reaches
-  the parameters around the outputs, so it is not used.
+  a module keeps, as mixture-of-experts layers do). The hook costs a Python
+  call per bucket and no more: it calls the process group's all-reduce
+  directly, without ``dist.all_reduce``'s Python checks, and hands DDP a
+  future it has already completed, holding the bucket, so that no Python
+  callback runs on the communication thread when the all-reduce ends (a
+  ``Future.then`` callback, as PyTorch's own ``allreduce_hook`` chains, takes
+  the interpreter's lock from that thread once per bucket, which cost several
+  percent of a short iteration on a 2-rank CPU world); instead the last
+  bucket's hook waits for every bucket's all-reduce of the iteration, where
+  DDP would wait for them (buckets are all-reduced in order, and DDP reads
+  their results only after the last one). Weighting at the outputs instead
+  (a tensor hook multiplying the gradient reaching each output) would cost
+  less, but misses every term that reaches the parameters around the
+  outputs, so it is not used.
 
 Both need the loss to be a batch mean (PyTorch's default), and layers whose
 output depends on the batch (batch norm) still see only their local batch, as
@@ -37,7 +42,7 @@ This module imports torch: only worker processes import it. (No postponed
 annotations here: DDP checks the hook's ``bucket`` annotation at run time.)
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,6 +67,7 @@ def loss_scale(local_batch: int, global_batch: int, world_size: int) -> float:
 class ReweightState:
     weight: float
     process_group: Any = None
+    pending: list[Any] = field(default_factory=list)  # this iteration's all-reduces, until its last bucket's
 
 
 _SUM = dist.AllreduceOptions()
@@ -73,16 +79,21 @@ def batch_weighted_allreduce(state: ReweightState, bucket: dist.GradBucket) -> t
     it over ranks (no division by the world size). It calls the process
     group's all-reduce directly, as DDP's own C++ averaging does, rather than
     through ``dist.all_reduce``'s Python checks, which cost about as much
-    again as the rest of the hook on a model with small buckets."""
+    again as the rest of the hook on a model with small buckets. The future
+    it returns holds the bucket at once; the last bucket's hook waits for
+    every all-reduce the iteration started (the module docstring says why)."""
     tensor = bucket.buffer()
     tensor.mul_(state.weight)
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     assert group is not None, "DDP runs in a process group"
-    return group.allreduce([tensor], _SUM).get_future().then(_summed)
-
-
-def _summed(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-    return fut.value()[0]
+    state.pending.append(group.allreduce([tensor], _SUM))
+    if bucket.is_last():  # DDP reads the buckets' results after this one: they are summed by then
+        for work in state.pending:
+            work.wait()
+        state.pending.clear()
+    summed: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    summed.set_result(tensor)
+    return summed
 
 
 def register_reweighting(ddp_model: Any, local_batch: int, global_batch: int,
