@@ -286,7 +286,7 @@ class Ec2Harness:
         for p in played:
             try:
                 if p.process is not None:
-                    _kill(self.node_processes(p.instance_id))
+                    _kill(self.node_processes(p.instance_id), wait_s=10)
                     try:
                         p.process.wait(10)
                     except subprocess.TimeoutExpired:
@@ -330,9 +330,16 @@ def _zombie(pid: int) -> bool:
     return not stat or stat.rsplit(b")", 1)[1].split()[0] == b"Z"
 
 
-def _kill(pids: list[int]) -> None:
+def _kill(pids: list[int], wait_s: float = 0.0) -> None:
+    """SIGKILL `pids`; with `wait_s`, wait up to that long until each has
+    ended (gone, or a zombie): a killed process ends only once the kernel
+    schedules it again, which on a loaded host can be after the caller has
+    looked."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + wait_s
+    while any(not _zombie(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
