@@ -165,6 +165,9 @@ def test_ctrl_c_logs_the_true_iteration_and_resume_carries_time_and_cost(tmp_pat
         while not any(e["event"] == "checkpoint" and e["iteration"] >= 30 for e in _events(run_dir)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
             time.sleep(0.05)
+        # how the driver stands to signals when it is interrupted, and how far it is: said if it then runs on
+        running, signals = proc.poll() is None, _signal_state(proc.pid)
+        reached_when_sent = _events(run_dir)[-1]
         saved_before = max(e["iteration"] for e in _events(run_dir) if e["event"] == "checkpoint")
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.15)
@@ -175,7 +178,8 @@ def test_ctrl_c_logs_the_true_iteration_and_resume_carries_time_and_cost(tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     err = err.decode()
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 130, (f"running when interrupted: {running}; its signals: {signals}; its log's last "
+                                    f"event then: {reached_when_sent}\n{err[-2000:]}")
     assert "Traceback" not in err and f"resume with: thrifty run --resume {run_dir}" in err
     first = read_run_log(run_dir / "run.jsonl")
     interrupted = [e for e in first if e["event"] == "interrupted"][0]
@@ -199,6 +203,15 @@ def test_ctrl_c_logs_the_true_iteration_and_resume_carries_time_and_cost(tmp_pat
     # the resumed session's world is segment 1: the first session's job file and worker logs are kept
     assert [e["segment"] for e in events if e["event"] == "launch"] == [0, 1]
     assert {p.name for p in (run_dir / "logs").iterdir()} == {"segment0-rank0.log", "segment1-rank0.log"}
+
+
+def _signal_state(pid: int) -> str:
+    """The blocked, ignored and caught signal masks of process `pid` (Linux), for a failure's message."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as e:
+        return f"unreadable ({e})"
+    return ", ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
 def _events(folder: Path) -> list[dict]:
