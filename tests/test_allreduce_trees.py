@@ -17,7 +17,6 @@ from thrifty.perfmodels.allreduce.trees import TreeEnsemble, TreeModelError
 from thrifty.perfmodels.loading import SHIPPED_LOCAL_MODEL
 
 
-
 def xgboost():
     """xgboost, imported by the tests that compare with it (a skip without it): not at collection, where
     every parallel worker would import it (a second of CPU each) whether it runs these tests or not."""
