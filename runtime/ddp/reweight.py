@@ -20,19 +20,18 @@ counts equally whatever its machine. Two equivalent implementations:
   summed. Same result whatever the loss is made of: terms that reach the
   parameters through the model's outputs or around them (an auxiliary loss
   a module keeps, as mixture-of-experts layers do). The hook costs a Python
-  call per bucket and no more: it calls the process group's all-reduce
-  directly, without ``dist.all_reduce``'s Python checks, and hands DDP a
-  future it has already completed, holding the bucket, so that no Python
-  callback runs on the communication thread when the all-reduce ends (a
-  ``Future.then`` callback, as PyTorch's own ``allreduce_hook`` chains, takes
-  the interpreter's lock from that thread once per bucket, which cost several
-  percent of a short iteration on a 2-rank CPU world); instead the last
-  bucket's hook waits for every bucket's all-reduce of the iteration, where
-  DDP would wait for them (buckets are all-reduced in order, and DDP reads
-  their results only after the last one). Weighting at the outputs instead
-  (a tensor hook multiplying the gradient reaching each output) would cost
-  less, but misses every term that reaches the parameters around the
-  outputs, so it is not used.
+  call per bucket and one more when its all-reduce ends: it calls the
+  process group's all-reduce directly, without ``dist.all_reduce``'s Python
+  checks, and chains the bucket out of the work's future, as PyTorch's own
+  ``allreduce_hook`` does. (An earlier version handed DDP a future it had
+  completed itself and waited for the iteration's all-reduces in the last
+  bucket's hook, to spare that callback; measured on a 2-rank gloo world
+  here, tiny-mlp at 24 + 40 samples, 25 interleaved rounds of 500
+  iterations, it was 3 to 5% slower than plain DDP where the chained future
+  was 4 to 8% faster; on a 1M-parameter model the two were level.)
+  Weighting at the outputs instead (a tensor hook multiplying the gradient
+  reaching each output) would cost less, but misses every term that
+  reaches the parameters around the outputs, so it is not used.
 
 Both need the loss to be a batch mean (PyTorch's default), and layers whose
 output depends on the batch (batch norm) still see only their local batch, as
@@ -42,7 +41,7 @@ This module imports torch: only worker processes import it. (No postponed
 annotations here: DDP checks the hook's ``bucket`` annotation at run time.)
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,7 +66,6 @@ def loss_scale(local_batch: int, global_batch: int, world_size: int) -> float:
 class ReweightState:
     weight: float
     process_group: Any = None
-    pending: list[Any] = field(default_factory=list)  # this iteration's all-reduces, until its last bucket's
 
 
 _SUM = dist.AllreduceOptions()
@@ -79,21 +77,16 @@ def batch_weighted_allreduce(state: ReweightState, bucket: dist.GradBucket) -> t
     it over ranks (no division by the world size). It calls the process
     group's all-reduce directly, as DDP's own C++ averaging does, rather than
     through ``dist.all_reduce``'s Python checks, which cost about as much
-    again as the rest of the hook on a model with small buckets. The future
-    it returns holds the bucket at once; the last bucket's hook waits for
-    every all-reduce the iteration started (the module docstring says why)."""
+    again as the rest of the hook on a model with small buckets."""
     tensor = bucket.buffer()
     tensor.mul_(state.weight)
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     assert group is not None, "DDP runs in a process group"
-    state.pending.append(group.allreduce([tensor], _SUM))
-    if bucket.is_last():  # DDP reads the buckets' results after this one: they are summed by then
-        for work in state.pending:
-            work.wait()
-        state.pending.clear()
-    summed: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    summed.set_result(tensor)
-    return summed
+    return group.allreduce([tensor], _SUM).get_future().then(_summed)
+
+
+def _summed(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    return done.value()[0]
 
 
 def register_reweighting(ddp_model: Any, local_batch: int, global_batch: int,
