@@ -25,7 +25,8 @@
    the fixed cost of an iteration): a loop function as a user writes it (the comm hook, the
    prepared loader, a report with the loss and the state every iteration),
    the four-factory Trainer run as a loop function, and plain DDP. All three
-   on one process group in rounds whose order rotates; the time of an
+   on one process group in rounds whose order rotates, the rounds shared
+   over three worlds of fresh processes (``--worlds``); the time of an
    iteration is the time between batches reaching the job's code; target for
    the loop-function path: within 3% of plain DDP.
 
@@ -223,8 +224,8 @@ def paths_rank(argv: list[str]) -> None:
     from thrifty.runtime.worlds import serve_rank
 
     model, iterations, rounds = argv[0], int(argv[1]), int(argv[2])
-    batches = [int(b) for b in argv[3].split(",")]
-    serve_rank(lambda channel: channel.finish(paths_worker(channel, model, iterations, rounds, batches)))
+    batches, first = [int(b) for b in argv[3].split(",")], int(argv[4])
+    serve_rank(lambda channel: channel.finish(paths_worker(channel, model, iterations, rounds, batches, first)))
 
 
 def _made(model: str) -> "object":
@@ -297,7 +298,7 @@ def _timed(ctx: "object", arrivals: list[tuple[float, float]]) -> None:
 
 
 def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
-                 batches: list[int]) -> dict[str, list[list[float]]]:
+                 batches: list[int], first: int = 0) -> dict[str, list[list[float]]]:
     """The three paths on one process group, in turns whose order rotates
     every round, so that load drifts on the host hit all alike: per round
     and path, the mean wall and CPU time between batches after the first 3
@@ -318,7 +319,7 @@ def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
     device = join_world(channel, "gloo", 300.0)
     means: dict[str, list[list[float]]] = {name: [] for name in PATHS}
     with tempfile.TemporaryDirectory() as folder:
-        for r in range(rounds):
+        for r in range(first, first + rounds):
             order = PATHS[r % 3:] + PATHS[:r % 3]
             for name in order:
                 arrivals: list[tuple[float, float]] = []
@@ -346,7 +347,8 @@ def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
     return means
 
 
-def section_paths(iterations: int, rounds: int, only: list[str] | None = None) -> list[tuple[str, str, str]]:
+def section_paths(iterations: int, rounds: int, only: list[str] | None = None,
+                  worlds: int = 3) -> list[tuple[str, str, str]]:
     from thrifty.runtime.worlds import World
 
     rows = []
@@ -356,13 +358,22 @@ def section_paths(iterations: int, rounds: int, only: list[str] | None = None) -
                            ("tiny-transformer", "32,32"), ("mlp", "32,32"), ("mlp", "24,40"), ("small-cnn", "24,40")):
         if only and model not in only:
             continue
-        world = World(2, f"{Path(__file__).stem}:paths_rank", [model, str(iterations), str(rounds), batches],
-                      where="the paths world")
-        per_rank = world.run(stall_timeout_s=600)
-        # an iteration is as slow as its slower rank: per round and path, the ranks' larger wall mean; the
-        # CPU time of an iteration, the ranks' mean
-        wall = {name: [max(r[name][i][0] for r in per_rank) for i in range(rounds)] for name in PATHS}
-        cpu = {name: [statistics.fmean(r[name][i][1] for r in per_rank) for i in range(rounds)] for name in PATHS}
+        # the rounds in several worlds, each of fresh processes: a world's ratio of one path to another moves
+        # with how its processes met this host's cores, by a few percent, as much as between its rounds
+        wall: dict[str, list[float]] = {name: [] for name in PATHS}
+        cpu: dict[str, list[float]] = {name: [] for name in PATHS}
+        done = 0
+        for w in range(worlds):
+            share = (rounds - done) // (worlds - w)
+            world = World(2, f"{Path(__file__).stem}:paths_rank",
+                          [model, str(iterations), str(share), batches, str(done)], where="the paths world")
+            per_rank = world.run(stall_timeout_s=600)
+            done += share
+            # an iteration is as slow as its slower rank: per round and path, the ranks' larger wall mean; the
+            # CPU time of an iteration, the ranks' mean
+            for name in PATHS:
+                wall[name] += [max(r[name][i][0] for r in per_rank) for i in range(share)]
+                cpu[name] += [statistics.fmean(r[name][i][1] for r in per_rank) for i in range(share)]
         for name, target in (("loop function", "<= 3%"), ("Trainer", "-")):
             figures = []
             for label, times in (("wall", wall), ("CPU", cpu)):
@@ -372,7 +383,7 @@ def section_paths(iterations: int, rounds: int, only: list[str] | None = None) -
                                f"{statistics.median(times['plain DDP']) * 1e3:.2f} ms/it ({(paired - 1) * 100:+.1f}%)")
             rows.append((f"{name} path vs plain DDP: {model}, batches {batches}",
                          "; ".join(figures) + f" (paired medians of {rounds} interleaved rounds of {iterations} "
-                         "iterations)", target))
+                         f"iterations in {worlds} worlds)", target))
     return rows
 
 
@@ -460,6 +471,7 @@ def main() -> None:
     parser.add_argument("--only-paths", action="store_true",
                         help="only section 5: the loop-function and Trainer paths against plain DDP")
     parser.add_argument("--rounds", type=int, default=15, help="section 5: interleaved rounds per model")
+    parser.add_argument("--worlds", type=int, default=3, help="section 5: the rounds shared over this many worlds")
     parser.add_argument("--models", nargs="+", default=None, help="section 5: only these models (e.g. tiny-mlp)")
     parser.add_argument("--profile-now", action="store_true",
                         help="miniature: plan with a profile measured now instead of the shipped one (a busy host)")
@@ -472,7 +484,7 @@ def main() -> None:
         rows += section_miniature(args.plot, args.kill_at, args.profile_now)
         if not args.skip_throughput:
             rows += section_reweighting(args.iterations)
-    rows += section_paths(args.iterations, args.rounds, args.models)
+    rows += section_paths(args.iterations, args.rounds, args.models, args.worlds)
     table = Table(title="training runtime overheads (this host)")
     for column in ("figure", "measured", "target"):
         table.add_column(column)
