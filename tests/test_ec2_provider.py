@@ -28,6 +28,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import ANY, Stubber
 
 from aws_fakes import REGION, ImdsServer, fixture, moto_server, raise_on
+from helpers import TERMINAL
 from thrifty.datasets.catalog import DEFAULT_CATALOG, load_catalog, parse_catalog
 from thrifty.core.io import read_json, write_json
 from thrifty.core.errors import ProblemError, ProviderError
@@ -458,11 +459,8 @@ def test_close_also_terminates_run_instances_it_has_no_record_of(moto):
     ec2.terminate_instances(InstanceIds=[other])
 
 
-SIGNAL_SCRIPT = """
-import signal, sys, time
-# Ctrl-C as in a terminal: a process started with SIGINT ignored keeps ignoring it (Python honours an inherited
-# SIG_IGN), and this test's own process may have inherited that from the harness that started it
-signal.signal(signal.SIGINT, signal.default_int_handler)
+SIGNAL_SCRIPT = TERMINAL + """
+import sys, time
 from thrifty.runtime.providers.config import parse_cluster_config
 from thrifty.runtime.providers.ec2 import Ec2Provider
 config = parse_cluster_config({"region": "us-east-1", "ami": "ami-0123456789abcdef0", "prices": "catalog",

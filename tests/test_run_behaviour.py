@@ -29,6 +29,7 @@ from thrifty.runtime.training.plans import as_plan, run_plan  # noqa: E402
 from thrifty.runtime.training.rundir import RunRecord, carried_over  # noqa: E402
 from thrifty.solver.problem import parse_problem  # noqa: E402
 
+from helpers import TERMINAL_CLI  # noqa: E402
 from test_training_runtime_processes import worker_pids  # noqa: E402
 from test_training_runtime_units import demo_problem, plan_dict  # noqa: E402
 
@@ -140,11 +141,6 @@ def test_a_persistent_slowdown_in_a_short_job_re_plans_and_the_bar_keeps_its_rat
     assert metrics and all(e["loss"] > 0 and 0 <= e["metrics"]["accuracy"] <= 1 for e in metrics)
 
 
-DRIVER = """
-import sys
-from thrifty.runtime.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def test_ctrl_c_logs_the_true_iteration_and_resume_carries_time_and_cost(tmp_path):
@@ -155,7 +151,7 @@ def test_ctrl_c_logs_the_true_iteration_and_resume_carries_time_and_cost(tmp_pat
     iteration under way, not killed in it)."""
     problem = write(tmp_path / "problem.json", demo_problem(iterations=150, limits={"time_s": 3600}))
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-c", DRIVER, "run", str(problem), "--trainer", TINY, "--run-dir", str(run_dir),
+    args = [sys.executable, "-c", TERMINAL_CLI, "run", str(problem), "--trainer", TINY, "--run-dir", str(run_dir),
             "--checkpoint-every", "10", "--inject", "slow:machine=0,from=27,extra=0.4", "--json",
             "--no-replan-on-slowdown"]  # the slow machine stays: a re-plan off it would finish the run at once
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,

@@ -31,7 +31,8 @@ from thrifty.runtime.training.prediction import profile_command  # noqa: E402
 from thrifty.runtime.training.monitor import ThroughputWindow, prediction_off  # noqa: E402
 from thrifty.runtime.training.preflight import RunProblems  # noqa: E402
 
-from test_run_behaviour import DRIVER, ROOT, TINY, _events, no_leftover_workers, write  # noqa: E402, F401
+from helpers import TERMINAL_CLI  # noqa: E402
+from test_run_behaviour import ROOT, TINY, _events, no_leftover_workers, write  # noqa: E402, F401
 from test_training_runtime_units import demo_problem, plan_dict  # noqa: E402
 
 AWS_CATALOG = str(ROOT / "datasets" / "catalog" / "aws-us-east-1.json")
@@ -232,7 +233,7 @@ def test_a_run_far_off_its_prediction_says_so_once(tmp_path):
 def test_sigterm_stops_like_ctrl_c_and_resume_alone_restores_the_plot(tmp_path):
     problem = write(tmp_path / "problem.json", demo_problem(iterations=60, limits={"time_s": 3600}))
     plot = tmp_path / "run.png"
-    args = [sys.executable, "-c", DRIVER, "run", str(problem), "--trainer", TINY, "--checkpoint-every", "10",
+    args = [sys.executable, "-c", TERMINAL_CLI, "run", str(problem), "--trainer", TINY, "--checkpoint-every", "10",
             "--inject", "slow:machine=0,from=12,extra=0.2", "--plot", str(plot), "--json"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
     runs = tmp_path / "thrifty-runs"
@@ -259,7 +260,7 @@ def test_sigterm_stops_like_ctrl_c_and_resume_alone_restores_the_plot(tmp_path):
     plot.unlink()
 
     # --resume without a folder: the run under ./thrifty-runs/ active last; the plot comes from the record
-    out = subprocess.run([sys.executable, "-c", DRIVER, "run", "--resume", "--json", "--inject",
+    out = subprocess.run([sys.executable, "-c", TERMINAL_CLI, "run", "--resume", "--json", "--inject",
                           "slow:machine=0,from=59,extra=0.01"], capture_output=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     assert f"thrifty run: resuming {run_dir}" in out.stderr.decode()

@@ -38,6 +38,8 @@ from thrifty.runtime.tuning.schedulers.bandit import action_elimination_continue
 from thrifty.runtime.tuning.record import EventLog, RecordingExecutor, read_events, read_history
 from thrifty.runtime.tuning.trial import ENDED, Report, Trial, TrialState
 
+from helpers import TERMINAL, TERMINAL_CLI
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -419,7 +421,7 @@ def experiment_file(tmp_path: Path, scheduler: dict) -> Path:
     return path
 
 
-CRASH = """import sys
+CRASH = TERMINAL + """import sys
 from thrifty.runtime.tuning import record
 write, seen = record.RecordingExecutor._write, []
 def crashing(self, event):
@@ -434,7 +436,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def start_driver(args: list[str], crash_after: int | None = None) -> subprocess.Popen:
-    code = ["-m", "thrifty.runtime.cli"] if crash_after is None else ["-c", CRASH.replace("{n}", str(crash_after))]
+    code = ["-c", TERMINAL_CLI] if crash_after is None else ["-c", CRASH.replace("{n}", str(crash_after))]
     return subprocess.Popen([sys.executable, *code, "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
@@ -743,3 +745,28 @@ def test_the_live_table_never_cuts_a_header(tmp_path):
         for name in ("learning_rate", "optimizer", "width", "depth", "weight_decay", "batch_size"):
             assert name in text, (width, text)
         assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_a_signal_the_run_started_ignoring_stays_ignored():
+    """A run started with a signal ignored (a background job's Ctrl-C) keeps ignoring it, `thrifty tune` as
+    `thrifty run` does (Python leaves an inherited SIG_IGN); a signal it was started with a handler for stops it."""
+    from thrifty.runtime.commands.run import _sigterm_interrupts
+    from thrifty.runtime.tuning.driver import _Signals
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with _Signals() as signals:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == signals._handle
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with _sigterm_interrupts():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with _sigterm_interrupts():
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -380,12 +380,13 @@ def _report(args: argparse.Namespace, prepared: Any, result: Any = None) -> None
 def _sigterm_interrupts() -> Iterator[None]:
     """While the run goes, SIGTERM stops it as Ctrl-C does (`Terminated`, a
     KeyboardInterrupt: the workers checkpoint and stop, exit 143). Only in
-    the main thread, where Python delivers signals."""
+    the main thread, where Python delivers signals, and unless the run was
+    started ignoring SIGTERM: then it stays ignored, as an ignored Ctrl-C does."""
     import threading
 
     from thrifty.runtime.training.errors import Terminated
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         yield
         return
 

@@ -630,7 +630,8 @@ class _Signals:
     """SIGINT (Ctrl-C) and SIGTERM while a run runs (in the main thread): the first asks the loop to stop
     (`reason`: ``interrupted`` or ``terminated``; running trials finish their iteration and are suspended),
     a second stops at once (KeyboardInterrupt; the trials go back to their last checkpoint). Without
-    `graceful`, the first stops at once. The previous handlers come back on exit."""
+    `graceful`, the first stops at once. A signal ignored when the run started stays ignored. The previous
+    handlers come back on exit."""
 
     def __init__(self, graceful: bool = True):
         self.graceful = graceful
@@ -664,7 +665,10 @@ class _Signals:
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOPPED.values():
-                self._previous[sig] = signal.signal(sig, self._handle)
+                # a signal the run was started ignoring (a background job's Ctrl-C) stays ignored, as Python
+                # leaves it and as `thrifty run` does
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:

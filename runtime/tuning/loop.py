@@ -110,7 +110,10 @@ class Executor(Protocol):
 
     def terminate(self, trial: Trial) -> None: ...
 
-    def next_event(self, until: float | None) -> Report | Crash | None: ...
+    def next_event(self, until: float | None) -> Report | Crash | None:
+        """The next event that came by `until` (clock time; None: whenever it comes), or None when none
+        did: an event that came after `until` is given at a later call, so none after the experiment's
+        deadline counts toward it."""
 
 
 @dataclass

@@ -569,6 +569,10 @@ class WorldExecutor:
     def next_event(self, until: float | None) -> Report | Crash | None:
         while True:
             if self._ready:
+                # an event that came after `until` is not yet one (the experiment's deadline: a result read after
+                # it is not the experiment's, as the simulator never gives one due after it); it waits its turn
+                if until is not None and self._ready[0].at > until:
+                    return None
                 return self._ready.popleft()
             if not self._worlds:
                 return None
