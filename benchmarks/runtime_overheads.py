@@ -377,10 +377,13 @@ def section_paths(iterations: int, rounds: int, only: list[str] | None = None,
         for name, target in (("loop function", "<= 3%"), ("Trainer", "-")):
             figures = []
             for label, times in (("wall", wall), ("CPU", cpu)):
-                # the paired ratio per round is steadier on a shared host than a ratio of medians
-                paired = statistics.median(a / b for a, b in zip(times[name], times["plain DDP"]))
+                # the paired ratio per round is steadier on a shared host than a ratio of medians; its quartiles
+                # over the rounds say how far one round's ratio may stray
+                ratios = [(a / b - 1) * 100 for a, b in zip(times[name], times["plain DDP"])]
+                low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
                 figures.append(f"{label} {statistics.median(times[name]) * 1e3:.2f} vs "
-                               f"{statistics.median(times['plain DDP']) * 1e3:.2f} ms/it ({(paired - 1) * 100:+.1f}%)")
+                               f"{statistics.median(times['plain DDP']) * 1e3:.2f} ms/it ({mid:+.1f}%, "
+                               f"quartiles {low:+.1f}..{high:+.1f}%)")
             rows.append((f"{name} path vs plain DDP: {model}, batches {batches}",
                          "; ".join(figures) + f" (paired medians of {rounds} interleaved rounds of {iterations} "
                          f"iterations in {worlds} worlds)", target))
