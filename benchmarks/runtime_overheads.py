@@ -351,6 +351,7 @@ def section_paths(iterations: int, rounds: int, only: list[str] | None = None,
                   worlds: int = 3) -> list[tuple[str, str, str]]:
     from thrifty.runtime.worlds import World
 
+    worlds = max(1, min(worlds, rounds))  # a world runs one round at least
     rows = []
     # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work;
     # plain DDP's average is wrong there, but costs what it costs)

@@ -141,8 +141,6 @@ def test_a_persistent_slowdown_in_a_short_job_re_plans_and_the_bar_keeps_its_rat
     assert metrics and all(e["loss"] > 0 and 0 <= e["metrics"]["accuracy"] <= 1 for e in metrics)
 
 
-
-
 def test_ctrl_c_logs_the_true_iteration_and_resume_carries_time_and_cost(tmp_path):
     """Ctrl-C in a terminal: SIGINT to the whole foreground process group
     (the `thrifty run` process and its workers, which leave it to the driver);

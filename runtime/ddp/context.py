@@ -138,13 +138,13 @@ RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global
 # the ranks exchange flags about this often (every report in a job that awaits decisions). Each exchange is an
 # all-reduce on the process group the gradients use: at 0.05 s, a 37 ms small-cnn iteration exchanged at every
 # report and the loop path ran 2.0 to 5.2% behind plain DDP on a 2-rank CPU world here; at 0.4 s (every 8th
-# report) -0.3 to 2.4% (3 interleaved pairs of 9 rounds); a stop lands at most 0.4 s plus an iteration later
+# report) -0.3 to 2.4% (3 interleaved pairs of 9 rounds); a stop lands about 0.4 s plus an iteration later
 _EXCHANGE_S = 0.4
-_PROGRESS_S = 0.05  # rank 0 writes its progress to the starter's store about this often (at exchanges)
 # and at least every this many reports: the gap is agreed on at the pace of the iterations before it, so this
 # bounds a stop's delay when they slow down at once (a straggler, a spot notice's last iterations); the exchange
 # overlaps an iteration, so a short gap costs no wait
 _MAX_GAP = 8
+_PROGRESS_S = 0.05  # rank 0 writes its progress to the starter's store about this often (at exchanges)
 _FLAGS_MAX = dist.AllreduceOptions()  # the exchange's all-reduce (`JobContext._reduce`)
 _FLAGS_MAX.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
 _UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports

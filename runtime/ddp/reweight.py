@@ -26,9 +26,10 @@ counts equally whatever its machine. Two equivalent implementations:
   ``allreduce_hook`` does. (An earlier version handed DDP a future it had
   completed itself and waited for the iteration's all-reduces in the last
   bucket's hook, to spare that callback; measured on a 2-rank gloo world
-  here, tiny-mlp at 24 + 40 samples, 25 interleaved rounds of 500
-  iterations, it was 3 to 5% slower than plain DDP where the chained future
-  was 4 to 8% faster; on a 1M-parameter model the two were level.)
+  here, tiny-mlp at 24 + 40 samples, three runs of 15 to 25 interleaved
+  rounds of 500 iterations, it was -1 to +3.3% against plain DDP where the
+  chained future was 3.5 to 8% faster; on a 1M-parameter model the two were
+  level.)
   Weighting at the outputs instead (a tensor hook multiplying the gradient
   reaching each output) would cost less, but misses every term that
   reaches the parameters around the outputs, so it is not used.
