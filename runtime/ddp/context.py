@@ -59,7 +59,7 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
-  iterations: at a report about every 0.4 s, and at least every 32 reports
+  iterations: at a report about every 0.4 s, and at least every 16 reports
   (every report in a tuning trial), the ranks start an exchange of flags,
   one small all-reduce, and act on it at the next report (a tuning trial's
   at once), so that no rank waits for the others at a report; a stop the
@@ -144,9 +144,10 @@ _EXCHANGE_S = 0.4
 # bounds a stop's delay when they slow down at once (a straggler, a spot notice's last iterations). The exchange
 # overlaps an iteration, so it costs no wait, but starting one does cost: handing gloo an all-reduce took 60 to
 # 180 us of a rank's time on this 2-core host (its worker thread wakes). With 8, a 1.8 ms tiny-mlp iteration
-# exchanged at every 8th report, 20 to 28 us an iteration; with 32, 7 to 10 us. Only iterations under 12.5 ms
-# (0.4 s / 32) exchange at this bound
-_MAX_GAP = 32
+# exchanged at every 8th report, 20 to 28 us an iteration; with 16, 9 to 16 us. Only iterations under 25 ms
+# (0.4 s / 16) exchange at this bound. With 32 (7 to 10 us), a spot notice at iteration 15 or 20 of a 50-iteration
+# run landed after the run's end (test_training_runtime_processes.py): the bound is a stop's delay in iterations
+_MAX_GAP = 16
 _PROGRESS_S = 0.05  # rank 0 writes its progress to the starter's store about this often (at exchanges)
 _FLAGS_MAX = dist.AllreduceOptions()  # the exchange's all-reduce (`JobContext._reduce`)
 _FLAGS_MAX.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)

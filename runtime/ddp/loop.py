@@ -15,7 +15,7 @@ short form) through the same context:
 - one iteration is `steps_per_iteration` optimizer steps (a training job:
   one; a tuning trial: the experiment's, else the trainer's, else one pass
   over the data the job gives ``ctx.prepare_loader``);
-- at a report, about every 0.4 s and at least every 32 reports (every
+- at a report, about every 0.4 s and at least every 16 reports (every
   iteration in a tuning trial), the ranks agree, in one small all-reduce of
   flags that overlaps the next iteration (a tuning trial's does not), on
   whether to stop, to checkpoint now and to record metrics next. Rank 0 sets
