@@ -83,5 +83,6 @@ def load_script(path: str | Path) -> ModuleType:
 # raises KeyboardInterrupt there. A process started with SIGINT ignored (a harness's background job) keeps ignoring
 # it, as Python and thrifty do, and a test run from such a harness would send its Ctrl-C in vain.
 TERMINAL = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-# the `thrifty` command line, so started
-TERMINAL_CLI = TERMINAL + "import sys\nfrom thrifty.runtime.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+# the `thrifty` command line as a script's last lines, and so started
+CLI = "import sys\nfrom thrifty.runtime.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+TERMINAL_CLI = TERMINAL + CLI

@@ -38,7 +38,7 @@ from thrifty.runtime.tuning.schedulers.bandit import action_elimination_continue
 from thrifty.runtime.tuning.record import EventLog, RecordingExecutor, read_events, read_history
 from thrifty.runtime.tuning.trial import ENDED, Report, Trial, TrialState
 
-from helpers import TERMINAL, TERMINAL_CLI
+from helpers import CLI, TERMINAL, TERMINAL_CLI
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -421,8 +421,7 @@ def experiment_file(tmp_path: Path, scheduler: dict) -> Path:
     return path
 
 
-CRASH = TERMINAL + """import sys
-from thrifty.runtime.tuning import record
+CRASH = TERMINAL + """from thrifty.runtime.tuning import record
 write, seen = record.RecordingExecutor._write, []
 def crashing(self, event):
     write(self, event)
@@ -430,9 +429,7 @@ def crashing(self, event):
     if len(seen) == {n}:
         raise RuntimeError("the driver crashed")
 record.RecordingExecutor._write = crashing
-from thrifty.runtime.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+""" + CLI
 
 
 def start_driver(args: list[str], crash_after: int | None = None) -> subprocess.Popen:
