@@ -293,6 +293,8 @@ class ComputeModel:
     colocated: "ComputeModel | None" = None
     colocated_workers: int = 0
     host_cores: int = 0  # the host's logical CPUs where the co-located points were measured (0: unknown)
+    # `threshold_within`'s answers: a solve asks it of every machine choice of each space it derives
+    _thresholds: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -374,6 +376,12 @@ class ComputeModel:
         batches ``1..largest`` (a problem whose global batch is small relative to the
         memory cap cannot use the cap's throughput, so its useful range ends earlier)."""
         largest = max(1, min(int(largest), self.max_batch))
+        known = self._thresholds.get(largest)
+        if known is None:
+            known = self._thresholds[largest] = self._threshold_within(largest)
+        return known
+
+    def _threshold_within(self, largest: int) -> int:
         grid = np.unique(np.concatenate([
             np.arange(1, min(largest, 4096) + 1, dtype=float),
             np.geomspace(1, largest, 256).round(),

@@ -188,12 +188,40 @@ class Evaluation:
     objective_value: float
 
 
+class BoundCache:
+    """The bounds of each machine group (count machines of a type at a
+    batch) that `TrainingSpace.candidates` prunes with, shared by the spaces
+    derived from one space (`TrainingSpace.derive`): they depend on the
+    simulator and the machines, not on limits, quotas, prices or the global
+    batch, and an infeasibility explanation enumerates the candidates of
+    dozens of variants that differ only in those (four in five of its group
+    bounds were ones it had computed in another variant). Kept per list of
+    machine types (a group names its type by its index in it), up to
+    `LIMIT` entries each."""
+
+    LIMIT = 200_000
+
+    def __init__(self, simulator: IterationSimulator):
+        self.simulator = simulator
+        self._by_machines: dict[tuple[tuple[str, bool], ...], dict] = {}
+
+    def of(self, choices: tuple["Choice", ...]) -> dict:
+        """The group bounds of `choices`, by ``(choice index, count, batch)``."""
+        key = tuple((c.itype.name, c.shares_host) for c in choices)
+        return self._by_machines.setdefault(key, {})
+
+    def keep(self, table: dict, key: object, value: object) -> None:
+        if len(table) < self.LIMIT:
+            table[key] = value
+
+
 class TrainingSpace:
     """The search space and evaluator of one training problem."""
 
     def __init__(self, problem: TrainingProblem, library: ModelLibrary | None = None,
                  bandwidth: BandwidthModel | None = None, catalog: Catalog | None = None,
-                 samples: int = 256, seed: int = 0, simulator: IterationSimulator | None = None):
+                 samples: int = 256, seed: int = 0, simulator: IterationSimulator | None = None,
+                 bounds: "BoundCache | None" = None):
         self.problem = problem
         self.catalog = catalog or load_catalog(problem.catalog)
         self.library = library or ModelLibrary()
@@ -211,6 +239,9 @@ class TrainingSpace:
                                            samples=samples, seed=seed)
         self.simulator = simulator
         self.choices = tuple(self._choice(i, c) for i, c in enumerate(problem.instances))
+        # the bounds are the simulator's and the machines': shared with the spaces derived from this one
+        self._bounds = bounds if bounds is not None and bounds.simulator is simulator else BoundCache(simulator)
+        self._group_bounds = self._bounds.of(self.choices)
         self.simulated = 0
         self.history: list[Evaluation] = []  # every candidate simulated, in order (for plots)
 
@@ -218,7 +249,8 @@ class TrainingSpace:
         """The same problem with some fields changed (``limits``, ``objective``,
         ``instances``...), sharing this space's simulator and its caches."""
         problem = self.problem.model_copy(update=changes)
-        return TrainingSpace(problem, library=self.library, catalog=self.catalog, simulator=self.simulator)
+        return TrainingSpace(problem, library=self.library, catalog=self.catalog, simulator=self.simulator,
+                             bounds=self._bounds)
 
     # -- data -------------------------------------------------------------------
     def _choice(self, index: int, spec: InstanceChoice) -> Choice:
@@ -316,6 +348,18 @@ class TrainingSpace:
         e = self.simulator.expected_max_factor(count * choice.itype.gpus)
         return mu_f + sd_f * e, mu_b + sd_b * e, step
 
+    def group_bound(self, k: int, count: int, batch: int) -> tuple[float, float, float, tuple[float, float, int, int]]:
+        """`count` machines of choice `k` at `batch`: their (forward, backward,
+        step) lower bounds and their shared-host work (`group_compute_bound`,
+        `group_host_work`), kept (`BoundCache`)."""
+        key = (k, count, batch)
+        known = self._group_bounds.get(key)
+        if known is None:
+            c = self.choices[k]
+            known = (*self.group_compute_bound(c, count, batch), self.group_host_work(c, count, batch))
+            self._bounds.keep(self._group_bounds, key, known)
+        return known
+
     def group_host_work(self, choice: Choice, count: int, batch: int) -> tuple[float, float, int, int]:
         """`count` machines of `choice` at `batch` on the shared host: (their
         passes' work, their step's work, the host's cores, their workers)
@@ -409,6 +453,7 @@ class TrainingSpace:
             for batch in choices[k].batches:
                 cur += group_sums(nxt.astype(np.int64), batch // unit, choices[k].quota)
             reach[k] = cur > 0
+        reachable = [r.tolist() for r in reach]  # the same, for the lookups of one count (faster than numpy's)
 
         limits = self.problem.limits
         check = within_limits and (limits.time_s is not None or limits.cost_usd is not None)
@@ -419,13 +464,15 @@ class TrainingSpace:
             return (limits.time_s is not None and total > limits.time_s) or (
                 limits.cost_usd is not None and rate * max(total, floor_s) / 3600.0 > limits.cost_usd)
 
+        group_bound = self.group_bound
+
         def rec(k: int, remaining: int, chosen: tuple, fw: float, bw: float, step: float,
                 rate: float, host: tuple[float, float, int, int]) -> Iterator[Candidate]:
             if remaining == 0:
                 if chosen:
                     yield chosen
                 return
-            nxt = reach[k + 1]
+            nxt = reachable[k + 1]
             if nxt[remaining]:
                 yield from rec(k + 1, remaining, chosen, fw, bw, step, rate, host)  # choice k unused
             c = choices[k]
@@ -436,13 +483,13 @@ class TrainingSpace:
                 top = min(c.quota, remaining // units)
                 # the counts that leave a batch the later choices can place (a scan of many counts in numpy)
                 counts = [n for n in range(1, top + 1) if nxt[remaining - n * units]] if top <= 32 else \
-                    (np.flatnonzero(nxt[remaining - units * np.arange(1, top + 1)]) + 1).tolist()
+                    (np.flatnonzero(reach[k + 1][remaining - units * np.arange(1, top + 1)]) + 1).tolist()
                 for count in counts:
                     left = remaining - count * units
                     if check:
-                        f, b, st = self.group_compute_bound(c, count, batch)
+                        f, b, st, work = group_bound(k, count, batch)
                         bounds = (max(fw, f), max(bw, b), max(step, st), rate + c.price_per_hour * count,
-                                  add_host_work(host, self.group_host_work(c, count, batch)))
+                                  add_host_work(host, work))
                         if breaks(*bounds):
                             break  # more machines of this batch only raise the bound
                     else:

@@ -18,7 +18,13 @@ for one: ``aws_fakes.free_port``) and no fixed path outside ``tmp_path``."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -59,18 +65,85 @@ def code_of(item: pytest.Item) -> list:
     return ([own] if own is not None else []) + fixtures
 
 
+# -- one worker collects first ----------------------------------------------------------------------
+# Collecting imports every test module, and with them torch, Ray, moto and the rest; in a fresh
+# environment (CI's) nothing of that is compiled to bytecode yet, and pytest has not yet rewritten the
+# test modules' asserts. Workers that collect at once each compile and rewrite the same files (measured
+# here: three cold workers 58 CPU-s, three warm 33). So the first worker (gw0) collects alone, and the
+# others start once it has: they find the bytecode it wrote, and take its reading of the markers
+# (tests/markers.py, a few CPU-seconds a worker) from the file it leaves. Where no bytecode is written
+# (PYTHONDONTWRITEBYTECODE) they would gain nothing by waiting, and do not.
+FIRST_COLLECTION = "THRIFTY_PYTEST_FIRST_COLLECTION"  # the file gw0 writes; set by the controller for its workers
+FIRST_COLLECTION_WAIT_S = 120.0  # then a worker collects anyway (gw0 stuck or gone: it only costs CPU)
+_FIRST_FOLDER = pytest.StashKey[str]()  # the controller's folder for that file
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:  # the controller (or a run without workers): a fresh file name for its workers
+        if getattr(config.option, "numprocesses", None):
+            folder = tempfile.mkdtemp(prefix="thrifty-pytest-")
+            config.stash[_FIRST_FOLDER] = folder
+            os.environ[FIRST_COLLECTION] = os.path.join(folder, "collected.json")
+        return
+    path = os.environ.get(FIRST_COLLECTION)
+    if path and workerinput.get("workerid") != "gw0" and not sys.dont_write_bytecode:
+        deadline = time.monotonic() + FIRST_COLLECTION_WAIT_S
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_FIRST_FOLDER, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(FIRST_COLLECTION, None)
+
+
+def _first_collection(config: pytest.Config) -> tuple[str | None, dict[str, list[bool]]]:
+    """(where this worker leaves its markers, or None: not the first worker), the first worker's markers."""
+    path = os.environ.get(FIRST_COLLECTION)
+    workerinput = getattr(config, "workerinput", None)
+    if not path or workerinput is None:
+        return None, {}
+    if workerinput.get("workerid") == "gw0":
+        return path, {}
+    try:
+        return None, json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # gw0 has not written it (yet): read the markers here
+        return None, {}
+
+
 # first: xdist's worker reads the xdist_group marks in its own hook of the same name (no order given)
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    leave, known = _first_collection(config)
+    read: dict[str, list[bool]] = {}
     for item in items:
         suite = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
-        if item.get_closest_marker("process") is None and starts_processes(code_of(item)):
+        marks = known.get(item.nodeid) or [starts_processes(code_of(item)), uses_moto(code_of(item))]
+        read[item.nodeid] = marks
+        if item.get_closest_marker("process") is None and marks[0]:
             item.add_marker(pytest.mark.process)
-        if item.get_closest_marker("moto") is None and uses_moto(code_of(item)):
+        if item.get_closest_marker("moto") is None and marks[1]:
             item.add_marker(pytest.mark.moto)
         if shares_a_setup(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(suite))
     items[:] = longest_first(items)
+    if leave is not None:
+        _MARKS.update(read)
+
+
+_MARKS: dict[str, list[bool]] = {}  # the first worker's markers, for the others
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The first worker's collection is done (with or without errors): the others may start theirs."""
+    leave, _ = _first_collection(session.config)
+    if leave is not None:  # atomically: a waiting worker reads it once it exists
+        part = leave + ".part"
+        Path(part).write_text(json.dumps(_MARKS), encoding="utf-8")
+        os.replace(part, leave)
 
 
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:

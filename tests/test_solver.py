@@ -101,6 +101,25 @@ def test_exhaustive_pruning_finds_the_same_optimum_as_simulating_everything():
     assert pruned.simulated < full.simulated
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), problems())
+def test_a_derived_space_prunes_as_a_fresh_space_of_its_problem_does(first, second):
+    """A derived space shares its parent's group bounds (`BoundCache`): whatever the variant changes
+    (limits, quotas, the machine types and their order, the global batch), it enumerates the same
+    candidates, in the same order, as a space of that problem that shares nothing."""
+    parent = space_of(first)
+    for _ in parent.candidates(within_limits=True):  # the parent's bounds are in the cache
+        pass
+    changes = parse_problem(second)
+    derived = parent.derive(limits=changes.limits, instances=changes.instances, global_batch=changes.global_batch,
+                            iterations=changes.iterations)
+    fresh = space_of(json.loads(derived.problem.model_dump_json(exclude_none=True)))
+    assert list(derived.candidates(within_limits=True)) == list(fresh.candidates(within_limits=True))
+    for candidate in fresh.candidates():
+        for k, count, batch in candidate:
+            assert derived.group_bound(k, count, batch) == fresh.group_bound(k, count, batch)
+
+
 def _apply(problem: dict, field: str, value) -> dict:
     out = json.loads(json.dumps(problem))
     if field.startswith("limits."):
