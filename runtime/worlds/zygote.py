@@ -66,8 +66,27 @@ def _exit_code(status: int) -> int:
 
 # -- the zygote process -----------------------------------------------------------------
 
+_WAKE: list[int] = []  # the fork server's wake-up pipe (read end, write end), which its children close
+
+
+def _wake_on_child_exit() -> tuple[int, int]:
+    """A pipe that gets a byte whenever a child exits: Python's wakeup fd, written by its C-level handler of
+    SIGCHLD (which needs a Python handler to be installed; this one does nothing)."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return read, write
+
+
 def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in a forked worker
     try:
+        # not the fork server's wake-up: the worker's own children (a DataLoader's) exit as by default
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        for fd in _WAKE:
+            os.close(fd)
         die_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -139,9 +158,19 @@ def _serve(children: set[int]) -> None:  # pragma: no cover - runs in the zygote
     _send({"ready": os.getpid()})
     buffer = b""
     stdin = sys.stdin.fileno()
+    # a child's exit wakes the loop (a byte on this pipe: SIGCHLD, through Python's wakeup fd), so the
+    # loop sleeps until there is something to do; it polled every 20 ms before, each fork server waking
+    # 50 times a second beside the ranks it serves (the timeout is a backstop, not the way exits are seen)
+    wake = _WAKE[:] = _wake_on_child_exit()
     while True:
-        readable, _, _ = select.select([stdin], [], [], 0.02)
-        if readable:
+        readable, _, _ = select.select([stdin, wake[0]], [], [], 1.0)
+        if wake[0] in readable:
+            try:
+                while os.read(wake[0], 512):
+                    pass
+            except BlockingIOError:
+                pass
+        if stdin in readable:
             chunk = os.read(stdin, 65536)
             if not chunk:  # the driver is gone or done
                 return
