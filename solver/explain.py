@@ -686,7 +686,7 @@ def explain_tuning_infeasibility(space: Any, fastest: Any, time_limit_s: float =
     complete = True
 
     def meets(values: dict[str, int]) -> bool | None:
-        found = _fastest_tuning(problem, values, time_limit_s)
+        found = _fastest_tuning(space, values, time_limit_s)
         return None if found is None else found[0] <= deadline * (1 + 1e-9)
 
     sets: list[list[str]] = []
@@ -704,9 +704,9 @@ def explain_tuning_infeasibility(space: Any, fastest: Any, time_limit_s: float =
     relaxations = _deadline_relaxation(space, fastest, time_limit_s)
     for f in bounds:
         if all(f in s for s in sets):
-            relaxations += _fleet_relaxation(problem, [f], bounds, time_limit_s)
+            relaxations += _fleet_relaxation(space, [f], bounds, time_limit_s)
     if len(sets) == 2:  # one conflict for each fleet bound: both raised, the first with the second unbounded
-        relaxations += _fleet_relaxation(problem, list(bounds), bounds, time_limit_s)
+        relaxations += _fleet_relaxation(space, list(bounds), bounds, time_limit_s)
     reasons = [_tuning_reason(problem, s) for s in sets]
     return {"conflict_sets": sets, "conflict_reasons": reasons, "conflict_sets_complete": complete,
             "conflicts": [n for n in ["deadline_s", *TUNING_FIELDS] if any(n in s for s in sets)],
@@ -730,14 +730,14 @@ def _fleet_bounds(space: Any) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _fastest_tuning(problem: Any, values: dict[str, Any], time_limit_s: float) -> tuple[float, Any] | None:
+def _fastest_tuning(base: Any, values: dict[str, Any], time_limit_s: float) -> tuple[float, Any] | None:
     """(JCT on the deadline's statistic, simulated candidate) of the fastest plan
-    of `problem` with `values`; None when it cannot be planned (a bad size)."""
+    of the problem of space `base` with `values`; None when it cannot be planned (a bad size)."""
     from thrifty.core.errors import ThriftyError
-    from thrifty.solver.tuning import TuningSpace, solve_cpsat
+    from thrifty.solver.tuning import solve_cpsat
 
     try:
-        space = TuningSpace(problem.model_copy(update=values))
+        space = base.derive(**values)
         fast = solve_cpsat(space, "min_time", None, time_limit_s)
     except ThriftyError:
         return None
@@ -749,13 +749,14 @@ def _fastest_tuning(problem: Any, values: dict[str, Any], time_limit_s: float) -
     return space.jct(c), c
 
 
-def _tuning_plan(problem: Any, values: dict[str, Any], time_limit_s: float) -> tuple[Any, Any] | None:
-    """(space, best candidate) of `problem` with `values`, planned as `solve` does; None without a plan."""
+def _tuning_plan(base: Any, values: dict[str, Any], time_limit_s: float) -> tuple[Any, Any] | None:
+    """(space, best candidate) of the problem of space `base` with `values`, planned as `solve` does; None
+    without a plan."""
     from thrifty.core.errors import ThriftyError
-    from thrifty.solver.tuning import TuningSpace, plan_tuning
+    from thrifty.solver.tuning import plan_tuning
 
     try:
-        space = TuningSpace(problem.model_copy(update=values))
+        space = base.derive(**values)
         best = plan_tuning(space, time_limit_s).best
     except ThriftyError:
         return None
@@ -781,7 +782,7 @@ def _deadline_relaxation(space: Any, fastest: Any, time_limit_s: float) -> list[
     tries = [jct, jct + 0.001 * stages, jct * 1.001, jct * 1.005]
     for value in tries:
         needed = math.ceil(value * 1000) / 1000
-        planned = _tuning_plan(problem, {"deadline_s": needed}, time_limit_s)
+        planned = _tuning_plan(space, {"deadline_s": needed}, time_limit_s)
         if planned is not None:
             return [{"field": "deadline_s", "current": problem.deadline_s, "needed": needed, "direction": "raise",
                      "changes": {"deadline_s": needed},
@@ -790,18 +791,19 @@ def _deadline_relaxation(space: Any, fastest: Any, time_limit_s: float) -> list[
     return []
 
 
-def _fleet_relaxation(problem: Any, names: list[str], bounds: dict[str, tuple[int, int]],
+def _fleet_relaxation(space: Any, names: list[str], bounds: dict[str, tuple[int, int]],
                       time_limit_s: float) -> list[dict[str, Any]]:
-    """Fleet bounds `names` raised in turn, each to the least value whose fastest
+    """Fleet bounds `names` of the problem of `space` raised in turn, each to the least value whose fastest
     plan meets the deadline, the later ones unbounded and the earlier ones at
     their values (binary search: the deadline is missed one below)."""
+    problem = space.problem
     fixed: dict[str, int] = {}
     for k, name in enumerate(names):
         later = {f: bounds[f][1] for f in names[k + 1:]}
         lo, hi = bounds[name]
 
         def meets(value: int, name: str = name, later: dict[str, int] = later) -> bool:
-            found = _fastest_tuning(problem, {**fixed, **later, name: value}, time_limit_s)
+            found = _fastest_tuning(space, {**fixed, **later, name: value}, time_limit_s)
             return found is not None and found[0] <= problem.deadline_s * (1 + 1e-9)
 
         if meets(lo) or not meets(hi):
@@ -810,7 +812,7 @@ def _fleet_relaxation(problem: Any, names: list[str], bounds: dict[str, tuple[in
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if meets(mid) else (mid, hi)
         fixed[name] = hi
-    planned = _tuning_plan(problem, fixed, time_limit_s)
+    planned = _tuning_plan(space, fixed, time_limit_s)
     if planned is None:
         return []
     if len(names) == 1:

@@ -73,6 +73,7 @@ spot preemptions are priced into D and C by the simulator.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Sequence
@@ -234,6 +235,24 @@ class TuningSpace:
                     f"of {t} over {trials:,} trials and {samples} samples ({work:,} trial-samples, more than "
                     f"{MAX_STATIC_WORK:,}); use max_instances <= {max(fits, 1):,}, or fewer samples",
                     path="max_instances")
+
+    # the fields that leave the job simulator as it was (it reads the stages, profiles, clouds, samples, seed)
+    SIMULATION_FREE = frozenset({"deadline_s", "deadline_on", "max_instances", "max_gpus_per_trial"})
+
+    def derive(self, **changes: Any) -> "TuningSpace":
+        """The same problem with `changes`. A change of only `SIMULATION_FREE`
+        fields shares this space's job simulator and the plans it simulated (a
+        plan's result is the same in both: the simulator's common random
+        numbers), so an infeasibility explanation, which plans the problem
+        again under a dozen deadlines and fleet bounds, simulates each plan
+        once; any other change builds a space of its own."""
+        problem = self.problem.model_copy(update=changes)
+        if not set(changes) <= self.SIMULATION_FREE:
+            return TuningSpace(problem)
+        space = copy.copy(self)
+        space.problem, space._options, space.simulated = problem, None, 0
+        space._check_static_sweep()
+        return space
 
     @property
     def deadline(self) -> float:

@@ -99,6 +99,24 @@ def test_a_later_deadline_never_costs_more():
     assert all(later <= earlier + 1e-12 for earlier, later in zip(costs, costs[1:])), costs
 
 
+@pytest.mark.parametrize("changes", [{"deadline_s": 150}, {"deadline_s": 400, "max_instances": 3},
+                                     {"max_gpus_per_trial": 1, "deadline_s": 300}])
+def test_a_derived_space_plans_as_a_fresh_space_of_its_problem_does(changes):
+    """`TuningSpace.derive` shares the simulator and its simulated plans when only the deadline and the fleet
+    bounds change: the plan, its figures and its feasibility are those of a space built from scratch."""
+    base = TuningSpace(problem(deadline=600))
+    plan_tuning(base, 60)  # the base's simulations are in the shared cache
+    derived = base.derive(**changes)
+    fresh = TuningSpace(base.problem.model_copy(update=changes))
+    assert derived.sim is base.sim and fresh.sim is not base.sim
+    mine, theirs = plan_tuning(derived, 60).best, plan_tuning(fresh, 60).best
+    assert (mine is None) == (theirs is None)
+    if mine is not None:
+        assert mine.plan == theirs.plan and mine.result.jct_s == theirs.result.jct_s
+        assert derived.feasible(mine) == fresh.feasible(theirs)
+    assert base.derive(samples=20).sim is not base.sim  # the simulation changes: a space of its own
+
+
 def test_mixed_instance_types_choose_per_stage():
     space = TuningSpace(problem([(8, 2), (1, 20)], 150, itype=["p3.8xlarge", "p3.2xlarge"]))
     seq, cost = brute_force(space)
