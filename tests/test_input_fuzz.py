@@ -52,7 +52,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "datasets" / "examples"
 PER_RUN_S = 20.0
 WALL_S = 120.0  # the same run in wall-clock seconds, however loaded the host
 OK_CODES = (0, 2, 3)
-RUNS = {"training": 650, "tuning": 450, "raw": 150}
+# 1,010 mutants over the two schemas (the issue asks for 1,000+); a tuning mutant that solves costs a worker
+# about 0.3 s (the planner simulates the whole tuning job, by the API and by the command line), a training one
+# about a sixth of that, so the tuning share is the smaller (it was 450 of 1,100, 40% of the module's time)
+RUNS = {"training": 650, "tuning": 360, "raw": 150}
 SHARDS = 4  # tests per schema, each with its own seed and RUNS[kind] // SHARDS mutants (short tests, so that
 # the parallel workers end together instead of one finishing a long shard alone)
 
