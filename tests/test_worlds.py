@@ -124,3 +124,23 @@ def test_the_colocated_gradient_exchange_averages_every_bucket(tmp_path):
     for result in results:
         assert len(result["errors"]) == 5 and max(result["errors"]) < 1e-5
         assert result["none_left"]
+
+
+def test_a_rank_whose_machines_fork_server_died_is_reported_lost_not_running(tmp_path):
+    """A Ray machine agent's side (`NodeRanks`, here a plain object): once the fork server is gone, its
+    ranks (which die with it) report the lost code, instead of running forever to a world that waits."""
+    pytest.importorskip("ray", reason="the Ray launcher's node side needs Ray")
+    import signal
+    import sys
+
+    from thrifty.runtime.worlds.ray import LOST_CODE, NodeRanks
+    from thrifty.runtime.worlds.zygote import zygote
+
+    ranks = NodeRanks()
+    pid = ranks.launch("world_entries:sleep_alone", ["600"], {}, str(tmp_path / "rank.log"), list(sys.path))
+    assert ranks.exit_codes([pid]) == {pid: None}
+    os.kill(zygote().proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while ranks.exit_codes([pid])[pid] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ranks.exit_codes([pid]) == {pid: LOST_CODE}

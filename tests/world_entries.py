@@ -92,3 +92,8 @@ def exchange_gradients(argv: list[str]) -> None:
         dist.destroy_process_group()
 
     serve_rank(body)
+
+
+def sleep_alone(argv: list[str]) -> None:
+    """A rank that joins no world: it sleeps `argv[0]` seconds."""
+    time.sleep(float(argv[0]))

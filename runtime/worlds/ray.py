@@ -251,10 +251,18 @@ class NodeRanks:
         return proc.pid
 
     def exit_codes(self, pids: Sequence[int]) -> dict[int, int | None]:
-        """Each pid's exit code (None while it runs; -9 for one this agent does not know)."""
+        """Each pid's exit code (None while it runs); -9 for one this agent
+        does not know, or whose fork server is gone: its exit code will never
+        come (the fork server's ranks die with it), and a world that waited
+        for one would wait for its stall timeout (a profile's: half an hour)."""
         with self._lock:
             procs = dict(self._procs)
-        return {pid: procs[pid].exitcode if pid in procs else LOST_CODE for pid in pids}
+        out: dict[int, int | None] = {}
+        for pid in pids:
+            proc = procs.get(pid)
+            code = LOST_CODE if proc is None else proc.exitcode
+            out[pid] = LOST_CODE if code is None and proc is not None and not proc.server_alive else code
+        return out
 
     def kill(self, pids: Sequence[int]) -> None:
         with self._lock:
