@@ -453,7 +453,9 @@ class TrainingSpace:
             for batch in choices[k].batches:
                 cur += group_sums(nxt.astype(np.int64), batch // unit, choices[k].quota)
             reach[k] = cur > 0
-        reachable = [r.tolist() for r in reach]  # the same, for the lookups of one count (faster than numpy's)
+        # the same as lists, whose lookups of one count are faster than numpy's; not for a huge global batch in
+        # units, where converting them would cost more than it saves
+        reachable = [r.tolist() for r in reach] if target <= 1 << 16 else reach
 
         limits = self.problem.limits
         check = within_limits and (limits.time_s is not None or limits.cost_usd is not None)
