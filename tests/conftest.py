@@ -86,8 +86,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_FIRST_FOLDER] = folder
             os.environ[FIRST_COLLECTION] = os.path.join(folder, "collected.json")
         return
-    path = os.environ.get(FIRST_COLLECTION)
-    if path and workerinput.get("workerid") != "gw0" and not sys.dont_write_bytecode:
+    path, first = _first_collection(config)
+    if path and not first and not sys.dont_write_bytecode:
         deadline = time.monotonic() + FIRST_COLLECTION_WAIT_S
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -100,24 +100,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(FIRST_COLLECTION, None)
 
 
-def _first_collection(config: pytest.Config) -> tuple[str | None, dict[str, list[bool]]]:
-    """(where this worker leaves its markers, or None: not the first worker), the first worker's markers."""
-    path = os.environ.get(FIRST_COLLECTION)
+def _first_collection(config: pytest.Config) -> tuple[str | None, bool]:
+    """(the file the first worker leaves its markers in, or None: no workers; whether this is the first)."""
     workerinput = getattr(config, "workerinput", None)
-    if not path or workerinput is None:
-        return None, {}
-    if workerinput.get("workerid") == "gw0":
-        return path, {}
+    if workerinput is None:
+        return None, False
+    return os.environ.get(FIRST_COLLECTION), workerinput.get("workerid") == "gw0"
+
+
+def _first_markers(path: str) -> dict[str, list[bool]]:
     try:
-        return None, json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # gw0 has not written it (yet): read the markers here
-        return None, {}
+        return {}
 
 
 # first: xdist's worker reads the xdist_group marks in its own hook of the same name (no order given)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    leave, known = _first_collection(config)
+    path, first = _first_collection(config)
+    known = _first_markers(path) if path and not first else {}
     read: dict[str, list[bool]] = {}
     for item in items:
         suite = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
@@ -130,7 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shares_a_setup(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(suite))
     items[:] = longest_first(items)
-    if leave is not None:
+    if path and first:
         _MARKS.update(read)
 
 
@@ -139,11 +141,11 @@ _MARKS: dict[str, list[bool]] = {}  # the first worker's markers, for the others
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The first worker's collection is done (with or without errors): the others may start theirs."""
-    leave, _ = _first_collection(session.config)
-    if leave is not None:  # atomically: a waiting worker reads it once it exists
-        part = leave + ".part"
+    path, first = _first_collection(session.config)
+    if path and first:  # atomically: a waiting worker reads it once it exists
+        part = path + ".part"
         Path(part).write_text(json.dumps(_MARKS), encoding="utf-8")
-        os.replace(part, leave)
+        os.replace(part, path)
 
 
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:

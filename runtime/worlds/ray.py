@@ -260,8 +260,10 @@ class NodeRanks:
         out: dict[int, int | None] = {}
         for pid in pids:
             proc = procs.get(pid)
-            code = LOST_CODE if proc is None else proc.exitcode
-            out[pid] = LOST_CODE if code is None and proc is not None and not proc.server_alive else code
+            if proc is None or (proc.exitcode is None and not proc.server_alive):
+                out[pid] = LOST_CODE
+            else:
+                out[pid] = proc.exitcode
         return out
 
     def kill(self, pids: Sequence[int]) -> None:
