@@ -18,7 +18,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from thrifty.runtime.ddp.context import JobContext, StopJob  # noqa: E402
 from thrifty.runtime.ddp.job import STOP, JobSpec  # noqa: E402
-from thrifty.runtime.worlds import RankChannel  # noqa: E402
+from thrifty.runtime.worlds import RankChannel, leave_group  # noqa: E402
 from thrifty.runtime.worlds.rank import command_key  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def world():
     try:
         yield server, RankChannel(client, 0, 1)
     finally:
-        dist.destroy_process_group()
+        leave_group()  # after the test's DDP models, never by them (its docstring says why)
 
 
 def _context(channel, tmp_path, batches=(16,)):

@@ -348,6 +348,8 @@ def _ddp_overhead(target: ProfileTarget, batch: int, device: Any, warmup: int, r
     iterations (0 when DDP is not slower)."""
     import torch.distributed as dist
 
+    from thrifty.runtime.worlds import leave_group
+
     created = not dist.is_initialized()
     if created:
         store = dist.HashStore()
@@ -358,9 +360,16 @@ def _ddp_overhead(target: ProfileTarget, batch: int, device: Any, warmup: int, r
         count = max(1, repeats // rounds)
         for _ in range(rounds):
             for ddp, out in ((False, plain), (True, wrapped)):
-                ctx = _run_loop(target, batch, device, warmup + count, ddp)
-                out += [it.end - it.start for it in ctx.timed[warmup:]]
+                out += _loop_times(target, batch, device, warmup, count, ddp)
     finally:
-        if created:
-            dist.destroy_process_group()
+        if created:  # the DDP models are gone with their contexts: `leave_group` says why that matters
+            leave_group()
     return max(0.0, statistics.fmean(wrapped) - statistics.fmean(plain))
+
+
+def _loop_times(target: ProfileTarget, batch: int, device: Any, warmup: int, count: int, ddp: bool) -> list[float]:
+    """The iteration times of one pass of the loop (`warmup` + `count`
+    iterations, the first `warmup` left out). The pass's context, and with it
+    its model, is gone when this returns."""
+    ctx = _run_loop(target, batch, device, warmup + count, ddp)
+    return [it.end - it.start for it in ctx.timed[warmup:]]

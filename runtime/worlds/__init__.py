@@ -27,13 +27,13 @@ from thrifty.runtime.worlds.launcher import Launcher, LocalLauncher, RankProcess
 from thrifty.runtime.worlds.ray import RayLauncher
 from thrifty.runtime.worlds.network import interface_of, loopback_interface, resolve_backend
 from thrifty.runtime.worlds.rank import CommandWatch, RankChannel, configure_logging, join_world, leave, serve_rank
-from thrifty.runtime.worlds.rank import world_barrier
+from thrifty.runtime.worlds.rank import leave_group, world_barrier
 from thrifty.runtime.worlds.watch import Failed, Finished, Killed, Look, Lost, Outcome, ServerGone, Stalled, Watch
 from thrifty.runtime.worlds.world import World
 from thrifty.runtime.worlds.zygote import die_with_parent, start_zygote, zygote
 
 __all__ = ["World", "WorldFailed", "Launcher", "LocalLauncher", "RayLauncher", "RankProcess", "interface_of",
            "RankChannel", "CommandWatch", "serve_rank", "configure_logging", "join_world", "leave",
-           "world_barrier", "zygote", "start_zygote", "die_with_parent", "resolve_factory",
+           "world_barrier", "leave_group", "zygote", "start_zygote", "die_with_parent", "resolve_factory",
            "loopback_interface", "resolve_backend", "Watch", "Look", "Outcome", "Finished", "Failed", "Lost",
            "Killed", "ServerGone", "Stalled"]

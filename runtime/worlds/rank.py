@@ -311,6 +311,45 @@ def join_world(channel: RankChannel, backend: str, timeout_s: float | None = Non
     return torch.device("cuda", local_rank) if gpu else torch.device("cpu")
 
 
+_KEPT_GROUPS: list[Any] = []
+
+
+def leave_group() -> bool:
+    """Destroy the default process group so that no DDP Reducer frees it.
+    Return whether the group was freed here (else it is kept, for good, in
+    this module). Drop the DDP models first: a model still alive keeps the
+    group alive.
+
+    Why: a Reducer holds its group. When the Reducer is the group's last owner,
+    freeing it (a DDP model's dict going, with the GIL held) runs
+    ``~ProcessGroupGloo``, which joins gloo's worker threads. A worker that has
+    just run an all-reduce frees it, and the work's thread-local state holds a
+    Python object, so that worker waits for the GIL: a deadlock, seen as a
+    hung profile (``_ddp_overhead``) in CI and reproduced on this host (one
+    process making a group, a DDP model and three backward passes, then
+    ``destroy_process_group()`` with the model alive: hung within 300 rounds;
+    the model freed first: 1,000 rounds, no hang). The group's own Python
+    object frees it with the GIL released (torch binds it so). So the DDP
+    models go first (a garbage collection frees those left in reference
+    cycles), then the group. A DDP model on the group still alive after that
+    (a job that keeps its model) would free the group with the GIL held: the
+    group is kept instead, so that its Reducer is never the last owner. The
+    collection and the search for live models take about 0.2 s."""
+    import gc
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    gc.collect()
+    group = dist.group.WORLD
+    # by type, not isinstance: DDP's ABC check would read every object's __class__ (a deprecated one warns)
+    alive = any(DistributedDataParallel in type(o).__mro__ and o.process_group is group for o in gc.get_objects())
+    dist.destroy_process_group()
+    if alive:
+        _KEPT_GROUPS.append(group)
+    return not alive
+
+
 def world_barrier(device: Any) -> None:
     """A barrier of the whole process group (NCCL needs to be told this rank's GPU)."""
     import torch.distributed as dist
