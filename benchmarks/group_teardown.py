@@ -10,24 +10,31 @@ passes, then the group destroyed
 - ``leave_group``: the model dropped, then `leave_group()` (the runtime's
   way): the group's Python object frees it, the GIL released.
 
-Each order runs in a process of its own with a time limit; a process still
-in which no round has ended for ``--stall-s`` seconds is stopped and
-reported hung, with the round it hung in. Run: ``python
+Each order runs in a worker world of one rank (a fork of thrifty's fork
+server); a world in which no round has ended for ``--stall-s`` seconds is
+stopped and reported hung, with the round it hung in. Run: ``python
 benchmarks/group_teardown.py [--rounds N] [--stall-s S]``. Prints one table.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
+from pathlib import Path
 
 ORDERS = ("model alive", "leave_group")
 
 
-def rounds_worker(order: str, rounds: int) -> None:
-    """Run the rounds, printing each one's number as it ends."""
+def teardown_rank(argv: list[str]) -> None:
+    """The one rank of an order's world: its rounds, its progress moved at each round's end."""
+    from thrifty.runtime.worlds import serve_rank
+
+    order, rounds = argv[0], int(argv[1])
+    serve_rank(lambda channel: channel.finish(rounds_worker(channel, order, rounds)))
+
+
+def rounds_worker(channel: "object", order: str, rounds: int) -> int:
+    """Run the rounds (the rank's progress: the rounds done); return how many."""
     import torch
     import torch.distributed as dist
 
@@ -45,47 +52,34 @@ def rounds_worker(order: str, rounds: int) -> None:
         else:
             del model
             leave_group()
-        print(i + 1, flush=True)
+        channel.progress(i + 1)  # type: ignore[attr-defined]
+    return rounds
 
 
 def run_order(order: str, rounds: int, stall_s: float) -> tuple[int, bool, float]:
-    """(rounds done, hung, seconds) of one order in a process of its own;
+    """(rounds done, hung, seconds) of one order in a world of one rank;
     hung: no round ended in `stall_s` seconds (a round takes about 0.1 s),
-    and the process is stopped."""
-    import queue
-    import threading
+    and the world is stopped."""
+    from thrifty.runtime.worlds import World, WorldFailed
 
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", order, "--rounds", str(rounds)],
-                            stdout=subprocess.PIPE, text=True)
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
-                     daemon=True).start()
-    done, hung = 0, False
-    while True:
-        try:
-            line = lines.get(timeout=stall_s)
-        except queue.Empty:
-            hung = True
-            proc.kill()
-            break
-        if line is None:
-            break
-        done = int(line)
-    if proc.wait() != 0 and not hung:
-        raise SystemExit(f"{order}: the worker failed with exit code {proc.returncode}")
-    return done, hung, time.monotonic() - start
+    done = [0]
+    world = World(1, f"{Path(__file__).stem}:teardown_rank", [order, str(rounds)], where=f"the {order} world")
+    try:
+        world.run(stall_timeout_s=stall_s, on_progress=lambda total: done.__setitem__(0, total))
+        hung = False
+    except WorldFailed as e:
+        if "no progress for" not in str(e):
+            raise
+        hung = True
+    return done[0], hung, time.monotonic() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--stall-s", type=float, default=20.0, help="no round ended in this long: hung")
-    parser.add_argument("--worker", choices=ORDERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        rounds_worker(args.worker, args.rounds)
-        return
     print(f"{'order':<14} {'rounds done':>12} {'of':>5} {'seconds':>8}  outcome")
     for order in ORDERS:
         done, hung, seconds = run_order(order, args.rounds, args.stall_s)

@@ -163,8 +163,9 @@ class RankChannel:
         frame's locals being freed) has blocked for good at times on this
         host, after the work was done: measured with the stall's stack dump,
         rank 0 of a truth-loop world hung returning from its training
-        function, in C++ destructors, once in 34 runs. A rank has nothing left
-        to clean up."""
+        function, in C++ destructors, once in 34 runs (a Reducer freeing its
+        group with the GIL held: `leave_group` says how). A rank has nothing
+        left to clean up."""
         self.finish(value)
         leave()
 
