@@ -1,6 +1,7 @@
 """The command line through its entry point: exit codes, no tracebacks, output."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -198,7 +199,7 @@ def test_run_dry_run_with_a_cluster_config_checks_it_and_starts_nothing(capsys, 
     assert "head_ip" in err and "is not an IP address" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name", [n for n in COMMANDS if n not in ("run", "tune")])
+@pytest.mark.parametrize("name", COMMANDS)
 def test_every_commands_help_lists_the_exit_codes_it_can_return(name, capsys):
     """Each from the one table (EXIT_CODES), 2 (bad input) and 130 (Ctrl-C) in every one."""
     from thrifty.runtime.commands._args import EXIT_CODES
@@ -208,11 +209,24 @@ def test_every_commands_help_lists_the_exit_codes_it_can_return(name, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "\nexit codes:\n" in out
-    listed = [line.split()[0] for line in out.split("\nexit codes:\n", 1)[1].splitlines() if line.startswith("  ")]
+    rows = out.split("\nexit codes:\n", 1)[1].split("\n\n", 1)[0].splitlines()  # a paragraph may follow
+    listed = [line.split()[0] for line in rows]
     assert {"0", "2", "130"} <= set(listed) and set(listed) <= {str(c) for c in EXIT_CODES}
-    for line in out.split("\nexit codes:\n", 1)[1].splitlines():
+    for line in rows:
         code = line.split()[0]
         assert line.strip().startswith(f"{code} ") and EXIT_CODES[int(code)] in line, line
+
+
+def test_the_training_runtime_document_lists_the_exit_codes_of_run(capsys):
+    """docs/training-runtime.md's table of exit codes is `thrifty run`'s, code for code."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    listed = {int(line.split()[0]) for line in capsys.readouterr().out.split("\nexit codes:\n", 1)[1].splitlines()
+              if line.startswith("  ")}
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training-runtime.md").read_text()
+    table = text[text.index("Exit codes:"):].split("\n\n", 2)[1]
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
+    assert documented == listed and {0, 1, 2, 3, 4, 130, 143} <= listed
 
 
 def test_solve_help_says_the_problem_file_may_be_yaml(capsys):

@@ -153,6 +153,10 @@ def test_thrifty_tune_takes_the_spot_nodes_its_file_asks_for_and_keeps_ray_off_t
     assert summary["trials"] == {"completed": 2} and summary["best"]["trial"] is not None
     assert foreign_lines(done.stdout + done.stderr) == [], done.stderr
     assert "Connected to Ray cluster" in (out / "logs" / "driver.log").read_text()
+    # what a resume restores (test_tune_resume.py::test_resume_restores_the_cluster_the_run_was_started_with)
+    from thrifty.runtime.tuning.driver import stored_options
+
+    assert stored_options(out)["cluster"] == cluster.address
 
 
 def test_a_tune_dry_run_reports_every_problem_of_the_run_at_once_and_joins_nothing(cluster, tmp_path):

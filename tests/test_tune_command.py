@@ -261,7 +261,8 @@ def test_bad_experiment_files_exit_2_naming_the_field(tmp_path, capsys, change, 
     path.write_text(json.dumps(spec))
     assert main(["tune", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert f"{field}:" in err and "Traceback" not in err, err
+    # one convention for every command's file errors: the file, then the field (as `thrifty solve` says them)
+    assert err.startswith(f"thrifty tune: error: {path}: {field}:") and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -281,7 +282,12 @@ def test_a_dry_run_checks_what_a_run_would_before_it_starts(tmp_path, capsys, ch
     path.write_text(json.dumps({**experiment(SCHEDULERS["asha"]), **change}))
     assert main(["tune", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert f"{field}:" in err and "Traceback" not in err, err
+    assert err.startswith(f"thrifty tune: error: {path}: {field}:") and "Traceback" not in err, err
+    # a cluster given on the command line is not the file's: its problem names the option, not the file
+    if field == "cluster":
+        path.write_text(json.dumps(experiment(SCHEDULERS["asha"])))
+        assert main(["tune", str(path), "--dry-run", "--cluster", "nonsense"]) == 2
+        assert capsys.readouterr().err.startswith("thrifty tune: error: cluster: is 'nonsense'")
 
 
 def test_a_trainer_that_needs_an_argument_nobody_gives_is_refused_before_the_run(tmp_path, capsys, monkeypatch):

@@ -713,8 +713,10 @@ def test_the_help_lists_every_exit_code_and_the_conventions(capsys):
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for code in ("0 done", "1 a failure", "2 bad input", "3 the goal", "4 ended", "130 interrupted",
-                 "143 terminated"):
+    # the codes themselves: test_cli.py's test of every command's help; here what tune says of them
+    for code in ("0 success: the target reached", "1 a failure", "2 bad input", "3 infeasible: no stage plan",
+                 "4 finished outside its limits or goal: ended without reaching the target", "130 interrupted",
+                 "143 terminated (SIGTERM): handled as Ctrl-C", "After 130 or 143 the state is saved"):
         assert code in text
     assert "--no-progress" in text and "thrifty-runs/NAME-TIME" in text and "--resume [DIR]" in text
 
@@ -769,3 +771,18 @@ def test_a_signal_the_run_started_ignoring_stays_ignored():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_tune_runs_go_where_run_runs_go_and_git_ignores_them(tmp_path):
+    """One folder for both commands' runs (``thrifty-runs/``, not a ``thrifty-tune/`` of its own), git-ignored."""
+    from thrifty.runtime.training.rundir import default_run_dir
+    from thrifty.runtime.tuning.driver import _results_folder
+    from thrifty.runtime.tuning.experiment_file import parse_experiment
+
+    e = parse_experiment({"name": "small", "trainer": "thrifty.runtime.tuning.executors.worlds:example_trainer",
+                          "search_space": {"lr": {"loguniform": [0.003, 0.5]}}, "samples": 2, "max_iterations": 2,
+                          "scheduler": {"name": "asha"}, "deadline_s": 60, "resources": {"atoms": 1}})
+    folder = _results_folder(e, None, None)
+    assert folder.parent == Path(default_run_dir("x").parent.name) == Path("thrifty-runs")
+    assert folder.name.startswith("small-")
+    assert "thrifty-runs/" in (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()

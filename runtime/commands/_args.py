@@ -141,7 +141,8 @@ def exit_codes_epilog(codes: Mapping[int, str]) -> str:
 COMMON_EXIT_CODES: dict[int, str] = {2: "a usage error, or a bad file or field", 130: "", 141: ""}
 
 
-def with_exit_codes(parser: argparse.ArgumentParser, codes: Mapping[int, str]) -> None:
-    """Show `codes` and `COMMON_EXIT_CODES` in `parser`'s --help, laid out as written."""
-    parser.epilog = exit_codes_epilog({**COMMON_EXIT_CODES, **codes})
+def with_exit_codes(parser: argparse.ArgumentParser, codes: Mapping[int, str], after: str = "") -> None:
+    """Show `codes` and `COMMON_EXIT_CODES` in `parser`'s --help, laid out as
+    written, then the paragraph `after` (if any)."""
+    parser.epilog = exit_codes_epilog({**COMMON_EXIT_CODES, **codes}) + (f"\n\n{after}" if after else "")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from thrifty.runtime.cli import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
 from thrifty.runtime.commands._args import int_at_least, metrics_kinds, non_negative_float, output_file, \
-    positive_float
+    positive_float, with_exit_codes
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -96,17 +96,22 @@ def parse_fault(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"'{text}': {e}") from None
 
 
-EPILOG = """exit codes: 0 every iteration done within the limits (or, with --resume, the run had finished);
-4 every iteration done, but past the time limit or the budget (printed with by how much; a preemption
-that leaves no plan within the time limit goes on late); 3 no plan meets the limits at the start, or a
-preemption leaves no machine or budget; 2 bad input (--dry-run: every problem found, one a
-line); 1 a failure; 130 interrupted (SIGINT, Ctrl-C); 143 terminated (SIGTERM). After 1, 3, 130 or 143
-the last checkpoint is kept and `thrifty run --resume RUN_DIR` goes on from it."""
+EXIT_DETAILS = {
+    0: "every iteration done within the limits (or, with --resume, the run had finished; --dry-run: every check "
+       "passed)",
+    1: "a worker raised, a world did not form, a stall",
+    2: "a plan that does not match its problem, machines its provider cannot give, a bad job, a fault the run "
+       "cannot have, ... (all of them, one a line; --dry-run: every problem found)",
+    3: "no plan meets the limits at the start, or a preemption leaves no machine or budget",
+    4: "every iteration done, but past the time limit or the budget (printed with by how much; a preemption that "
+       "leaves no plan within the time limit goes on late)",
+    143: "handled as Ctrl-C",
+}
+RESUMING = "After 1, 3, 130 or 143 the last checkpoint is kept and `thrifty run --resume RUN_DIR` goes on from it."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    with_exit_codes(parser, EXIT_DETAILS, RESUMING)
     parser.add_argument("plan", metavar="PLAN.json", nargs="?",
                         help="a plan from `thrifty solve --out`, or a training problem (JSON or YAML) to solve "
                              "first; not needed with --resume RUN_DIR")

@@ -29,15 +29,18 @@ import time
 from typing import Any
 
 from thrifty.runtime.cli import EXIT_FAILURE, EXIT_INFEASIBLE, EXIT_OK, EXIT_OUTSIDE_LIMITS
-from thrifty.runtime.commands._args import metrics_kinds, output_file, output_folder
+from thrifty.runtime.commands._args import metrics_kinds, output_file, output_folder, with_exit_codes
 
 HELP = "run a hyperparameter tuning experiment from one file (a scheduler or a RubberBand plan), results on disk"
 
-EPILOG = """exit codes: 0 done (the target reached, if one was given, within the budget; or a resumed run
-that had finished); 1 a failure; 2 bad input; 3 the goal is infeasible (no stage plan meets the deadline
-within the budget); 4 ended without reaching the target or over the budget; 130 interrupted (SIGINT,
-Ctrl-C) and 143 terminated (SIGTERM): the state is saved, go on with --resume DIR.
-The experiment file's fields: `thrifty schema experiment`."""
+EXIT_DETAILS = {
+    0: "the target reached (if one was given) within the budget, or a resumed run that had finished",
+    3: "no stage plan meets the deadline within the budget",
+    4: "ended without reaching the target, or over the budget",
+    143: "handled as Ctrl-C",
+}
+AFTER_CODES = ("After 130 or 143 the state is saved: go on with `thrifty tune --resume DIR`.\n"
+               "The experiment file's fields: `thrifty schema experiment`.")
 
 EXIT_STOPPED = {"interrupted": 130, "terminated": 143}  # 128 + the signal's number
 
@@ -45,8 +48,7 @@ REFRESH_S = 0.25
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    with_exit_codes(parser, {1: "", **EXIT_DETAILS}, AFTER_CODES)
     parser.add_argument("experiment", metavar="EXPERIMENT", nargs="?",
                         help="the experiment file (JSON or YAML); not needed with --resume DIR")
     parser.add_argument("--cluster", default=None, metavar="CLUSTER",
@@ -251,7 +253,8 @@ def run(args: argparse.Namespace) -> int:
     if args.experiment is None and resume is None:
         raise ProblemError("give an experiment file, or --resume DIR", path="experiment")
     console = Console(stderr=True)
-    e = with_storage(load_experiment(args.experiment or f"{resume}/{EXPERIMENT_COPY}"), args.storage, resume)
+    source = args.experiment or f"{resume}/{EXPERIMENT_COPY}"
+    e = with_storage(load_experiment(source), args.storage, resume)
     if resume is not None:
         kept = stored_options(resume)  # what the run was started with, unless given again
         args.cluster = args.cluster or kept.get("cluster")
@@ -263,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_OK
     if args.dry_run:  # every check the run makes before it starts (all problems at once), and nothing else
         try:
-            shown = check_startable(e, args.cluster or e.cluster)
+            shown = check_startable(e, args.cluster or e.cluster, source)
         except GoalInfeasible as err:
             return _infeasible(console, err)
         print(_preview_text(shown, e))
@@ -292,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = tune(e, out=args.out if resume is None else None, resume=resume, cluster=args.cluster,
                       storage=args.storage, plot=args.plot, metrics=args.metrics, on_start=on_start,
-                      on_event=on_event, on_stop=on_stop)
+                      on_event=on_event, on_stop=on_stop, source=source)
     except GoalInfeasible as err:
         return _infeasible(console, err)
     finally:

@@ -198,7 +198,24 @@ def tuning_problem(e: ExperimentFile) -> dict[str, Any]:
     return problem
 
 
-def check_startable(e: ExperimentFile, cluster: str) -> Preview:
+class _FileProblems(list[ProblemError]):
+    """The problems `check_startable` finds; each naming a field of the
+    experiment file is kept naming the file (`source`), as the file's own
+    schema errors do."""
+
+    def __init__(self, source: str | Path | None, cluster_from_file: bool):
+        super().__init__()
+        self.source, self.cluster_from_file = source, cluster_from_file
+
+    def append(self, err: ProblemError) -> None:
+        head = (err.path or "").split(".")[0].split("[")[0]
+        if self.source is not None and err.source is None and head in ExperimentFile.model_fields \
+                and (head != "cluster" or self.cluster_from_file):
+            err = ProblemError(err.message, path=err.path, source=str(self.source))
+        super().append(err)
+
+
+def check_startable(e: ExperimentFile, cluster: str, source: str | Path | None = None) -> Preview:
     """Every check a run of `e` on `cluster` makes before it starts work, all
     of them, so that bad input fails before a results folder, a worker or a
     machine exists; ``--dry-run`` and `tune` both call this, so a dry run
@@ -221,9 +238,11 @@ def check_startable(e: ExperimentFile, cluster: str) -> Preview:
       address (``ray://``) is checked when the run joins it.
 
     Raises one `ProblemError` for one problem; for several, one whose
-    message has a line for each. Returns what will run (`preview`).
+    message has a line for each. A problem with a field of the experiment
+    names `source`, the experiment's file (``cluster`` only when `cluster` is
+    the file's). Returns what will run (`preview`).
     """
-    problems: list[ProblemError] = []
+    problems = _FileProblems(source, cluster == e.cluster)
 
     def attempt(check: Callable[..., Any], *args: Any, path: str | None = None) -> Any:
         try:
@@ -464,7 +483,7 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
          metrics: str | Iterable[str] | None = None,
          on_start: Callable[[Preview, RecordingExecutor], None] | None = None,
          on_event: Callable[[dict[str, Any]], None] | None = None,
-         on_stop: Callable[[str], None] | None = None) -> TuneResult:
+         on_stop: Callable[[str], None] | None = None, source: str | Path | None = None) -> TuneResult:
     """Run a tuning experiment (a file, a dict or an `ExperimentFile`) to its
     end and keep its results in `out` (see the module docstring).
 
@@ -481,6 +500,8 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
     command line starts its live table there), `on_event(event)` after each
     recorded event, `on_stop(reason)` once when SIGINT or SIGTERM asks the
     run to stop (it then ends with that `end_reason`; see `_Signals`).
+    `source`: the experiment's file, which problems with its fields name
+    (default: `experiment` when it is a path, else the resumed run's copy).
     Raises `ProblemError` (bad input), `GoalInfeasible` (the planner proved
     the goal cannot be met).
     """
@@ -498,7 +519,9 @@ def tune(experiment: ExperimentFile | Mapping[str, Any] | str | Path | None = No
         summary = finished_run(_results_folder(e, out, resume))
         if summary is not None:
             return _finished(Path(resume), e, summary)
-    shown = check_startable(e, cluster)
+    if source is None and isinstance(experiment, (str, Path)):
+        source = experiment
+    shown = check_startable(e, cluster, source)
     folder = _results_folder(e, out, resume)
     if cluster != "local":
         e = e.model_copy(update={"cluster": cluster})
