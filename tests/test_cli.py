@@ -204,12 +204,7 @@ def test_every_commands_help_lists_the_exit_codes_it_can_return(name, capsys):
     """Each from the one table (EXIT_CODES), 2 (bad input) and 130 (Ctrl-C) in every one."""
     from thrifty.runtime.commands._args import EXIT_CODES
 
-    with pytest.raises(SystemExit) as e:
-        main([name, "--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert "\nexit codes:\n" in out
-    rows = out.split("\nexit codes:\n", 1)[1].split("\n\n", 1)[0].splitlines()  # a paragraph may follow
+    rows = exit_code_rows(name, capsys)
     listed = [line.split()[0] for line in rows]
     assert {"0", "2", "130"} <= set(listed) and set(listed) <= {str(c) for c in EXIT_CODES}
     for line in rows:
@@ -217,12 +212,19 @@ def test_every_commands_help_lists_the_exit_codes_it_can_return(name, capsys):
         assert line.strip().startswith(f"{code} ") and EXIT_CODES[int(code)] in line, line
 
 
+def exit_code_rows(name: str, capsys) -> list[str]:
+    """The lines of the exit-code table of ``thrifty NAME --help``."""
+    with pytest.raises(SystemExit) as e:
+        main([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "\nexit codes:\n" in out
+    return out.split("\nexit codes:\n", 1)[1].split("\n\n", 1)[0].splitlines()  # a paragraph may follow
+
+
 def test_the_training_runtime_document_lists_the_exit_codes_of_run(capsys):
     """docs/training-runtime.md's table of exit codes is `thrifty run`'s, code for code."""
-    with pytest.raises(SystemExit):
-        main(["run", "--help"])
-    listed = {int(line.split()[0]) for line in capsys.readouterr().out.split("\nexit codes:\n", 1)[1].splitlines()
-              if line.startswith("  ")}
+    listed = {int(line.split()[0]) for line in exit_code_rows("run", capsys)}
     text = (Path(__file__).resolve().parents[1] / "docs" / "training-runtime.md").read_text()
     table = text[text.index("Exit codes:"):].split("\n\n", 2)[1]
     documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}

@@ -775,6 +775,7 @@ def test_a_signal_the_run_started_ignoring_stays_ignored():
 
 def test_tune_runs_go_where_run_runs_go_and_git_ignores_them(tmp_path):
     """One folder for both commands' runs (``thrifty-runs/``, not a ``thrifty-tune/`` of its own), git-ignored."""
+    from thrifty.runtime.runs import RUNS_FOLDER
     from thrifty.runtime.training.rundir import default_run_dir
     from thrifty.runtime.tuning.driver import _results_folder
     from thrifty.runtime.tuning.experiment_file import parse_experiment
@@ -783,6 +784,6 @@ def test_tune_runs_go_where_run_runs_go_and_git_ignores_them(tmp_path):
                           "search_space": {"lr": {"loguniform": [0.003, 0.5]}}, "samples": 2, "max_iterations": 2,
                           "scheduler": {"name": "asha"}, "deadline_s": 60, "resources": {"atoms": 1}})
     folder = _results_folder(e, None, None)
-    assert folder.parent == Path(default_run_dir("x").parent.name) == Path("thrifty-runs")
+    assert folder.parent == Path(RUNS_FOLDER) and default_run_dir("x").parent.name == RUNS_FOLDER == "thrifty-runs"
     assert folder.name.startswith("small-")
     assert "thrifty-runs/" in (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()

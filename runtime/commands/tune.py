@@ -35,6 +35,7 @@ HELP = "run a hyperparameter tuning experiment from one file (a scheduler or a R
 
 EXIT_DETAILS = {
     0: "the target reached (if one was given) within the budget, or a resumed run that had finished",
+    1: "",
     3: "no stage plan meets the deadline within the budget",
     4: "ended without reaching the target, or over the budget",
     143: "handled as Ctrl-C",
@@ -48,7 +49,7 @@ REFRESH_S = 0.25
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    with_exit_codes(parser, {1: "", **EXIT_DETAILS}, AFTER_CODES)
+    with_exit_codes(parser, EXIT_DETAILS, AFTER_CODES)
     parser.add_argument("experiment", metavar="EXPERIMENT", nargs="?",
                         help="the experiment file (JSON or YAML); not needed with --resume DIR")
     parser.add_argument("--cluster", default=None, metavar="CLUSTER",

@@ -198,21 +198,15 @@ def tuning_problem(e: ExperimentFile) -> dict[str, Any]:
     return problem
 
 
-class _FileProblems(list[ProblemError]):
-    """The problems `check_startable` finds; each naming a field of the
-    experiment file is kept naming the file (`source`), as the file's own
-    schema errors do."""
-
-    def __init__(self, source: str | Path | None, cluster_from_file: bool):
-        super().__init__()
-        self.source, self.cluster_from_file = source, cluster_from_file
-
-    def append(self, err: ProblemError) -> None:
-        head = (err.path or "").split(".")[0].split("[")[0]
-        if self.source is not None and err.source is None and head in ExperimentFile.model_fields \
-                and (head != "cluster" or self.cluster_from_file):
-            err = ProblemError(err.message, path=err.path, source=str(self.source))
-        super().append(err)
+def _naming_file(err: ProblemError, source: str | Path | None, cluster_from_file: bool) -> ProblemError:
+    """`err` naming the experiment's file `source` when it is about one of the
+    file's fields (``cluster`` only when the file's is the one checked) and
+    names no file yet, as the file's own schema errors do."""
+    head = (err.path or "").split(".")[0].split("[")[0]
+    if source is None or err.source is not None or head not in ExperimentFile.model_fields \
+            or (head == "cluster" and not cluster_from_file):
+        return err
+    return ProblemError(err.message, path=err.path, source=str(source))
 
 
 def check_startable(e: ExperimentFile, cluster: str, source: str | Path | None = None) -> Preview:
@@ -242,7 +236,7 @@ def check_startable(e: ExperimentFile, cluster: str, source: str | Path | None =
     names `source`, the experiment's file (``cluster`` only when `cluster` is
     the file's). Returns what will run (`preview`).
     """
-    problems = _FileProblems(source, cluster == e.cluster)
+    problems: list[ProblemError] = []
 
     def attempt(check: Callable[..., Any], *args: Any, path: str | None = None) -> Any:
         try:
@@ -294,6 +288,7 @@ def check_startable(e: ExperimentFile, cluster: str, source: str | Path | None =
             hint = f" (resources.market {other} would take them)" if not lacking(nodes, [(*wanted[:1], other,
                                                                                         wanted[2])]) else ""
             problems.append(ProblemError(lacking_message(cluster, nodes, shortfalls, what) + hint, path="cluster"))
+    problems = [_naming_file(p, source, cluster == e.cluster) for p in problems]
     if len(problems) == 1:
         raise problems[0]
     if problems:
