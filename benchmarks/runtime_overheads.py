@@ -24,16 +24,18 @@
    32 + 32 and 24 + 40, gloo here; ``tiny-mlp``, almost no compute, shows
    the fixed cost of an iteration): a loop function as a user writes it (the comm hook, the
    prepared loader, a report with the loss and the state every iteration),
-   the four-factory Trainer run as a loop function, and plain DDP. All three
-   on one process group in rounds whose order rotates, the rounds shared
-   over three worlds of fresh processes (``--worlds``); the time of an
-   iteration is the time between batches reaching the job's code; target for
-   the loop-function path: within 3% of plain DDP.
+   and the four-factory Trainer run as a loop function, each run as a job
+   runs, its batches interleaved in blocks of 20 iterations with as many of
+   plain DDP on one process group, so that the host's load, the other
+   processes' turns and Python's garbage collections meet both alike (runs
+   whose order rotates, in ``--worlds`` worlds of fresh processes); the
+   time of an iteration is the mean over the blocks; target for the
+   loop-function path: within 3% of plain DDP.
 
 Everything runs on this host (2 CPU cores): timings move with the load of
 other processes, which the table reports. Run:
 ``python benchmarks/runtime_overheads.py [--repeats 3] [--plot out/runtime-srifty54.png]``
-(``--only-paths [--rounds 15 --iterations 200]``: section 5 alone);
+(``--only-paths [--rounds 6 --models tiny-mlp]``: section 5 alone);
 ``--profile-now`` plans the miniature with a profile measured at the start
 (for a host busier than the idle one the shipped profile was measured on).
 """
@@ -215,16 +217,18 @@ def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
 
 # -- 5. the job contract's paths against a hand-written DDP loop -------------------------
 
-PATHS = ("plain DDP", "loop function", "Trainer")
+PATHS = ("loop function", "Trainer")  # each against plain DDP, interleaved with it
+BLOCK = 20  # iterations of a path, then as many of plain DDP, and so on
+RUN_ITERATIONS = {"tiny-mlp": 2000}  # a run's iterations (else 200): a model's runs take a few seconds each
 
 
 def paths_rank(argv: list[str]) -> None:
     """One rank of the paths world (a worker world's rank)."""
     from thrifty.runtime.worlds import serve_rank
 
-    model, iterations, rounds = argv[0], int(argv[1]), int(argv[2])
+    model, iterations, runs = argv[0], int(argv[1]), int(argv[2])
     batches, first = [int(b) for b in argv[3].split(",")], int(argv[4])
-    serve_rank(lambda channel: channel.finish(paths_worker(channel, model, iterations, rounds, batches, first)))
+    serve_rank(lambda channel: channel.finish(paths_worker(channel, model, iterations, runs, batches, first)))
 
 
 def _made(model: str) -> "object":
@@ -251,37 +255,56 @@ def bench_loop(ctx, model: str = "mlp") -> None:
         ctx.report({"loss": loss.item()}, checkpoint=state)
 
 
-def plain_ddp(made: "object", batches: list[int], rank: int, iterations: int,
-              arrivals: list[tuple[float, float]]) -> None:
-    """The same training by hand: DDP's own averaging, the same batches of the same data, the loss read
-    every iteration (as a loop that logs it does)."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
-
-    from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
-
-    net = DistributedDataParallel(made.model())
-    optimizer = made.optimizer(net.parameters())
-    data = made.dataset()
-    stream = ShardedStream(len(data), sum(batches), rank_offsets(batches)[rank], batches[rank], 0)
-    losses = []
-    for step in range(iterations):
-        index = torch.from_numpy(stream.indices(step))
-        inputs, targets = data.tensors[0][index], data.tensors[1][index]
-        arrivals.append((time.perf_counter(), time.process_time()))
-        optimizer.zero_grad()
-        loss = made.loss(net(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
 
 
-def _timed(ctx: "object", arrivals: list[tuple[float, float]]) -> None:
-    """Record when each batch reaches the job's code, in wall and in the
-    process's CPU time (the same clocks for every path)."""
+class PlainDDP:
+    """The same training by hand: DDP's own averaging, the same batches of
+    the same data, the loss read every iteration (as a loop that logs it
+    does), run a block of iterations at a time."""
+
+    def __init__(self, made: "object", batches: list[int], rank: int):
+        from torch.nn.parallel import DistributedDataParallel
+
+        from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
+
+        self.made, self.net = made, DistributedDataParallel(made.model())
+        self.optimizer = made.optimizer(self.net.parameters())
+        self.data = made.dataset()
+        self.stream = ShardedStream(len(self.data), sum(batches), rank_offsets(batches)[rank], batches[rank], 0)
+        self.step, self.losses = 0, []
+
+    def run(self, iterations: int) -> tuple[float, float]:
+        """`iterations` iterations; their wall and CPU time (the process's, every thread)."""
+        import torch
+
+        made, net, optimizer, data, stream = self.made, self.net, self.optimizer, self.data, self.stream
+        started = _clocks()
+        for _ in range(iterations):
+            index = torch.from_numpy(stream.indices(self.step))
+            inputs, targets = data.tensors[0][index], data.tensors[1][index]
+            optimizer.zero_grad()
+            loss = made.loss(net(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            self.losses.append(loss.item())
+            self.step += 1
+        ended = _clocks()
+        return ended[0] - started[0], ended[1] - started[1]
+
+
+def _interleaved(ctx: "object", plain: PlainDDP, times: dict[str, list[tuple[float, float]]]) -> None:
+    """Run `plain` between the job's blocks: every `BLOCK` batches of the
+    job's loader (as its code draws them, so the job's own loop runs as
+    written), a block of plain DDP. `times` gets the wall and CPU time of
+    each block of each: a job's block from the arrival of its first batch
+    at the job's code to the arrival of the next block's first (its
+    iterations, reports and draws), after a first block of each left out
+    (its first iterations build DDP's buckets)."""
     prepare = ctx.prepare_loader
 
-    class Timed:
+    class Interleaved:
         def __init__(self, loader):
             self.loader = loader
 
@@ -289,21 +312,30 @@ def _timed(ctx: "object", arrivals: list[tuple[float, float]]) -> None:
             return len(self.loader)
 
         def __iter__(self):
-            for batch in self.loader:
-                arrivals.append((time.perf_counter(), time.process_time()))
+            started = None
+            for k, batch in enumerate(self.loader):
+                if k % BLOCK == 0:
+                    now = _clocks()
+                    if started is not None and k > BLOCK:  # the job's first block is its warm-up
+                        times["job"].append((now[0] - started[0], now[1] - started[1]))
+                    spent = plain.run(BLOCK)
+                    if k > 0:  # plain DDP's first block is its warm-up
+                        times["plain"].append(spent)
+                    started = _clocks()
                 yield batch
 
-    ctx.prepare_loader = lambda data, **options: Timed(prepare(data, **options))
+    ctx.prepare_loader = lambda data, **options: Interleaved(prepare(data, **options))
 
 
-def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
-                 batches: list[int], first: int = 0) -> dict[str, list[list[float]]]:
-    """The three paths on one process group, in turns whose order rotates
-    every round, so that load drifts on the host hit all alike: per round
-    and path, the mean wall and CPU time between batches after the first 3
-    (the step, the runtime's report and the next batch: one iteration). CPU
-    time is what the runtime's work costs whatever the host's load; wall time
-    adds its waits (the flags' all-reduce) and the host's load."""
+def paths_worker(channel: "object", model: str, iterations: int, runs: int,
+                 batches: list[int], first: int = 0) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Each job path, run as a job would run it, interleaved in blocks with
+    plain DDP on the same process group (`_interleaved`): both meet the
+    host's load, the other processes' turns and Python's collections
+    alike, block after block. Per path, the wall and CPU time of each
+    block of the path and of plain DDP. CPU time is what the work costs
+    whatever the host's load; wall time adds its waits (the flags'
+    all-reduce, the slower rank) and the host's load."""
     import tempfile
 
     import torch
@@ -316,40 +348,34 @@ def paths_worker(channel: "object", model: str, iterations: int, rounds: int,
 
     torch.set_num_threads(1)
     device = join_world(channel, "gloo", 300.0)
-    means: dict[str, list[list[float]]] = {name: [] for name in PATHS}
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {name: {"job": [], "plain": []} for name in PATHS}
     with tempfile.TemporaryDirectory() as folder:
-        for r in range(first, first + rounds):
-            order = PATHS[r % 3:] + PATHS[:r % 3]
-            for name in order:
-                arrivals: list[tuple[float, float]] = []
+        for r in range(first, first + runs):
+            for name in PATHS[r % 2:] + PATHS[:r % 2]:
                 made = _made(model)
-                if name == "plain DDP":
-                    plain_ddp(made, batches, channel.rank, iterations + 1, arrivals)
-                else:  # one more iteration: the job's last report writes a checkpoint, after the last arrival
-                    job = JobSpec(trainer=f"{Path(__file__).stem}:bench_loop", trainer_args={"model": model},
-                                  global_batch=sum(batches), iterations=iterations + 1, batches=tuple(batches),
-                                  checkpoint_path=str(Path(folder) / "c.pt"), checkpoint_every=None,
-                                  restore="never", backend="gloo")
-                    ctx = JobContext(job, channel, device, False, sum(batches), batches, (),
-                                     metric_sinks(job, channel) if channel.rank == 0 else [],
-                                     check_finite=name == "loop function")
-                    _timed(ctx, arrivals)
-                    if name == "loop function":
-                        bench_loop(ctx, model)
-                    else:
-                        trainer_loop(ctx, made)
-                means[name].append([statistics.fmean(b[k] - a[k] for a, b in zip(arrivals[3:], arrivals[4:]))
-                                    for k in (0, 1)])
+                # one more iteration: the job's last report writes a checkpoint, after the last block
+                job = JobSpec(trainer=f"{Path(__file__).stem}:bench_loop", trainer_args={"model": model},
+                              global_batch=sum(batches), iterations=iterations + 1, batches=tuple(batches),
+                              checkpoint_path=str(Path(folder) / "c.pt"), checkpoint_every=None,
+                              restore="never", backend="gloo")
+                ctx = JobContext(job, channel, device, False, sum(batches), batches, (),
+                                 metric_sinks(job, channel) if channel.rank == 0 else [],
+                                 check_finite=name == "loop function")
+                _interleaved(ctx, PlainDDP(_made(model), batches, channel.rank), out[name])
+                if name == "loop function":
+                    bench_loop(ctx, model)
+                else:
+                    trainer_loop(ctx, made)
                 dist.barrier()
     dist.barrier()  # the group is left up: the rank ends with os._exit (`serve_rank`; `leave_group` says why)
-    return means
+    return out
 
 
-def section_paths(iterations: int, rounds: int, only: list[str] | None = None,
+def section_paths(iterations: int | None, runs: int, only: list[str] | None = None,
                   worlds: int = 3) -> list[tuple[str, str, str]]:
     from thrifty.runtime.worlds import World
 
-    worlds = max(1, min(worlds, rounds))  # a world runs one round at least
+    worlds = max(1, min(worlds, runs))  # a world runs one run of each path at least
     rows = []
     # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work;
     # plain DDP's average is wrong there, but costs what it costs)
@@ -357,35 +383,37 @@ def section_paths(iterations: int, rounds: int, only: list[str] | None = None,
                            ("tiny-transformer", "32,32"), ("mlp", "32,32"), ("mlp", "24,40"), ("small-cnn", "24,40")):
         if only and model not in only:
             continue
-        # the rounds in several worlds, each of fresh processes: a world's ratio of one path to another moves
-        # with how its processes met this host's cores, by a few percent, as much as between its rounds
-        wall: dict[str, list[float]] = {name: [] for name in PATHS}
-        cpu: dict[str, list[float]] = {name: [] for name in PATHS}
+        its = iterations or RUN_ITERATIONS.get(model, 200)
+        # the runs in several worlds, each of fresh processes: a world's ratio of one path to another moves with
+        # how its processes met this host's cores
+        blocks: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"job": [], "plain": []} for n in PATHS}
+        per_world: dict[str, list[float]] = {name: [] for name in PATHS}
         done = 0
         for w in range(worlds):
-            share = (rounds - done) // (worlds - w)
+            share = (runs - done) // (worlds - w)
             world = World(2, f"{Path(__file__).stem}:paths_rank",
-                          [model, str(iterations), str(share), batches, str(done)], where="the paths world")
+                          [model, str(its), str(share), batches, str(done)], where="the paths world")
             per_rank = world.run(stall_timeout_s=600)
             done += share
-            # an iteration is as slow as its slower rank: per round and path, the ranks' larger wall mean; the
-            # CPU time of an iteration, the ranks' mean
             for name in PATHS:
-                wall[name] += [max(r[name][i][0] for r in per_rank) for i in range(share)]
-                cpu[name] += [statistics.fmean(r[name][i][1] for r in per_rank) for i in range(share)]
+                # a block is as slow as its slower rank in wall time; its CPU time is the ranks' mean
+                for side in ("job", "plain"):
+                    blocks[name][side] += [(max(t[0] for t in ts), statistics.fmean(t[1] for t in ts))
+                                           for ts in zip(*(r[name][side] for r in per_rank))]
+                world_job = [max(t[0] for t in ts) for ts in zip(*(r[name]["job"] for r in per_rank))]
+                world_plain = [max(t[0] for t in ts) for ts in zip(*(r[name]["plain"] for r in per_rank))]
+                per_world[name].append((statistics.fmean(world_job) / statistics.fmean(world_plain) - 1) * 100)
         for name, target in (("loop function", "<= 3%"), ("Trainer", "-")):
             figures = []
-            for label, times in (("wall", wall), ("CPU", cpu)):
-                # the paired ratio per round is steadier on a shared host than a ratio of medians; its quartiles
-                # over the rounds say how far one round's ratio may stray
-                ratios = [(a / b - 1) * 100 for a, b in zip(times[name], times["plain DDP"])]
-                low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-                figures.append(f"{label} {statistics.median(times[name]) * 1e3:.2f} vs "
-                               f"{statistics.median(times['plain DDP']) * 1e3:.2f} ms/it ({mid:+.1f}%, "
-                               f"quartiles {low:+.1f}..{high:+.1f}%)")
+            for k, label in ((0, "wall"), (1, "CPU")):
+                job = statistics.fmean(t[k] for t in blocks[name]["job"]) / BLOCK
+                plain = statistics.fmean(t[k] for t in blocks[name]["plain"]) / BLOCK
+                figures.append(f"{label} {job * 1e3:.3f} vs {plain * 1e3:.3f} ms/it ({(job / plain - 1) * 100:+.1f}%)")
+            spread = per_world[name]
             rows.append((f"{name} path vs plain DDP: {model}, batches {batches}",
-                         "; ".join(figures) + f" (paired medians of {rounds} interleaved rounds of {iterations} "
-                         f"iterations in {worlds} worlds)", target))
+                         "; ".join(figures) + f"; wall by world {min(spread):+.1f}..{max(spread):+.1f}% (means of "
+                         f"{len(blocks[name]['job'])} and {len(blocks[name]['plain'])} blocks of {BLOCK} iterations, "
+                         f"interleaved, in {runs} runs of {its} iterations in {worlds} worlds)", target))
     return rows
 
 
@@ -472,8 +500,10 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--only-paths", action="store_true",
                         help="only section 5: the loop-function and Trainer paths against plain DDP")
-    parser.add_argument("--rounds", type=int, default=15, help="section 5: interleaved rounds per model")
-    parser.add_argument("--worlds", type=int, default=3, help="section 5: the rounds shared over this many worlds")
+    parser.add_argument("--rounds", type=int, default=6, help="section 5: runs of each path per model")
+    parser.add_argument("--path-iterations", type=int, default=None,
+                        help="section 5: iterations of a run (default 2000 for tiny-mlp, else 200)")
+    parser.add_argument("--worlds", type=int, default=3, help="section 5: the runs shared over this many worlds")
     parser.add_argument("--models", nargs="+", default=None, help="section 5: only these models (e.g. tiny-mlp)")
     parser.add_argument("--profile-now", action="store_true",
                         help="miniature: plan with a profile measured now instead of the shipped one (a busy host)")
@@ -486,7 +516,7 @@ def main() -> None:
         rows += section_miniature(args.plot, args.kill_at, args.profile_now)
         if not args.skip_throughput:
             rows += section_reweighting(args.iterations)
-    rows += section_paths(args.iterations, args.rounds, args.models, args.worlds)
+    rows += section_paths(args.path_iterations, args.rounds, args.models, args.worlds)
     table = Table(title="training runtime overheads (this host)")
     for column in ("figure", "measured", "target"):
         table.add_column(column)

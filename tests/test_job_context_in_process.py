@@ -16,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the job contract needs torch; pip install -e '.[all]'")
 dist = pytest.importorskip("torch.distributed")
 
-from thrifty.runtime.ddp.context import JobContext, StopJob  # noqa: E402
+from thrifty.core.errors import ProblemError  # noqa: E402
+from thrifty.runtime.ddp.context import JobContext, StopJob, combine_metrics, combine_records  # noqa: E402
 from thrifty.runtime.ddp.job import STOP, JobSpec  # noqa: E402
 from thrifty.runtime.worlds import RankChannel, leave_group  # noqa: E402
 from thrifty.runtime.worlds.rank import command_key  # noqa: E402
@@ -39,6 +40,71 @@ def _context(channel, tmp_path, batches=(16,)):
     job = JobSpec(trainer="tests:loop", global_batch=sum(batches), iterations=1000, checkpoint_every=None,
                   checkpoint_path=str(tmp_path / "c.pt"), restore="never", backend="gloo")
     return JobContext(job, channel, torch.device("cpu"), False, sum(batches), list(batches))
+
+
+def test_training_forwards_between_two_draws_must_add_up_to_the_ranks_batch_or_each_hold_it(world, tmp_path):
+    _, channel = world
+    ctx = _context(channel, tmp_path, batches=(5, 3))
+    model = ctx.prepare_model(torch.nn.Linear(2, 1))
+    model(torch.randn(7, 2)).sum().backward()  # before the first draw: not the plan's batches yet
+    batches = iter(ctx.prepare_loader(torch.utils.data.TensorDataset(torch.randn(24, 2))))
+    (x,) = next(batches)
+    for part in x.tensor_split(3):  # 2 + 2 + 1
+        model(part).sum().backward()
+    next(batches)
+    for _ in range(2):  # the whole batch, twice (a sharpness-aware step), given by name
+        model(input=x).sum().backward()
+    with torch.no_grad():
+        model(x[:1])  # an evaluation is no training
+    model.eval()
+    model(x[:3])
+    model.train()
+    ctx.report({"loss": 1.0})
+    next(batches)
+    model(x[:2]).sum().backward()
+    model(x[:2]).sum().backward()  # 4 of 5
+    with pytest.raises(ProblemError, match=r"2 forward passes of shapes \(2, 2\), \(2, 2\) between two draws .*"
+                                           r"the plan gives this rank 5 samples"):
+        next(batches)
+
+
+def test_the_batch_check_covers_a_worlds_first_draws_then_one_in_sixteen(world, tmp_path):
+    _, channel = world
+    ctx = _context(channel, tmp_path, batches=(4,))
+    model = ctx.prepare_model(torch.nn.Linear(2, 1))
+    drawn = []
+    with pytest.raises(ProblemError, match=r"trained on a batch of shape \(2, 2\), but the plan gives this rank 4"):
+        for (x,) in ctx.prepare_loader(torch.utils.data.TensorDataset(torch.randn(64, 2))):
+            drawn.append(ctx.step - 1)
+            model(x[:2] if drawn[-1] >= 40 else x).sum().backward()  # from the draw of step 40 on, half a batch
+            ctx.report({"loss": 1.0})
+    assert drawn[-1] == 48  # the draws of steps 40 to 47 went unchecked; 48's forward was checked at the next draw
+
+
+def test_a_loop_that_stops_reporting_is_stopped_at_its_unreported_limit(world, tmp_path):
+    _, channel = world
+    ctx = _context(channel, tmp_path, batches=(4,))
+    model = ctx.prepare_model(torch.nn.Linear(2, 1))
+    with pytest.raises(ProblemError, match="drew 100 iterations without calling ctx.report"):
+        for step, (x,) in enumerate(ctx.prepare_loader(torch.utils.data.TensorDataset(torch.randn(64, 2)))):
+            model(x).sum().backward()
+            if step < 20:
+                ctx.report({"loss": 1.0})
+    assert ctx.step == 120 and ctx._reports == 20
+
+
+def test_the_usual_metric_buffers_combine_as_the_general_merge_does():
+    batches = [3, 5]
+    first = [(i, {"loss": i * 0.1, "acc": 0.5}) for i in range(1, 6)]
+    second = [(i, {"loss": i * 0.3, "acc": 0.7}) for i in range(1, 6)]
+    assert combine_records([first, second], batches) == \
+        [(i, combine_metrics([a, b], batches)) for (i, a), (_, b) in zip(first, second)]
+    assert combine_records([first], [3]) == first
+    # a name one rank lacks, an iteration reported twice (the later report's values win), a rank without it
+    merged = dict(combine_records([first + [(5, {"loss": 9.0})], second[:-1] + [(4, {"f1": 0.2})]], batches))
+    assert list(merged) == [1, 2, 3, 4, 5]
+    assert merged[5] == {"loss": 9.0, "acc": 0.5}
+    assert merged[4] == {**combine_metrics([first[3][1], second[3][1]], batches), "f1": 0.2}
 
 
 def test_a_stop_lands_at_the_report_after_the_exchange_carrying_it_without_a_store_read(world, tmp_path, monkeypatch):

@@ -311,10 +311,11 @@ def test_a_spot_notice_from_the_provider_replans_without_losing_work(tmp_path):
             machine = next(m for m in provider.machines() if m.instance_type == "local-a")
             told.append(provider.interrupt(machine.id, time_left_s=120.0, reason="test: spot notice"))
 
-    # from iteration 10 on, each iteration is 50 ms slower: a stop lands within the exchange's bound of 17
-    # iterations of the notice reaching rank 0, and the driver sees iteration 15 (and gives the notice) some
-    # iterations late on a loaded host; without it the last 35 tiny iterations took about as long as that, and
-    # the run ended before the stop (a slowdown re-plan is off: this test is about the notice)
+    # from iteration 10 on, each iteration is 50 ms slower: a stop lands within the exchange's bound (at most
+    # as many iterations as the world had made, about 16 here) of the notice reaching rank 0, and the driver
+    # sees iteration 15 (and gives the notice) some iterations late on a loaded host; without it the last 35
+    # tiny iterations took about as long as that, and the run ended before the stop (a slowdown re-plan is off:
+    # this test is about the notice)
     with provider:
         result = train(plan, TINY, problem=demo_problem(iterations=50), run_dir=tmp_path,
                        config=replace(FAST, replan_on_slowdown=False), provider=provider, on_progress=on_progress,

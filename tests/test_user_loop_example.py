@@ -148,27 +148,6 @@ def _context(tmp_path, batches, rank):
     return JobContext(job, RankChannel(None, rank, len(batches)), torch.device("cpu"), False, sum(batches), batches)
 
 
-def test_training_forwards_between_two_draws_must_add_up_to_the_ranks_batch_or_each_hold_it(tmp_path):
-    model = torch.nn.Linear(2, 1)
-    ctx = _context(tmp_path, [5, 3], 0)
-    data = torch.utils.data.TensorDataset(torch.randn(24, 2))
-    batches = iter(ctx.prepare_loader(data))
-    (x,) = next(batches)
-    for part in x.tensor_split(3):  # 2 + 2 + 1
-        ctx._check_batch(model, (part,), {})
-    next(batches)
-    for _ in range(2):  # the whole batch, twice (a sharpness-aware step)
-        ctx._check_batch(model, (), {"input": x})
-    with torch.no_grad():
-        ctx._check_batch(model, (x[:1],), {})  # an evaluation is no training
-    next(batches)
-    ctx._check_batch(model, (x[:2],), {})
-    ctx._check_batch(model, (x[:2],), {})  # 4 of 5
-    with pytest.raises(ProblemError, match=r"2 forward passes of shapes \(2, 2\), \(2, 2\) between two draws .*"
-                                           r"the plan gives this rank 5 samples"):
-        next(batches)
-
-
 def test_the_loader_says_when_the_batch_just_drawn_ends_an_epoch(tmp_path):
     data = torch.utils.data.TensorDataset(torch.arange(20.0))
     ends = []

@@ -129,6 +129,7 @@ from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
 from thrifty.runtime.worlds import CommandWatch, RankChannel
 
 __all__ = ["JobContext", "StopJob", "MetricsSink", "ChannelSink", "metric_sinks", "RankLoader", "combine_metrics",
+           "combine_records",
            "TRIAL_METRIC", "TIMING_WARMUP", "RUNTIME_KEYS"]
 
 TIMING_WARMUP = 3  # iterations left out of the throughput a finished world reports
@@ -140,18 +141,28 @@ RUNTIME_KEYS = frozenset({"format", "iteration", "step", "samples_seen", "global
 # report and the loop path ran 2.0 to 5.2% behind plain DDP on a 2-rank CPU world here; at 0.4 s (every 8th
 # report) -0.3 to 2.4% (3 interleaved pairs of 9 rounds); a stop lands about 0.4 s plus an iteration later
 _EXCHANGE_S = 0.4
-# and at least every this many reports: the gap is agreed on at the pace of the iterations before it, so this
-# bounds a stop's delay when they slow down at once (a straggler, a spot notice's last iterations). The exchange
-# overlaps an iteration, so it costs no wait, but starting one does cost: handing gloo an all-reduce took 60 to
-# 180 us of a rank's time on this 2-core host (its worker thread wakes). With 8, a 1.8 ms tiny-mlp iteration
-# exchanged at every 8th report, 20 to 28 us an iteration; with 16, 9 to 16 us. Only iterations under 25 ms
-# (0.4 s / 16) exchange at this bound. With 32 (7 to 10 us), a spot notice at iteration 15 or 20 of a 50-iteration
-# run landed after the run's end (test_training_runtime_processes.py): the bound is a stop's delay in iterations
-_MAX_GAP = 16
+# and at least every this many reports, and every as many as the world has made so far (the gap doubles from 1
+# up to this): the gap is agreed on at the pace of the iterations before it, so these bound a stop's delay in
+# iterations when they slow down at once (a straggler, a spot notice's last iterations): at most the world's age
+# when it was agreed, so a young world (just launched or re-planned, when the starter most often stops it) stops
+# within a few iterations, and an old one within 128 + 1. Only iterations under 3 ms (0.4 s / 128) exchange at
+# this bound. An exchange is not free on short iterations: the reports that start it and act on it, and the
+# iteration whose gradients it overlaps, took 300 to 440 us more than the others of a 0.7 ms tiny-mlp iteration
+# on 2 ranks of this 2-core host (medians of 12,000 iterations by position); with a fixed bound of 16 the loop
+# path ran 7.1 to 7.2% behind plain DDP there, with 128 2.4 to 4.4% (two pairs of runs, 12 x 2,000 iterations)
+_MAX_GAP = 128
 _PROGRESS_S = 0.05  # rank 0 writes its progress to the starter's store about this often (at exchanges)
 _FLAGS_MAX = dist.AllreduceOptions()  # the exchange's all-reduce (`JobContext._reduce`)
 _FLAGS_MAX.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
 _UNREPORTED_ITERATIONS = 100  # a loop may draw at most max(this, checkpoint_every) iterations between reports
+# the training forwards after a draw are checked against the plan's batch (`JobContext._check_trained`) for a
+# world's first this many draws, then for one draw in `_CHECK_EVERY` (the draws of steps that are multiples of
+# it): a loop that trains on other batches than the plan's is so stopped at once, or within 16 draws of starting
+# to. Not every draw: the prepared model then goes through a forward of the context's (`_checked_forward`), and
+# that and the draw's check took 9 to 12 us of a 0.65 ms tiny-mlp iteration on 2 ranks of this 2-core host
+# (interleaved medians of 6,000 iterations), 1.5 to 2% of the loop path's cost over plain DDP
+_CHECK_FIRST = 32
+_CHECK_EVERY = 16
 
 
 class StopJob(BaseException):
@@ -179,8 +190,8 @@ class ChannelSink:
         self.channel = channel
 
     def write(self, records: Sequence[Mapping[str, Any]]) -> None:
-        if records:
-            self.channel.send(METRICS, [dict(r) for r in records])
+        if records:  # written at once (JSON): the records need no copy, only to be dicts
+            self.channel.send(METRICS, [r if type(r) is dict else dict(r) for r in records])
 
 
 def metric_sinks(job: JobSpec, channel: RankChannel) -> list[MetricsSink]:
@@ -197,6 +208,43 @@ def combine_metrics(per_rank: Sequence[Mapping[str, float]], batches: Sequence[i
     for name in names:
         pairs = [(b, values[name]) for b, values in zip(batches, per_rank) if name in values]
         out[name] = sum(b * v for b, v in pairs) / sum(b for b, _ in pairs)
+    return out
+
+
+def combine_records(per_rank: Sequence[Sequence[tuple[int, Mapping[str, float]]]],
+                    batches: Sequence[int]) -> list[tuple[int, dict[str, float]]]:
+    """The ranks' buffered records ``(iteration, values)`` as one record
+    per iteration, in iteration order: each rank's values of an iteration
+    merged (a later report's win), then combined over the ranks by batch
+    share (`combine_metrics`). The usual buffers (each iteration once, the
+    same iterations and names on every rank) take a short path, a tenth of
+    the cost: a 1 s buffer of a fast loop holds a thousand records or more."""
+    first = per_rank[0]
+    iterations = [iteration for iteration, _ in first]
+    usual = all(a < b for a, b in zip(iterations, iterations[1:])) and \
+        all([iteration for iteration, _ in other] == iterations for other in per_rank[1:])
+    if usual and len(per_rank) == 1:
+        return [(iteration, dict(values)) for iteration, values in first]
+    out = []
+    if usual:
+        total = sum(batches)
+        for k, (iteration, values) in enumerate(first):
+            names = values.keys()
+            each = [buffered[k][1] for buffered in per_rank]
+            if all(other.keys() == names for other in each):
+                out.append((iteration, {name: sum([b * v[name] for b, v in zip(batches, each)]) / total
+                                        for name in names}))
+            else:
+                out.append((iteration, combine_metrics(each, batches)))
+        return out
+    by_rank: list[dict[int, dict[str, float]]] = []  # iteration -> values (merged; a later report's win)
+    for buffered in per_rank:
+        merged: dict[int, dict[str, float]] = {}
+        for iteration, values in buffered:
+            merged.setdefault(iteration, {}).update(values)
+        by_rank.append(merged)
+    for iteration in sorted({i for buffered in by_rank for i in buffered}):
+        out.append((iteration, combine_metrics([buffered.get(iteration, {}) for buffered in by_rank], batches)))
     return out
 
 
@@ -242,6 +290,7 @@ class JobContext:
         # rank 0 writes its flags through a host tensor's numpy view (on a GPU, then copied in one)
         self._host_flags = self._flags if self._flags.device.type == "cpu" else torch.zeros(4, dtype=torch.int64)
         self._host_view = self._host_flags.numpy()
+        self._group: Any = None  # the world's process group, once an exchange needs it
         self._pending: Any = None  # the all-reduce of the exchange started at the previous report (`_exchange`)
         self._next_exchange = 1  # the report at which the ranks next exchange flags
         self._exchanged = (0, time.perf_counter())  # (reports, time) at the last exchange
@@ -260,6 +309,12 @@ class JobContext:
         self._iteration_started = (time.time(), time.perf_counter())
         self._first_result = True
         self._clock: ClockMarks | None = None
+        # the usual report and draw take a short path (`_settle`): a report while ``_reports + 1`` is under
+        # `_quiet_reports` and its iteration under `_quiet_iteration`; a draw of a step under `_draw_until`
+        self._quiet_reports = self._quiet_iteration = 0
+        self._draw_until = -1
+        self._check_until = 0  # the step of the next draw whose forwards are checked (`_arm_check`)
+        self._recording = job.metrics_every_s is not None
         self.rng = "seeded"
         seed_everything(job.seed)  # the loop builds its model from the job's seed on every rank
 
@@ -274,6 +329,7 @@ class JobContext:
     @steps_per_iteration.setter
     def steps_per_iteration(self, steps: int) -> None:
         self._steps_per_iteration = steps
+        self._quiet_reports, self._draw_until = 0, -1  # the short paths' bounds are in steps of the old length
 
     @property
     def iteration(self) -> int:
@@ -307,15 +363,15 @@ class JobContext:
             raise ProblemError(f"{self._who()} gave prepare_model a {type(model).__name__}, but it takes a "
                                "torch.nn.Module")
         model = model.to(self.device)
-        ddp = _CheckedDDP(model, device_ids=[self.device.index] if self._cuda else None)
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
         weighting = self.job.weighting
         # equal local batches: DDP's own averaging is the reweighting (b_r / B = 1 / W), in C++ without a hook
         if weighting == "hook" or (weighting == "batch" and not scale_loss and len(set(self.batches)) > 1):
             register_reweighting(ddp, self.local_batch, self.global_batch)
-        ddp.batch_note = self._check_batch
         if self.job.clock_every_s is not None:  # a training job's clock marks, for its online calibration
             self._clock = ClockMarks(model, ddp, self.job.clock_every_s)
         self._ddp = ddp
+        self._draw_until = -1  # the next draw arms the batch check on it (`_arm_check`)
         return ddp
 
     def prepare_loader(self, data: Any, *, to_device: bool = True) -> "RankLoader":
@@ -325,7 +381,7 @@ class JobContext:
         end; batches moved to the context's device unless `to_device` is False."""
         loader = RankLoader(self, data, to_device)
         if self._steps_per_iteration is None:  # a tuning trial's iteration: one epoch of its (first) data
-            self._steps_per_iteration = loader.batches_per_epoch
+            self.steps_per_iteration = loader.batches_per_epoch
         return loader
 
     def restore(self) -> dict[str, Any] | None:
@@ -342,6 +398,28 @@ class JobContext:
         or a callable that returns them, called only when the runtime records
         them), `checkpoint` the loop's state (kept by reference, written when a
         checkpoint is due). Raises `StopJob` when the runtime stops the job."""
+        iteration = self.step // (self._steps_per_iteration or 1)  # `iteration`, without its call
+        if self._reports + 1 < self._quiet_reports and iteration < self._quiet_iteration:
+            # the usual report: nothing due but its numbers' check and record (`_settle` says when it may)
+            if checkpoint is not None and checkpoint is not self._state:
+                self._state = _checked_state(checkpoint, self._who())
+            self._reports += 1
+            self._reported_iteration = iteration
+            numbers: dict[str, float]
+            if type(metrics) is dict:  # `_values`' first case, inline
+                for name, value in metrics.items():
+                    if type(value) is not float or type(name) is not str or value - value != 0.0:
+                        numbers = self._values(metrics)
+                        break
+                else:
+                    numbers = metrics.copy()
+            elif callable(metrics):
+                return
+            else:
+                numbers = self._values(metrics)
+            if self._recording:
+                self._records.append((iteration, numbers))
+            return
         if self._stopping:
             raise StopJob()
         if self._ddp is None:
@@ -353,7 +431,6 @@ class JobContext:
         if checkpoint is not None and checkpoint is not self._state:  # the same mapping is checked when written
             self._state = _checked_state(checkpoint, self._who())
         self._reports += 1
-        iteration = self.iteration
         advanced = iteration > self._reported_iteration
         job = self.job
         last = job.iterations is not None and iteration >= job.iterations
@@ -398,8 +475,48 @@ class JobContext:
             self._iteration_started = (time.time(), time.perf_counter())
         if stopped:
             self._stopping = True
+            self._quiet_reports, self._draw_until = 0, -1
             self._flush_records()  # every record reaches the starter before the world ends
             raise StopJob()
+        self._settle(iteration)
+
+    def _settle(self, iteration: int) -> None:
+        """After a report that took the long path: until when the reports
+        and the draws may take their short paths, on which an iteration of
+        tiny-mlp spends microseconds its own work does not (the loop path's
+        cost over plain DDP, `benchmarks/runtime_overheads.py`). A report
+        may while no exchange is due or in flight, no metrics are due to be
+        sent, and its iteration reaches no end, checkpoint, fault or timing
+        mark; never in a job that evaluates, awaits decisions or keeps
+        clock marks, whose every report does work. A draw may while the
+        loop is within its unreported limit, no faults are injected, and
+        neither this draw nor the one before is a checked one (`_arm_check`)."""
+        job = self.job
+        if self._pending is not None or self._record_next or self._clock is not None or job.evaluate \
+                or job.await_decision or self._steps_per_iteration is None:
+            self._quiet_reports = 0
+        else:
+            self._quiet_reports = self._next_exchange
+            marks = [f for f in self._fault_iterations if f > iteration]
+            if job.iterations is not None:
+                marks.append(job.iterations)
+            if job.checkpoint_every is not None:
+                marks.append((iteration // job.checkpoint_every + 1) * job.checkpoint_every)
+            if self._timing_from is None and self._start + TIMING_WARMUP > iteration:
+                marks.append(self._start + TIMING_WARMUP)
+            self._quiet_iteration = min(marks, default=iteration + 2 ** 62)
+        self._draw_from(iteration)
+
+    def _draw_from(self, reported: int) -> None:
+        """The step under which a draw takes its short path (`_settle`), the
+        last report at iteration `reported`."""
+        steps = self._steps_per_iteration
+        if self._faults or self._stopping or not self._began or steps is None:
+            self._draw_until = -1
+            return
+        until = min((reported + self._unreported_limit) * steps, self._check_until)
+        end = self.iterations * steps if self.iterations is not None else None
+        self._draw_until = until if end is None else min(until, end)
 
     # -- the runtime's side ----------------------------------------------------------------
     def finish(self, returned: Any) -> str:
@@ -467,18 +584,50 @@ class JobContext:
         if self._faults and self.step % self.steps_per_iteration == 0 and self._fired_at != iteration:
             self._fired_at = iteration
             _fire_faults(self, iteration)
-        limit = self._unreported_limit
-        if iteration - self._reported_iteration >= limit:
+        if iteration - self._reported_iteration >= self._unreported_limit:
             raise ProblemError(f"{self._who()} drew {iteration - self._reported_iteration} iterations without "
                                "calling ctx.report(); the runtime checkpoints, stops and re-plans a job only at "
                                "its reports: report every iteration (or every few)")
+        self._arm_check(self.step)
+        self._draw_from(self._reported_iteration)
 
-    def _check_batch(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Called at each forward of the prepared model (`_CheckedDDP`): notes the shape of each
-        training forward (train mode, gradients on) after the first draw, for
-        `_check_trained`."""
-        if not self._began or not module.training or not torch.is_grad_enabled():
+    def _arm_check(self, step: int) -> None:
+        """At the draw of `step`: whether the prepared model notes the
+        batches of its training forwards until the next draw, which then
+        checks them (`_check_trained`): in a world's first `_CHECK_FIRST`
+        draws and at every `_CHECK_EVERY`-th. The model goes through
+        `_checked_forward` while it does (an instance attribute over DDP's
+        own forward), else through DDP's forward untouched."""
+        checked = step < self._start_step + _CHECK_FIRST or step % _CHECK_EVERY == 0
+        self._check_until = step + 1 if checked else (step // _CHECK_EVERY + 1) * _CHECK_EVERY
+        ddp = self._ddp
+        if ddp is None:
             return
+        if checked:
+            ddp.__dict__["forward"] = self._checked_forward  # not Module.__setattr__: no parameter or module
+        else:
+            ddp.__dict__.pop("forward", None)
+
+    def _checked_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The prepared model's forward at a checked draw (`_arm_check`):
+        DDP's, after noting the batch's shape of a training forward (train
+        mode, gradients on) for `_check_trained`: the first input's, when it
+        is a tensor with a batch dimension, else `_check_batch`'s pick.
+        Not a forward pre-hook: a module with a hook takes torch's slower
+        call path, 3 to 7 us a forward on tiny-mlp here."""
+        ddp = self._ddp
+        if ddp.training and torch.is_grad_enabled():
+            first = inputs[0] if inputs else None
+            if type(first) is torch.Tensor and first.dim():
+                self._trained.append(first.shape)
+            else:
+                self._check_batch(inputs, kwargs)
+        return DistributedDataParallel.forward(ddp, *inputs, **kwargs)
+
+    def _check_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """At a checked training forward whose first input is no tensor
+        with a batch dimension (`_checked_forward`): notes the shape of the
+        first input that is, for `_check_trained`."""
         for given in (args, kwargs.values()):
             for a in given:
                 if isinstance(a, torch.Tensor) and a.dim() > 0:
@@ -491,7 +640,8 @@ class JobContext:
         (the batch's): micro-batches that add up to it (gradient accumulation),
         or passes that each hold all of it (one pass; or several on the same
         batch, as sharpness-aware steps and `prime_buckets` make)."""
-        shapes, self._trained = self._trained, []
+        shapes = list(self._trained)
+        self._trained.clear()
         local = self.local_batch
         if not shapes or len(shapes) == 1 and shapes[0][0] == local:  # none, or the usual one pass
             return
@@ -513,6 +663,12 @@ class JobContext:
         got = metrics() if callable(metrics) else metrics
         if got is None:
             return {}
+        if type(got) is dict:  # the usual: names to finite floats (``loss.item()``), kept as they are
+            for name, value in got.items():
+                if type(value) is not float or type(name) is not str or value - value != 0.0:  # inf - inf is nan
+                    break
+            else:
+                return got.copy()
         if type(got) is not dict and not isinstance(got, Mapping):  # a dict, the usual, skips the ABC's check
             raise ProblemError(f"{self._who()} reported a {type(got).__name__}, but metrics must be a mapping "
                                "of names to numbers")
@@ -560,17 +716,8 @@ class JobContext:
         if gathered is None:
             return
         at = time.time()
-        out: list[dict[str, Any]] = []
-        by_rank: list[dict[int, dict[str, float]]] = []  # iteration -> values (merged; a later report's win)
-        for buffered in gathered:
-            merged: dict[int, dict[str, float]] = {}
-            for iteration, values in buffered:
-                merged.setdefault(iteration, {}).update(values)
-            by_rank.append(merged)
-        for iteration in sorted({i for buffered in by_rank for i in buffered}):
-            per_rank: list[Mapping[str, float]] = [buffered.get(iteration, {}) for buffered in by_rank]
-            values = combine_metrics(per_rank, self.batches)
-            out.append({"at": at, "iteration": iteration, "loss": values.pop("loss", None), "metrics": values})
+        out = [{"at": at, "iteration": iteration, "loss": values.pop("loss", None), "metrics": values}
+               for iteration, values in combine_records(gathered, self.batches)]
         for sink in self._sinks:
             sink.write(out)
 
@@ -579,8 +726,9 @@ class JobContext:
         agreed. They agree, in one all-reduce of flags that rank 0 sets, on
         those, on recording metrics at the next report, and on how many
         reports until the next exchange: about `_EXCHANGE_S` of them (one, in
-        a job that awaits its starter's decisions) and at most `_MAX_GAP`, so
-        that a small all-reduce costs little on short iterations.
+        a job that awaits its starter's decisions), at most as many as the
+        world has made and at most `_MAX_GAP`, so that a small all-reduce
+        costs little on short iterations.
 
         The all-reduce overlaps one iteration: an exchange starts it at one
         report, and every rank waits for it (long done: the iteration's own
@@ -591,7 +739,8 @@ class JobContext:
         further exchange starts once a stop is agreed: a stop comes within
         about `_EXCHANGE_S` plus one iteration at the pace the gap was agreed
         at (and the moment rank 0's watch thread takes to wake) of being
-        asked, and within `_MAX_GAP` + 1 iterations whatever their pace.
+        asked, and whatever their pace within as many reports as the world
+        had made at the exchange before (at most `_MAX_GAP`) plus one.
         Rank 0 reads the starter's stop from that thread (`CommandWatch`): an
         exchange makes no round trip to the starter's store, which on a busy
         host would keep every rank waiting. A job that awaits its starter's decisions (a tuning trial)
@@ -622,23 +771,29 @@ class JobContext:
             now, reports = time.perf_counter(), self._reports - self._exchanged[0]
             per_report = (now - self._exchanged[1]) / max(1, reports)
             record = job.metrics_every_s is not None and time.monotonic() - self._last_record_at >= job.metrics_every_s
-            gap = max(1, min(_MAX_GAP, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
-            self._host_view[:] = (int(stop), int(save), int(record), gap)
+            gap = max(1, min(_MAX_GAP, self._reports, int(_EXCHANGE_S / per_report) if per_report > 0 else _MAX_GAP))
+            view = self._host_view  # item by item: a tuple given to the slice costs microseconds to convert
+            view[0], view[1], view[2], view[3] = stop, save, record, gap
             if self._host_flags is not self._flags:
                 self._flags.copy_(self._host_flags)
             # the progress goes to the starter's store at about every `_PROGRESS_S` of exchanges, not at each
             self._progress_due = self._progress_due or now - self._progress_at >= _PROGRESS_S
+        elif self._host_flags is self._flags:
+            self._host_view.fill(0)
         else:
             self._flags.zero_()
         self._exchanged = (self._reports, time.perf_counter())
-        group = dist.group.WORLD
-        assert group is not None, "a rank's job runs in its world's process group"
+        group = self._group
+        if group is None:  # looked up once: `dist.group.WORLD` is a property that searches the world's groups
+            group = self._group = dist.group.WORLD
+            assert group is not None, "a rank's job runs in its world's process group"
         return group.allreduce([self._flags], _FLAGS_MAX)
 
     def _agreed(self) -> tuple[bool, bool]:
         """Act on the reduced flags of the exchange started at report
         ``self._exchanged[0]``: (stop, checkpoint now)."""
-        stop_now, save_now, record, gap = (int(v) for v in self._flags.tolist())
+        flags = self._host_view if self._host_flags is self._flags else self._flags.cpu().numpy()
+        stop_now, save_now, record, gap = flags.tolist()
         self._record_next = bool(record)
         self._next_exchange = self._exchanged[0] + gap
         return bool(stop_now), bool(save_now)
@@ -771,14 +926,17 @@ class RankLoader:
         chain of them: on tiny-mlp a draw's every microsecond shows."""
         ctx, device, moves = self.ctx, self.ctx.device, self._moves
         tensors, indices, from_numpy = tuple(self.dataset.tensors), self.stream.indices, torch.from_numpy
-        end = self._end()
-        while end is None or ctx.step < end:
-            ctx._before_batch()
-            index = from_numpy(indices(ctx.step))
+        while True:
+            step = ctx.step
+            if step >= ctx._draw_until:  # else the short path (`JobContext._settle`): nothing to do
+                end = self._end()
+                if end is not None and step >= end:
+                    return
+                ctx._before_batch()
+            index = from_numpy(indices(step))
             batch = tuple([t[index] for t in tensors])
-            ctx.step += 1
+            ctx.step = step + 1
             yield _to(batch, device) if moves else batch
-            end = self._end()
 
     def __iter__(self) -> Iterator[Any]:
         return self._slices() if self._sliced else self._loaded()
@@ -798,24 +956,6 @@ class RankLoader:
             batch = next(source)
             ctx.step += 1
             yield _to(batch, ctx.device) if self._moves else batch
-
-
-class _CheckedDDP(DistributedDataParallel):
-    """The prepared model: DDP whose forward first hands its inputs to
-    `batch_note` (the context's `JobContext._check_batch`), as a forward
-    pre-hook would. Not a hook: a module with a hook takes torch's slower
-    call path, 3 to 7 us a forward on tiny-mlp here (measured with timeit:
-    plain DDP 38 us, with a pre-hook 41 to 45, this 40); the hook was a
-    fifth to a quarter of the loop path's cost over plain DDP on a model
-    that small (30 to 37 us an iteration, in one process)."""
-
-    batch_note: Callable[[Any, tuple[Any, ...], dict[str, Any]], None] | None = None
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        note = self.batch_note
-        if note is not None:
-            note(self, inputs, kwargs)
-        return super().forward(*inputs, **kwargs)
 
 
 _REPLACED = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})

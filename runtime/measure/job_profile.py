@@ -140,6 +140,7 @@ class ProfilingContext:
         self._current: _Iteration | None = None
         self._names: dict[int, str] = {}
         self.grad_bytes: dict[str, int] = {}
+        self._draw_until = -1  # the loader's draws all take the long path here (`JobContext._settle`)
 
     @property
     def iteration(self) -> int:
