@@ -23,7 +23,8 @@
    hand-written DDP loop, on the same model, data and batches (2 workers,
    32 + 32 and 24 + 40, gloo here; ``tiny-mlp``, almost no compute, shows
    the fixed cost of an iteration): a loop function as a user writes it (the comm hook, the
-   prepared loader, a report with the loss and the state every iteration),
+   prepared loader, a report with the loss and the state every iteration;
+   with unequal batches also one that scales its own loss, ``scale_loss``),
    and the four-factory Trainer run as a loop function, each run as a job
    runs, its batches interleaved in blocks of 20 iterations with as many of
    plain DDP on one process group, so that the host's load, the other
@@ -217,7 +218,9 @@ def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
 
 # -- 5. the job contract's paths against a hand-written DDP loop -------------------------
 
-PATHS = ("loop function", "Trainer")  # each against plain DDP, interleaved with it
+# each against plain DDP, interleaved with it; the loop function scaling its own loss only with unequal batches
+# (with equal ones it is the loop function: DDP's own average is the weighting, and no hook is installed)
+PATHS = ("loop function", "loop function, scale_loss", "Trainer")
 BLOCK = 20  # iterations of a path, then as many of plain DDP, and so on
 RUN_ITERATIONS = {"tiny-mlp": 2000}  # a run's iterations (else 200): a model's runs take a few seconds each
 
@@ -239,18 +242,21 @@ def _made(model: str) -> "object":
     return tiny_mlp(dtype="float32", samples=4096) if model == "tiny-mlp" else zoo(model=model)
 
 
-def bench_loop(ctx, model: str = "mlp") -> None:
+def bench_loop(ctx, model: str = "mlp", scale_loss: bool = False) -> None:
     """A loop function as a user writes one: the zoo model, its optimizer,
-    its data, the loss reported every iteration with the state as checkpoint."""
+    its data, the loss reported every iteration with the state as checkpoint;
+    with `scale_loss`, the loop weighs its batch-mean loss by its batch share
+    itself (``ctx.loss_scale``) instead of the communication hook."""
     made = _made(model)
     net = made.model()
     optimizer = made.optimizer(net.parameters())
-    net = ctx.prepare_model(net)
+    net = ctx.prepare_model(net, scale_loss=scale_loss)
+    scale = ctx.loss_scale if scale_loss else None
     state = {"model": net, "optimizer": optimizer}
     for inputs, targets in ctx.prepare_loader(made.dataset()):
         optimizer.zero_grad()
         loss = made.loss(net(inputs), targets)
-        loss.backward()
+        (loss * scale if scale is not None else loss).backward()
         optimizer.step()
         ctx.report({"loss": loss.item()}, checkpoint=state)
 
@@ -260,9 +266,11 @@ def _clocks() -> tuple[float, float]:
 
 
 class PlainDDP:
-    """The same training by hand: DDP's own averaging, the same batches of
-    the same data, the loss read every iteration (as a loop that logs it
-    does), run a block of iterations at a time."""
+    """The same training by hand: the same batches of the same data, the
+    loss read every iteration (as a loop that logs it does), run a block of
+    iterations at a time; DDP's own averaging, and with unequal batches each
+    rank's loss weighted by its batch share first, as a correct hand-written
+    loop must (Srifty 4.5; `thrifty.runtime.ddp.reweight.loss_scale`)."""
 
     def __init__(self, made: "object", batches: list[int], rank: int):
         from torch.nn.parallel import DistributedDataParallel
@@ -274,6 +282,7 @@ class PlainDDP:
         self.data = made.dataset()
         self.stream = ShardedStream(len(self.data), sum(batches), rank_offsets(batches)[rank], batches[rank], 0)
         self.step, self.losses = 0, []
+        self.scale = batches[rank] * len(batches) / sum(batches) if len(set(batches)) > 1 else None
 
     def run(self, iterations: int) -> tuple[float, float]:
         """`iterations` iterations; their wall and CPU time (the process's, every thread)."""
@@ -286,7 +295,7 @@ class PlainDDP:
             inputs, targets = data.tensors[0][index], data.tensors[1][index]
             optimizer.zero_grad()
             loss = made.loss(net(inputs), targets)
-            loss.backward()
+            (loss * self.scale if self.scale is not None else loss).backward()
             optimizer.step()
             self.losses.append(loss.item())
             self.step += 1
@@ -348,10 +357,11 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
 
     torch.set_num_threads(1)
     device = join_world(channel, "gloo", 300.0)
-    out: dict[str, dict[str, list[tuple[float, float]]]] = {name: {"job": [], "plain": []} for name in PATHS}
+    paths = _paths(batches)
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {name: {"job": [], "plain": []} for name in paths}
     with tempfile.TemporaryDirectory() as folder:
         for r in range(first, first + runs):
-            for name in PATHS[r % 2:] + PATHS[:r % 2]:
+            for name in paths[r % len(paths):] + paths[:r % len(paths)]:
                 made = _made(model)
                 # one more iteration: the job's last report writes a checkpoint, after the last block
                 job = JobSpec(trainer=f"{Path(__file__).stem}:bench_loop", trainer_args={"model": model},
@@ -360,15 +370,19 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
                               restore="never", backend="gloo")
                 ctx = JobContext(job, channel, device, False, sum(batches), batches, (),
                                  metric_sinks(job, channel) if channel.rank == 0 else [],
-                                 check_finite=name == "loop function")
+                                 check_finite=name.startswith("loop function"))
                 _interleaved(ctx, PlainDDP(_made(model), batches, channel.rank), out[name])
-                if name == "loop function":
-                    bench_loop(ctx, model)
+                if name.startswith("loop function"):
+                    bench_loop(ctx, model, scale_loss=name.endswith("scale_loss"))
                 else:
                     trainer_loop(ctx, made)
                 dist.barrier()
     dist.barrier()  # the group is left up: the rank ends with os._exit (`serve_rank`; `leave_group` says why)
     return out
+
+
+def _paths(batches: list[int]) -> tuple[str, ...]:
+    return PATHS if len(set(batches)) > 1 else tuple(name for name in PATHS if not name.endswith("scale_loss"))
 
 
 def section_paths(iterations: int | None, runs: int, only: list[str] | None = None,
@@ -377,8 +391,8 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
 
     worlds = max(1, min(worlds, runs))  # a world runs one run of each path at least
     rows = []
-    # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work;
-    # plain DDP's average is wrong there, but costs what it costs)
+    # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work,
+    # or the loop's own loss scaling; plain DDP scales its loss, as a correct hand-written loop must)
     for model, batches in (("tiny-mlp", "32,32"), ("tiny-mlp", "24,40"), ("small-cnn", "32,32"),
                            ("tiny-transformer", "32,32"), ("mlp", "32,32"), ("mlp", "24,40"), ("small-cnn", "24,40")):
         if only and model not in only:
@@ -386,8 +400,9 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
         its = iterations or RUN_ITERATIONS.get(model, 200)
         # the runs in several worlds, each of fresh processes: a world's ratio of one path to another moves with
         # how its processes met this host's cores
-        blocks: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"job": [], "plain": []} for n in PATHS}
-        per_world: dict[str, list[float]] = {name: [] for name in PATHS}
+        paths = _paths([int(b) for b in batches.split(",")])
+        blocks: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"job": [], "plain": []} for n in paths}
+        per_world: dict[str, list[float]] = {name: [] for name in paths}
         done = 0
         for w in range(worlds):
             share = (runs - done) // (worlds - w)
@@ -395,7 +410,7 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
                           [model, str(its), str(share), batches, str(done)], where="the paths world")
             per_rank = world.run(stall_timeout_s=600)
             done += share
-            for name in PATHS:
+            for name in paths:
                 # a block is as slow as its slower rank in wall time; its CPU time is the ranks' mean
                 for side in ("job", "plain"):
                     blocks[name][side] += [(max(t[0] for t in ts), statistics.fmean(t[1] for t in ts))
@@ -403,7 +418,8 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
                 world_job = [max(t[0] for t in ts) for ts in zip(*(r[name]["job"] for r in per_rank))]
                 world_plain = [max(t[0] for t in ts) for ts in zip(*(r[name]["plain"] for r in per_rank))]
                 per_world[name].append((statistics.fmean(world_job) / statistics.fmean(world_plain) - 1) * 100)
-        for name, target in (("loop function", "<= 3%"), ("Trainer", "-")):
+        for name in paths:
+            target = "<= 3%" if name.startswith("loop function") else "-"
             figures = []
             for k, label in ((0, "wall"), (1, "CPU")):
                 job = statistics.fmean(t[k] for t in blocks[name]["job"]) / BLOCK
