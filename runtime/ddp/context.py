@@ -47,7 +47,8 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   micro-batches (gradient accumulation, ``no_sync`` on all but the last, each
   micro-batch's mean loss weighted by its share of the local batch): the
   training forward passes of the prepared model between two draws from the
-  loader must add up to the local batch (or each hold all of it).
+  loader must add up to the local batch (or each hold all of it), checked
+  after each of a world's first 32 draws and after every 16th.
 - `JobContext.report` is the iteration boundary. Its metrics (numbers, batch
   means on this rank's batch) are combined over the ranks by batch share and
   written to the job's metric sinks (`MetricsSink`, `metric_sinks`) about
@@ -59,8 +60,9 @@ takes back what the runtime needs to stop, checkpoint, re-plan and resume it::
   storage (a path or ``s3://``; `thrifty.runtime.ddp.storage`) when a
   checkpoint is due: every ``checkpoint_every`` iterations, on its clock,
   before a stop and at the job's end. Every rank must report at the same
-  iterations: at a report about every 0.4 s, and at least every 16 reports
-  (every report in a tuning trial), the ranks start an exchange of flags,
+  iterations: at a report about every 0.4 s, and at least every as many
+  reports as the world has made, up to 128 (every report in a tuning
+  trial), the ranks start an exchange of flags,
   one small all-reduce, and act on it at the next report (a tuning trial's
   at once), so that no rank waits for the others at a report; a stop the
   starter asked for lands at the report after the first exchange after
@@ -96,7 +98,7 @@ log), and loses nothing already checkpointed: a loop that raises, that never
 calls `prepare_model`, that reports a non-finite metric, that never reports
 (or draws many batches between reports), that returns before the job's end,
 or whose training forward passes between two draws add up to another batch
-size than the plan's.
+size than the plan's (at a checked draw: within 16 draws).
 
 The four-factory `Trainer` is the short form of a job: the runtime runs it as
 a loop function of its own (`thrifty.runtime.ddp.loop.trainer_loop`), which
