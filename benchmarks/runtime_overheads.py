@@ -275,6 +275,7 @@ class PlainDDP:
     def __init__(self, made: "object", batches: list[int], rank: int):
         from torch.nn.parallel import DistributedDataParallel
 
+        from thrifty.runtime.ddp.reweight import loss_scale
         from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
 
         self.made, self.net = made, DistributedDataParallel(made.model())
@@ -282,7 +283,7 @@ class PlainDDP:
         self.data = made.dataset()
         self.stream = ShardedStream(len(self.data), sum(batches), rank_offsets(batches)[rank], batches[rank], 0)
         self.step, self.losses = 0, []
-        self.scale = batches[rank] * len(batches) / sum(batches) if len(set(batches)) > 1 else None
+        self.scale = loss_scale(batches[rank], sum(batches), len(batches)) if len(set(batches)) > 1 else None
 
     def run(self, iterations: int) -> tuple[float, float]:
         """`iterations` iterations; their wall and CPU time (the process's, every thread)."""
@@ -362,7 +363,6 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
     with tempfile.TemporaryDirectory() as folder:
         for r in range(first, first + runs):
             for name in paths[r % len(paths):] + paths[:r % len(paths)]:
-                made = _made(model)
                 # one more iteration: the job's last report writes a checkpoint, after the last block
                 job = JobSpec(trainer=f"{Path(__file__).stem}:bench_loop", trainer_args={"model": model},
                               global_batch=sum(batches), iterations=iterations + 1, batches=tuple(batches),
@@ -375,7 +375,7 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
                 if name.startswith("loop function"):
                     bench_loop(ctx, model, scale_loss=name.endswith("scale_loss"))
                 else:
-                    trainer_loop(ctx, made)
+                    trainer_loop(ctx, _made(model))
                 dist.barrier()
     dist.barrier()  # the group is left up: the rank ends with os._exit (`serve_rank`; `leave_group` says why)
     return out
@@ -412,12 +412,12 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
             done += share
             for name in paths:
                 # a block is as slow as its slower rank in wall time; its CPU time is the ranks' mean
-                for side in ("job", "plain"):
-                    blocks[name][side] += [(max(t[0] for t in ts), statistics.fmean(t[1] for t in ts))
-                                           for ts in zip(*(r[name][side] for r in per_rank))]
-                world_job = [max(t[0] for t in ts) for ts in zip(*(r[name]["job"] for r in per_rank))]
-                world_plain = [max(t[0] for t in ts) for ts in zip(*(r[name]["plain"] for r in per_rank))]
-                per_world[name].append((statistics.fmean(world_job) / statistics.fmean(world_plain) - 1) * 100)
+                world = {side: [(max(t[0] for t in ts), statistics.fmean(t[1] for t in ts))
+                                for ts in zip(*(r[name][side] for r in per_rank))] for side in ("job", "plain")}
+                for side, got in world.items():
+                    blocks[name][side] += got
+                walls = [statistics.fmean(t[0] for t in world[side]) for side in ("job", "plain")]
+                per_world[name].append((walls[0] / walls[1] - 1) * 100)
         for name in paths:
             target = "<= 3%" if name.startswith("loop function") else "-"
             figures = []

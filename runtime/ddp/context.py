@@ -400,25 +400,16 @@ class JobContext:
         or a callable that returns them, called only when the runtime records
         them), `checkpoint` the loop's state (kept by reference, written when a
         checkpoint is due). Raises `StopJob` when the runtime stops the job."""
-        iteration = self.step // (self._steps_per_iteration or 1)  # `iteration`, without its call
+        iteration = self.iteration
         if self._reports + 1 < self._quiet_reports and iteration < self._quiet_iteration:
             # the usual report: nothing due but its numbers' check and record (`_settle` says when it may)
             if checkpoint is not None and checkpoint is not self._state:
                 self._state = _checked_state(checkpoint, self._who())
             self._reports += 1
             self._reported_iteration = iteration
-            numbers: dict[str, float]
-            if type(metrics) is dict:  # `_values`' first case, inline
-                for name, value in metrics.items():
-                    if type(value) is not float or type(name) is not str or value - value != 0.0:
-                        numbers = self._values(metrics)
-                        break
-                else:
-                    numbers = metrics.copy()
-            elif callable(metrics):
+            if callable(metrics):  # called only when the runtime records (a long report)
                 return
-            else:
-                numbers = self._values(metrics)
+            numbers = self._values(metrics)
             if self._recording:
                 self._records.append((iteration, numbers))
             return
@@ -577,11 +568,7 @@ class JobContext:
             raise StopJob()
         if not self._began:
             self._begin()
-        trained = self._trained
-        if trained and (len(trained) > 1 or trained[0][0] != self.local_batch):
-            self._check_trained()
-        else:  # none, or the usual one pass over the whole batch (`_check_trained`'s first case, inline)
-            trained.clear()
+        self._check_trained()
         iteration = self.iteration
         if self._faults and self.step % self.steps_per_iteration == 0 and self._fired_at != iteration:
             self._fired_at = iteration
