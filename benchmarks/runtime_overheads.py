@@ -36,7 +36,7 @@
 Everything runs on this host (2 CPU cores): timings move with the load of
 other processes, which the table reports. Run:
 ``python benchmarks/runtime_overheads.py [--repeats 3] [--plot out/runtime-srifty54.png]``
-(``--only-paths [--rounds 6 --models tiny-mlp]``: section 5 alone);
+(``--only-paths [--rounds 24 --models tiny-mlp]``: section 5 alone);
 ``--profile-now`` plans the miniature with a profile measured at the start
 (for a host busier than the idle one the shipped profile was measured on).
 """
@@ -222,7 +222,13 @@ def section_reweighting(iterations: int) -> list[tuple[str, str, str]]:
 # (with equal ones it is the loop function: DDP's own average is the weighting, and no hook is installed)
 PATHS = ("loop function", "loop function, scale_loss", "Trainer")
 BLOCK = 20  # iterations of a path, then as many of plain DDP, and so on
-RUN_ITERATIONS = {"tiny-mlp": 2000}  # a run's iterations (else 200): a model's runs take a few seconds each
+# A run's iterations (else 200) and runs (else 6). Each run builds its own models and DDP buckets, and identical
+# instances of one model in one world differ in speed for as long as they live (12 identical plain-DDP tiny-mlp
+# instances in one world, interleaved: standard deviation 2.1% and 3.8% of the mean in two worlds), so the
+# ratio's precision comes from many runs rather than long ones: tiny-mlp, whose iteration is all fixed cost,
+# gets the most.
+RUN_ITERATIONS = {"tiny-mlp": 500}
+RUNS = {"tiny-mlp": 24}
 
 
 def paths_rank(argv: list[str]) -> None:
@@ -385,11 +391,10 @@ def _paths(batches: list[int]) -> tuple[str, ...]:
     return PATHS if len(set(batches)) > 1 else tuple(name for name in PATHS if not name.endswith("scale_loss"))
 
 
-def section_paths(iterations: int | None, runs: int, only: list[str] | None = None,
+def section_paths(iterations: int | None, runs: int | None, only: list[str] | None = None,
                   worlds: int = 3) -> list[tuple[str, str, str]]:
     from thrifty.runtime.worlds import World
 
-    worlds = max(1, min(worlds, runs))  # a world runs one run of each path at least
     rows = []
     # equal batches (DDP's own average is the reweighting), and unequal ones (the loop path's comm hook at work,
     # or the loop's own loss scaling; plain DDP scales its loss, as a correct hand-written loop must)
@@ -398,14 +403,16 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
         if only and model not in only:
             continue
         its = iterations or RUN_ITERATIONS.get(model, 200)
+        model_runs = runs or RUNS.get(model, 6)
+        model_worlds = max(1, min(worlds, model_runs))  # a world runs one run of each path at least
         # the runs in several worlds, each of fresh processes: a world's ratio of one path to another moves with
         # how its processes met this host's cores
         paths = _paths([int(b) for b in batches.split(",")])
         blocks: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"job": [], "plain": []} for n in paths}
         per_world: dict[str, list[float]] = {name: [] for name in paths}
         done = 0
-        for w in range(worlds):
-            share = (runs - done) // (worlds - w)
+        for w in range(model_worlds):
+            share = (model_runs - done) // (model_worlds - w)
             world = World(2, f"{Path(__file__).stem}:paths_rank",
                           [model, str(its), str(share), batches, str(done)], where="the paths world")
             per_rank = world.run(stall_timeout_s=600)
@@ -429,7 +436,7 @@ def section_paths(iterations: int | None, runs: int, only: list[str] | None = No
             rows.append((f"{name} path vs plain DDP: {model}, batches {batches}",
                          "; ".join(figures) + f"; wall by world {min(spread):+.1f}..{max(spread):+.1f}% (means of "
                          f"{len(blocks[name]['job'])} and {len(blocks[name]['plain'])} blocks of {BLOCK} iterations, "
-                         f"interleaved, in {runs} runs of {its} iterations in {worlds} worlds)", target))
+                         f"interleaved, in {model_runs} runs of {its} iterations in {model_worlds} worlds)", target))
     return rows
 
 
@@ -516,9 +523,10 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--only-paths", action="store_true",
                         help="only section 5: the loop-function and Trainer paths against plain DDP")
-    parser.add_argument("--rounds", type=int, default=6, help="section 5: runs of each path per model")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="section 5: runs of each path per model (default 24 for tiny-mlp, else 6)")
     parser.add_argument("--path-iterations", type=int, default=None,
-                        help="section 5: iterations of a run (default 2000 for tiny-mlp, else 200)")
+                        help="section 5: iterations of a run (default 500 for tiny-mlp, else 200)")
     parser.add_argument("--worlds", type=int, default=3, help="section 5: the runs shared over this many worlds")
     parser.add_argument("--models", nargs="+", default=None, help="section 5: only these models (e.g. tiny-mlp)")
     parser.add_argument("--profile-now", action="store_true",

@@ -126,7 +126,7 @@ from thrifty.runtime.ddp.checkpoint import capture_rng, load_checkpoint, rank_se
     seed_everything
 from thrifty.runtime.ddp.clock import ClockMarks
 from thrifty.runtime.ddp.job import DECISION, METRICS, STOP, TRIAL_METRIC, JobSpec, WorkerFault
-from thrifty.runtime.ddp.reweight import loss_scale, register_reweighting
+from thrifty.runtime.ddp.reweight import data_parallel, loss_scale, register_reweighting
 from thrifty.runtime.ddp.sharding import ShardedStream, rank_offsets
 from thrifty.runtime.worlds import CommandWatch, RankChannel
 
@@ -358,6 +358,7 @@ class JobContext:
         `scale_loss`, by the loop itself multiplying its loss by `loss_scale`
         (cheaper; the `Trainer` short form does it); with equal local batches
         DDP's own average is the same weighting, and no hook is installed.
+        The gradients are views of DDP's buckets (`data_parallel`).
         Call it once, after loading a restored state into the model."""
         if self._ddp is not None:
             raise ProblemError(f"{self._who()} called prepare_model twice; a job trains one model")
@@ -365,7 +366,7 @@ class JobContext:
             raise ProblemError(f"{self._who()} gave prepare_model a {type(model).__name__}, but it takes a "
                                "torch.nn.Module")
         model = model.to(self.device)
-        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
+        ddp = data_parallel(model, [self.device.index] if self._cuda else None)
         weighting = self.job.weighting
         # equal local batches: DDP's own averaging is the reweighting (b_r / B = 1 / W), in C++ without a hook
         if weighting == "hook" or (weighting == "batch" and not scale_loss and len(set(self.batches)) > 1):

@@ -117,8 +117,8 @@ def gradient_exchange(torch: Any, model: Any) -> Callable[[], None]:
 def measure_ddp_overhead(factory: str, device: str, batch: int, warmup: int, repeats: int, threads: int) -> float:
     """Seconds PyTorch DDP adds to an iteration besides the allreduce: the
     median, over `repeats` interleaved pairs at `batch`, of a DDP iteration on
-    a world of one process minus a plain one (bucket copies with its default
-    ``gradient_as_bucket_view=False``, autograd hooks, collective launches).
+    a world of one process minus a plain one (its autograd hooks and collective launches;
+    the model wrapped as a training rank wraps it, `data_parallel`).
     Runs in a worker process of its own (a world of one: gloo, or NCCL on
     CUDA), which loads the workload from `factory`."""
     settings = {"factory": factory, "device": device, "batch": batch, "warmup": warmup, "repeats": repeats,
@@ -138,14 +138,14 @@ def _ddp_overhead_rank(argv: list[str]) -> None:
 def _ddp_overhead(channel: RankChannel, factory: str, device: str, batch: int, warmup: int, repeats: int,
                   threads: int) -> NoReturn:
     torch = import_torch()
-    from torch.nn.parallel import DistributedDataParallel
+    from thrifty.runtime.ddp.reweight import data_parallel
 
     torch.set_num_threads(threads)
     join_world(channel, "nccl" if device == "cuda" else "gloo")
     workload = load_workload(factory)
     plain = make_trainer(torch, workload, device, None)
     wrapped = make_trainer(torch, workload, device, None)
-    wrapped = dataclasses.replace(wrapped, model=DistributedDataParallel(wrapped.model))
+    wrapped = dataclasses.replace(wrapped, model=data_parallel(wrapped.model))
     inputs, targets = plain.batch(batch)
 
     def seconds(trainer: TimedTrainer) -> float:

@@ -163,9 +163,9 @@ class ProfilingContext:
         self._names = {id(p): name for name, p in model.named_parameters()}
         self.grad_bytes = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
         if self._ddp:
-            from torch.nn.parallel import DistributedDataParallel
+            from thrifty.runtime.ddp.reweight import data_parallel
 
-            model = DistributedDataParallel(model, device_ids=[self.device.index] if self._cuda else None)
+            model = data_parallel(model, [self.device.index] if self._cuda else None)
         else:
             model = _plain_wrapper()(model)
             model.register_forward_pre_hook(self._forward_began)

@@ -135,8 +135,8 @@ def _train(plan: _RankPlan, channel: RankChannel) -> None:
     time at which its first iteration started."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
+    from thrifty.runtime.ddp.reweight import data_parallel
     from thrifty.runtime.measure.timing import make_trainer, timed_without_gc
     from thrifty.runtime.measure.workloads import load_workload
 
@@ -146,7 +146,7 @@ def _train(plan: _RankPlan, channel: RankChannel) -> None:
     # uses, a clock that syncs the GPU), with the model wrapped in DDP
     trainer = make_trainer(torch, load_workload(plan.spec), device.type, None)
     gpu_ids = [device.index] if device.type == "cuda" else None
-    trainer = replace(trainer, model=DistributedDataParallel(trainer.model, device_ids=gpu_ids))
+    trainer = replace(trainer, model=data_parallel(trainer.model, gpu_ids))
     inputs, targets = trainer.batch(plan.rank_batch)
 
     def iterate() -> tuple[list[float], float]:
