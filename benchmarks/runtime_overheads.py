@@ -365,7 +365,9 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
     torch.set_num_threads(1)
     device = join_world(channel, "gloo", 300.0)
     paths = _paths(batches)
-    out: dict[str, dict[str, list[tuple[float, float]]]] = {name: {"job": [], "plain": []} for name in paths}
+    # per path: the blocks of each side, and where each run's blocks end ("ends": job, plain)
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {name: {"job": [], "plain": [], "ends": []}
+                                                              for name in paths}
     with tempfile.TemporaryDirectory() as folder:
         for r in range(first, first + runs):
             for name in paths[r % len(paths):] + paths[:r % len(paths)]:
@@ -382,6 +384,7 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
                     bench_loop(ctx, model, scale_loss=name.endswith("scale_loss"))
                 else:
                     trainer_loop(ctx, _made(model))
+                out[name]["ends"].append((len(out[name]["job"]), len(out[name]["plain"])))
                 dist.barrier()
     dist.barrier()  # the group is left up: the rank ends with os._exit (`serve_rank`; `leave_group` says why)
     return out
@@ -389,6 +392,32 @@ def paths_worker(channel: "object", model: str, iterations: int, runs: int,
 
 def _paths(batches: list[int]) -> tuple[str, ...]:
     return PATHS if len(set(batches)) > 1 else tuple(name for name in PATHS if not name.endswith("scale_loss"))
+
+
+def _run_ratios(world: dict[str, list[tuple[float, float]]], ends: list[tuple[int, int]]) -> list[float]:
+    """Each run's wall time of the path over plain DDP's, in percent more:
+    its blocks' mean over the mean of the plain blocks interleaved with them."""
+    ratios, job_from, plain_from = [], 0, 0
+    for job_to, plain_to in ends:
+        job = [t[0] for t in world["job"][job_from:job_to]]
+        plain = [t[0] for t in world["plain"][plain_from:plain_to]]
+        if job and plain:
+            ratios.append((statistics.fmean(job) / statistics.fmean(plain) - 1) * 100)
+        job_from, plain_from = job_to, plain_to
+    return ratios
+
+
+def _interval(values: list[float]) -> tuple[float, float, float]:
+    """The mean of `values` and its 95% confidence interval (Student's t):
+    the runs are independent draws of a pair of model instances, whose
+    speeds differ by a few percent for as long as they live."""
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan"), float("nan")
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
 
 
 def section_paths(iterations: int | None, runs: int | None, only: list[str] | None = None,
@@ -410,6 +439,7 @@ def section_paths(iterations: int | None, runs: int | None, only: list[str] | No
         paths = _paths([int(b) for b in batches.split(",")])
         blocks: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"job": [], "plain": []} for n in paths}
         per_world: dict[str, list[float]] = {name: [] for name in paths}
+        per_run: dict[str, list[float]] = {name: [] for name in paths}
         done = 0
         for w in range(model_worlds):
             share = (model_runs - done) // (model_worlds - w)
@@ -425,6 +455,7 @@ def section_paths(iterations: int | None, runs: int | None, only: list[str] | No
                     blocks[name][side] += got
                 walls = [statistics.fmean(t[0] for t in world[side]) for side in ("job", "plain")]
                 per_world[name].append((walls[0] / walls[1] - 1) * 100)
+                per_run[name] += _run_ratios(world, per_rank[0][name]["ends"])
         for name in paths:
             target = "<= 3%" if name.startswith("loop function") else "-"
             figures = []
@@ -433,6 +464,8 @@ def section_paths(iterations: int | None, runs: int | None, only: list[str] | No
                 plain = statistics.fmean(t[k] for t in blocks[name]["plain"]) / BLOCK
                 figures.append(f"{label} {job * 1e3:.3f} vs {plain * 1e3:.3f} ms/it ({(job / plain - 1) * 100:+.1f}%)")
             spread = per_world[name]
+            mean, low, high = _interval(per_run[name])
+            figures.append(f"runs' wall ratios {mean:+.1f}% (95% CI {low:+.1f}..{high:+.1f}%)")
             rows.append((f"{name} path vs plain DDP: {model}, batches {batches}",
                          "; ".join(figures) + f"; wall by world {min(spread):+.1f}..{max(spread):+.1f}% (means of "
                          f"{len(blocks[name]['job'])} and {len(blocks[name]['plain'])} blocks of {BLOCK} iterations, "
