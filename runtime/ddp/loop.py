@@ -128,13 +128,15 @@ def trainer_loop(ctx: JobContext, trainer: Trainer, tuning: TunableTrainer | Non
     per iteration, each iteration reported with the loss and the trainer's
     metrics (computed only when recorded) and, in a tuning trial, rank 0's
     validation metric. It scales its loss by the batch share instead of the
-    hook when the job's weighting is ``batch`` (the default)."""
+    hook when the job's weighting is ``batch`` (the default) and the local
+    batches differ (with equal ones DDP's own average is the weighting: the
+    factor would be 1)."""
     job, spec = ctx.job, ctx.job.trainer
     model = build_model(trainer, spec, ctx.device)
     state = ctx.restore()
     if state is not None:
         model.load_state_dict(state["model"])
-    scale = job.weighting == "batch"
+    scale = job.weighting == "batch" and len(set(ctx.batches)) > 1
     ddp = ctx.prepare_model(model, scale_loss=scale)
     loss_fn, loss_unscale = trainer.loss, 1.0
     if scale:
