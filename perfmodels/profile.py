@@ -31,12 +31,13 @@ Optional, for devices that share a host's cores (CPU worker processes):
   slower than alone, by how much depends on the model and the host). ``host_cores`` (the host's
   logical CPUs): beyond that many workers the cores are time-shared.
 - ``ddp_overhead_s``: what PyTorch DDP adds to an iteration besides the
-  allreduce itself: its autograd hooks, launching and finishing the bucket
-  collectives, and (in profiles measured before 2026-11-27, when the runtime
-  wrapped models with DDP's defaults) copying each gradient into its bucket
-  and back; the runtime now keeps gradients as views of the buckets
-  (``gradient_as_bucket_view``, `thrifty.runtime.ddp.reweight.data_parallel`),
-  and the profilers time DDP as it wraps it. Measured as a DDP world of one
+  allreduce itself: its autograd hooks, copying each gradient into its
+  bucket, launching and finishing the bucket collectives, and (in profiles
+  measured before 2026-11-27, when the runtime wrapped models with DDP's
+  defaults) copying the summed buckets back into the gradients; the runtime
+  now keeps gradients as views of the buckets (``gradient_as_bucket_view``,
+  `thrifty.runtime.ddp.reweight.data_parallel`), and the profilers time DDP
+  as it wraps it. Measured as a DDP world of one
   process against the plain model, iterations interleaved.
 - ``buffer_bytes``: the bytes of the model's buffers (not parameters, e.g.
   BatchNorm running statistics), which PyTorch DDP broadcasts from rank 0 at

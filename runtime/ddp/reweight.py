@@ -28,9 +28,13 @@ counts equally whatever its machine. Two equivalent implementations:
   completed future: that spares the chained callback, a second Python call
   on gloo's thread. Measured on a gloo world of one (tiny-mlp at batch 32,
   3 instances of each, 60 interleaved rounds of 50 iterations): the chained
-  hook cost +50 us an iteration over DDP without a hook, this one +24 us; in
-  `benchmarks/runtime_overheads.py`'s paths section (2 ranks, 24 + 40
-  samples, 24 runs) the loop path went from +6.7% to +3.0% of plain DDP.
+  hook cost +50 us an iteration over DDP without a hook, this one +24 us
+  (+20 us with the float32 factor below). On 2 ranks (tiny-mlp, 24 + 40
+  samples, `benchmarks/runtime_overheads.py`'s paths section) what is left
+  shows: the loop path with the hook measured +3.0 to +6.7% against plain
+  DDP in five runs of the section, the one that scales its own loss +0.3
+  to +4.2%, about 2 points less, in the same runs; on the zoo's models,
+  whose iterations take 17 ms and more, the two are level.
   (An earlier version that waited for every bucket's sum in the last
   bucket's hook measured slower than chaining, but with one pair of model
   instances a run, whose difference is itself a few percent.)
@@ -61,17 +65,20 @@ def data_parallel(model: Any, device_ids: list[int] | None = None) -> Any:
     profiler and measurement of thrifty wraps it: with its gradients as
     views of DDP's communication buckets (``gradient_as_bucket_view``).
 
-    By default DDP keeps the gradients apart from its buckets and copies
-    each one into its bucket as it is ready (one tensor operation per
-    parameter, and with a communication hook a second pass over the bucket
-    to weigh it), then back. As views, a gradient accumulates in its bucket
-    in place: no copies, and no second copy of the gradients in memory.
-    Measured here (2-rank gloo world, one torch thread, 6 instances of each
-    in one world, interleaved blocks of 20 iterations): tiny-mlp at 24 + 40
-    samples with the reweighting hook went from +3.6..+7.0% to +0.6..+2.4%
-    against DDP's defaults with the loss scaled, and without a hook to -3.7%;
-    the 2.5M-parameter mlp with the hook from +1.1% to -2.0%, without a hook
-    to -5.4%. The same training: a view is the gradient DDP would have
+    By default DDP keeps the gradients apart from its buckets: it copies each
+    one into its bucket as it is ready (one tensor operation per parameter)
+    and the bucket back into the gradients once summed. As views, the summed
+    bucket is the gradients: no copy back, and no second copy of the
+    gradients in memory (and a loop that keeps its gradients between
+    iterations, ``zero_grad(set_to_none=False)``, accumulates them in the
+    buckets in place, without the first copy either).
+    Measured here: what DDP adds to an mlp iteration (2.5M parameters, batch
+    32, a gloo world of one, `measure_ddp_overhead`) went from 2.06 and 2.01
+    ms to 1.47 and 1.66 ms; in `benchmarks/runtime_overheads.py`'s paths
+    section (2 ranks) the mlp's loop and Trainer paths ran 1.4 to 4.3%
+    faster than a hand-written loop with DDP's defaults (equal batches, two
+    runs of the section); on tiny-mlp (4 small gradients) the gain is within
+    the noise. The same training: a view is the gradient DDP would have
     copied back. What a loop cannot do with them is ``grad.detach_()``
     (PyTorch's ``zero_grad`` does not; it sets gradients to None, and DDP
     makes them views again in the next backward pass)."""
