@@ -18,9 +18,11 @@ for one: ``aws_fakes.free_port``) and no fixed path outside ``tmp_path``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,9 +80,21 @@ FIRST_COLLECTION_WAIT_S = 120.0  # then a worker collects anyway (gw0 stuck or g
 _FIRST_FOLDER = pytest.StashKey[str]()  # the controller's folder for that file
 
 
+def build_native_hook() -> None:
+    """Build the C++ reweighting hook (`thrifty.runtime.ddp.native`) before
+    any test, in a process of its own (the controller imports no torch): on a
+    fresh machine the build takes 20 to 40 s, which no rank of a test world
+    should spend under its stall timeout. A failed build leaves the Python
+    hook to the worlds, and the C++ hook's own tests skip."""
+    if importlib.util.find_spec("torch") is not None:
+        subprocess.run([sys.executable, "-m", "thrifty.runtime.ddp.native"], capture_output=True, timeout=900,
+                       check=False)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:  # the controller (or a run without workers): a fresh file name for its workers
+        build_native_hook()
         if getattr(config.option, "numprocesses", None):
             folder = tempfile.mkdtemp(prefix="thrifty-pytest-")
             config.stash[_FIRST_FOLDER] = folder
