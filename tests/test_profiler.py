@@ -50,9 +50,11 @@ def test_latencies_positive_and_growing_with_batch(mlp_profile):
     points = mlp_profile.points
     assert all(p.forward_s > 0 and p.backward_s > 0 for p in points)
     assert mlp_profile.step_s > 0
-    # 128x the samples: the iteration must take clearly longer than at batch 1.
-    first, last = points[0], points[-1]
-    assert last.forward_s + last.backward_s > 1.5 * (first.forward_s + first.backward_s)
+    # 128x the samples: the iteration must take clearly longer than at the small batches. Each point is the
+    # mean of 2 timed passes, so one pass slowed by another process (15 ms for a 2 ms pass, seen in CI) can
+    # lift one point: the largest batch is compared with the fastest of the others.
+    passes = [p.forward_s + p.backward_s for p in points]
+    assert passes[-1] > 1.5 * min(passes[:-1])
 
 
 def test_ready_fractions_ordered_and_last_layer_first(mlp_profile):

@@ -31,7 +31,6 @@ Python hook.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.util
 import logging
 import os
@@ -39,6 +38,8 @@ import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+from thrifty.core.optional import try_import
 
 __all__ = ["NAME", "SOURCE", "ENABLE_ENV", "CACHE_ENV", "FAILED", "extension_dir", "weighted_hook", "main"]
 
@@ -100,10 +101,8 @@ def _load() -> Any:
     folder.mkdir(parents=True, exist_ok=True)
     log.info("building the C++ reweighting hook in %s (once; 20 to 40 s)", folder)
     path = os.environ.get("PATH", "")
-    try:
-        ninja_bin = getattr(importlib.import_module("ninja"), "BIN_DIR", None)  # the `torch` extra's ninja
-    except ImportError:
-        ninja_bin = None
+    ninja = try_import("ninja")  # the `torch` extra's ninja
+    ninja_bin = getattr(ninja, "BIN_DIR", None) if ninja is not None else None
     if ninja_bin:  # torch looks for ninja on PATH, where a virtualenv's bin folder need not be
         os.environ["PATH"] = ninja_bin + os.pathsep + path
     try:

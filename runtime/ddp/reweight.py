@@ -168,6 +168,7 @@ def register_reweighting(ddp_model: Any, local_batch: int, global_batch: int,
     state = ReweightState(weight, group, wait_last=on_host, native=module is not None)
     if module is not None:
         module.register_weighted_allreduce(ddp_model.reducer, group, weight)
+        ddp_model.logger._set_comm_hook_name("thrifty.runtime.ddp.native:weighted_hook")  # as DDP names a hook
     else:
         ddp_model.register_comm_hook(state, batch_weighted_allreduce)
     return state
