@@ -24,8 +24,8 @@ counts equally whatever its machine. Two equivalent implementations:
   function's weighting in PyTorch's own built-in hook), which costs what
   DDP's own averaging costs: in `benchmarks/runtime_overheads.py`'s paths
   section (2 ranks, tiny-mlp at 24 + 40 samples, 24 runs) the loop path
-  with it ran 4.4% faster than plain DDP with its loss scaled, where with
-  the Python hook it ran 3.0 to 6.7% slower. Where the C++ hook cannot be
+  with it ran 4.4% and 0.9% faster than plain DDP with its loss scaled in
+  two runs, where with the Python hook it ran 3.0 to 6.7% slower. Where the C++ hook cannot be
   built, and on GPUs, `batch_weighted_allreduce` is the hook. It costs a
   Python call per bucket: it calls the process group's all-reduce directly,
   without ``dist.all_reduce``'s Python checks, and chains the bucket out of
@@ -37,10 +37,10 @@ counts equally whatever its machine. Two equivalent implementations:
   3 instances of each, 60 interleaved rounds of 50 iterations): the chained
   hook cost +50 us an iteration over DDP without a hook, this one +24 us;
   the float32 factor below then took the multiply from 7.3 to 3.6 us
-  (timed inside the hook). On 2 ranks (tiny-mlp, 24 + 40
-  samples, `benchmarks/runtime_overheads.py`'s paths section) what is left
-  shows: the loop path with the hook measured +3.0 to +6.7% against plain
-  DDP in five runs of the section, the one that scales its own loss +0.3
+  (timed inside the hook). On 2 ranks (tiny-mlp, 24 + 40 samples,
+  `benchmarks/runtime_overheads.py`'s paths section) what is left shows:
+  the loop path with the hook measured +3.0 to +6.7% against plain DDP in
+  five runs of the section, the one that scales its own loss +0.3
   to +4.2%, about 2 points less, in the same runs; on the zoo's models,
   whose iterations take 17 ms and more, the two are level.
   (An earlier version that waited for every bucket's sum in the last
